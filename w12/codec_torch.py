@@ -28,9 +28,8 @@ def _pick_e0(exponent: torch.Tensor) -> torch.Tensor:
     hist.scatter_add_(1, exponent.long(), counted)
     cum = hist.cumsum(1)
     # window [e0, e0 + 15] for e0 = 1..239 holds cum[e0 + 15] - cum[e0 - 1] values
-    window = cum[:, spec.E0_MIN + spec.WINDOW_BINADES - 1 : spec.E0_MAX + spec.WINDOW_BINADES] - cum[
-        :, spec.E0_MIN - 1 : spec.E0_MAX
-    ]
+    lo, hi, width = spec.E0_MIN, spec.E0_MAX, spec.WINDOW_BINADES
+    window = cum[:, lo + width - 1 : hi + width] - cum[:, lo - 1 : hi]
     return window.argmax(dim=1).to(torch.int32) + spec.E0_MIN
 
 

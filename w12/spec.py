@@ -22,7 +22,7 @@ VAL_DTYPE = "int16"  # raw BF16 bits
 
 
 def lo_width(k: int) -> int:
-    """Bytes per row of the lo plane: two 4-bit nibbles per byte, the last one half-used for odd K."""
+    """Bytes per row of the lo plane: two nibbles a byte, the last half-used for odd K."""
     return (k + 1) // 2
 
 

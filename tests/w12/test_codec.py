@@ -89,7 +89,7 @@ def test_planes_match_reference_encoder():
     t = bf16_from_bits(bits)
     ref = reference.encode(bits)
     got = codec_cpu.encode(t)
-    for field, expected in zip(FIELDS, ref):
+    for field, expected in zip(FIELDS, ref, strict=True):
         assert np.array_equal(getattr(got, field).numpy(), expected), field
     assert np.array_equal(reference.decode(*ref), bits)
     assert int(got.e0[2]) == 1 and got.num_escapes >= 33
