@@ -1,7 +1,7 @@
 """W12: a lossless 12-bit storage format for BF16 weights.
 
 ``encode`` turns a 2-D BF16 tensor into a :class:`W12Tensor`; ``W12Tensor.decode`` gives the
-exact tensor back. ``save_folder``/``load_folder`` read and write W12 checkpoint folders.
+exact tensor back. ``w12.container`` reads and writes W12 checkpoint folders (FORMAT.md).
 """
 
 from w12.errors import W12Error
