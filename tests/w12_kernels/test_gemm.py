@@ -1,0 +1,99 @@
+"""CPU tests of the W12 GEMM: repack/decode exactness, the torch fallback, the op registration,
+and the Triton kernels under the interpreter at small awkward shapes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import interp_runner
+import pytest
+import torch
+from gemm_helpers import assert_within_budget, encoded, make_weight
+
+from w12.errors import W12Error
+from w12_kernels.gemm import config as cfgs
+from w12_kernels.gemm import decode_weight, prepare_weight, w12_linear
+from w12_kernels.gemm.reference import reference_decode, reference_linear
+
+SHAPES = [(1, 1), (1, 64), (37, 101), (70, 515), (130, 300)]
+
+
+@pytest.mark.parametrize("n,k", SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
+def test_repack_decodes_exactly(n, k):
+    t = make_weight(n, k, seed=n * 1000 + k)
+    w = encoded(t)
+    assert torch.equal(decode_weight(prepare_weight(w)).view(torch.int16), t.view(torch.int16))
+    assert torch.equal(reference_decode(w).view(torch.int16), t.view(torch.int16))
+
+
+@pytest.mark.parametrize("m", [1, 3, 17])
+@pytest.mark.parametrize("n,k", SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
+def test_fallback_matches_reference(m, n, k):
+    t = make_weight(n, k, seed=m + n + k)
+    w = encoded(t)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    bias = torch.randn(n).to(torch.bfloat16) if n > 1 else None
+    y = w12_linear(x, prepare_weight(w), bias)
+    assert y.shape == (m, n) and y.dtype == torch.bfloat16
+    # the fallback is torch BF16 on the decoded weight: the same bits
+    expected = torch.nn.functional.linear(x, t, bias)
+    assert torch.equal(y.view(torch.int16), expected.view(torch.int16))
+    assert_within_budget(y, x, t, reference_linear(x, w, bias), bias)
+
+
+def test_leading_dims_and_errors():
+    t = make_weight(16, 40, seed=1)
+    pw = prepare_weight(encoded(t))
+    x = torch.randn(2, 3, 40).to(torch.bfloat16)
+    assert w12_linear(x, pw).shape == (2, 3, 16)
+    with pytest.raises(W12Error, match="bfloat16"):
+        w12_linear(x.float(), pw)
+    with pytest.raises(W12Error, match=r"\[\.\.\., 40\]"):
+        w12_linear(x[..., :39], pw)
+    with pytest.raises(W12Error, match="prepare_weight"):
+        w12_linear(x, encoded(t))
+    with pytest.raises(W12Error, match="bias"):
+        w12_linear(x, pw, torch.zeros(15, dtype=torch.bfloat16))
+
+
+def test_op_registration_and_compile():
+    t = make_weight(24, 72, seed=2, escapes=False)  # opcheck compares with allclose: no NaN
+    pw = prepare_weight(encoded(t))
+    x = torch.randn(5, 72).to(torch.bfloat16)
+    args = (x, pw.planes, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row, pw.esc_col, pw.esc_val,
+            pw.esc_delta, pw.counters, None, pw.n, pw.k)
+    torch.library.opcheck(torch.ops.w12.linear.default, args)
+    compiled = torch.compile(lambda a: w12_linear(a, pw), backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x).view(torch.int16), w12_linear(x, pw).view(torch.int16))
+
+
+def test_pick_split_fills_the_gpu():
+    assert cfgs.pick_split(n_tiles=64, k_blocks=16, num_sms=132) == 4
+    assert cfgs.pick_split(n_tiles=1000, k_blocks=16, num_sms=132) == 1
+    cfg = cfgs.small_config(4096, 4096, 132)
+    assert cfg.block_m == 16 and cfg.split_k >= 2
+
+
+# ------------------------------------------------------------------ interpreter
+# Triton reads TRITON_INTERPRET when it is imported, so the interpreted runs happen in one
+# fresh process (interp_runner.py) and each case checks its own verdict.
+
+
+@pytest.fixture(scope="module")
+def interpreter_verdicts():
+    pytest.importorskip("triton")
+    here = os.path.dirname(__file__)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(here)), here, os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, os.path.join(here, "interp_runner.py")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", interp_runner.CASE_IDS)
+def test_interpreted_kernels(interpreter_verdicts, case):
+    assert interpreter_verdicts[case] == "ok", interpreter_verdicts[case]

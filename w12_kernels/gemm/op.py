@@ -1,0 +1,95 @@
+"""``w12_linear`` and its ``torch.library`` op ``w12::linear``.
+
+The op takes the packed weight's tensors as arguments so that ``torch.compile`` and CUDA-graph
+capture see every buffer the kernels touch; its fake implementation only allocates the output.
+On a CUDA device with Triton available the op runs the Triton kernels (``launcher``); anywhere
+else it decodes the weight with plain torch and calls ``torch.nn.functional.linear``, which gives
+exactly what BF16 torch gives on the decoded weight. ``counters`` is declared mutated: the
+split-K kernel counts arrivals in it (its values never change any result).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from w12.errors import W12Error
+from w12_kernels.gemm.layout import PackedW12, decode_packed
+
+
+def triton_available() -> bool:
+    """True when the Triton kernels can run here (a CUDA device and the triton package)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@torch.library.custom_op("w12::linear", mutates_args=("counters",))
+def _linear_op(
+    x: torch.Tensor,
+    planes: torch.Tensor,
+    scale: torch.Tensor,
+    e0: torch.Tensor,
+    esc_rowptr: torch.Tensor,
+    esc_row: torch.Tensor,
+    esc_col: torch.Tensor,
+    esc_val: torch.Tensor,
+    esc_delta: torch.Tensor,
+    counters: torch.Tensor,
+    bias: torch.Tensor | None,
+    n: int,
+    k: int,
+) -> torch.Tensor:
+    if x.device.type == "cuda" and triton_available():
+        from w12_kernels.gemm import launcher
+
+        return launcher.linear(x, planes, scale, esc_rowptr, esc_row, esc_col, esc_val,
+                               esc_delta, counters, bias, n, k)
+    weight = decode_packed(planes, e0, esc_rowptr, esc_col, esc_val, n, k)
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+@_linear_op.register_fake
+def _linear_fake(x, planes, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delta,
+                 counters, bias, n, k):
+    return x.new_empty((x.shape[0], n))
+
+
+def _check(x: torch.Tensor, w: PackedW12, bias: torch.Tensor | None) -> None:
+    if not isinstance(w, PackedW12):
+        raise W12Error(
+            f"w12_linear expects a PackedW12 weight (see prepare_weight), got {type(w).__name__}"
+        )
+    if x.dtype != torch.bfloat16:
+        raise W12Error(f"w12_linear: x must be bfloat16, got {x.dtype}")
+    if x.dim() < 1 or x.shape[-1] != w.k:
+        raise W12Error(f"w12_linear: x has shape {tuple(x.shape)}, expected [..., {w.k}]")
+    if x.device != w.device:
+        raise W12Error(f"w12_linear: x is on {x.device} but the weight is on {w.device}")
+    if bias is not None and (bias.shape != (w.n,) or bias.dtype != torch.bfloat16):
+        raise W12Error(
+            f"w12_linear: bias must be bfloat16 of shape ({w.n},), "
+            f"got {bias.dtype} {tuple(bias.shape)}"
+        )
+
+
+def w12_linear(
+    x: torch.Tensor, w: PackedW12, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``y = x @ W.T (+ bias)`` for BF16 ``x [..., K]`` and a packed W12 weight ``W [N, K]``.
+
+    Returns BF16 ``[..., N]``. Deterministic; for up to 64 rows of ``x`` the bits of each output
+    row do not depend on the other rows.
+    """
+    _check(x, w, bias)
+    rows = x.reshape(-1, w.k)
+    if not rows.is_contiguous():
+        rows = rows.contiguous()
+    y = _linear_op(
+        rows, w.planes, w.scale, w.e0, w.esc_rowptr, w.esc_row, w.esc_col, w.esc_val,
+        w.esc_delta, w.counters, bias, w.n, w.k,
+    )
+    return y.reshape(*x.shape[:-1], w.n)
