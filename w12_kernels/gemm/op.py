@@ -48,7 +48,12 @@ def _linear_op(
 
         return launcher.linear(x, planes, scale, esc_rowptr, esc_row, esc_col, esc_val,
                                esc_delta, counters, bias, n, k)
-    weight = decode_packed(planes, e0, esc_rowptr, esc_col, esc_val, n, k)
+    if planes.device.type == "cpu":
+        from w12_kernels.gemm.cpu_decode import decode_packed_cpu
+
+        weight = decode_packed_cpu(planes, e0, esc_rowptr, esc_col, esc_val, n, k)
+    else:
+        weight = decode_packed(planes, e0, esc_rowptr, esc_col, esc_val, n, k)
     return torch.nn.functional.linear(x, weight, bias)
 
 
