@@ -1,0 +1,309 @@
+"""Dense decoder-only transformers (Llama, Qwen2, Qwen3) in one small module.
+
+One ``Transformer`` covers the three families; their differences are flags in ``ModelArgs``
+(q/k/v bias for Qwen2, per-head RMSNorm on q and k for Qwen3, tied embeddings, RoPE scaling).
+Q/K/V and gate/up are fused into one linear each, so a decode step runs four GEMMs per layer.
+Every linear is an engine ``Linear`` that holds either a BF16 tensor (torch GEMM) or a prepared
+W12 weight (``w12_linear``); the rest of the model does not know which.
+
+The KV cache is static, [B, Hkv, S, D] per layer, and every request has its own positions: a
+query at position p of row b writes cache slot (b, p) and sees slots 0..p of row b. A batch
+can therefore mix prompt lengths (right-padded in prefill, padding written past the prompt and
+overwritten by the tokens that follow) and the decode step has fixed shapes for CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine import ops
+from engine.w12_backend import w12_matmul
+from w12.errors import W12Error
+
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass
+class ModelArgs:
+    arch: str = "llama"
+    vocab_size: int = 32000
+    dim: int = 4096
+    n_layers: int = 32
+    n_heads: int = 32
+    n_kv_heads: int = 8
+    head_dim: int = 128
+    intermediate_size: int = 14336
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_seq_len: int = 8192
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    extra: dict = field(default_factory=dict)  # bos/eos ids and other pass-through fields
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict, source: str = "config.json") -> ModelArgs:
+        """Build from a Hugging Face ``config.json`` dict; unsupported models raise W12Error."""
+        arch = _architecture(cfg, source)
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise W12Error(f"{source}: hidden_act {cfg['hidden_act']!r} is not supported (silu)")
+        if cfg.get("use_sliding_window"):
+            raise W12Error(f"{source}: sliding-window attention is not supported")
+        get = _getter(cfg, source)
+        n_heads = int(get("num_attention_heads"))
+        dim = int(get("hidden_size"))
+        theta, scaling = _rope_config(cfg, source)
+        attention_bias = bool(cfg.get("attention_bias", False))
+        return cls(
+            arch=arch,
+            vocab_size=int(get("vocab_size")),
+            dim=dim,
+            n_layers=int(get("num_hidden_layers")),
+            n_heads=n_heads,
+            n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
+            head_dim=int(cfg.get("head_dim") or dim // n_heads),
+            intermediate_size=int(get("intermediate_size")),
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_seq_len=int(cfg.get("max_position_embeddings", 4096)),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=arch == "qwen2" or attention_bias,
+            o_bias=attention_bias and arch != "qwen2",
+            mlp_bias=bool(cfg.get("mlp_bias", False)) and arch == "llama",
+            qk_norm=arch == "qwen3",
+            extra={k: cfg[k] for k in ("bos_token_id", "eos_token_id") if k in cfg},
+        )
+
+    @classmethod
+    def from_name(cls, name: str) -> ModelArgs:
+        from engine.presets import preset_config
+
+        return cls.from_hf_config(preset_config(name), source=f"preset {name!r}")
+
+    @property
+    def q_size(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _architecture(cfg: dict, source: str) -> str:
+    names = cfg.get("architectures") or []
+    for name in names:
+        if name in ARCHITECTURES:
+            return ARCHITECTURES[name]
+    if not names and cfg.get("model_type") in ARCHITECTURES.values():
+        return cfg["model_type"]
+    found = names[0] if names else cfg.get("model_type")
+    raise W12Error(
+        f"{source}: architecture {found!r} is not supported "
+        f"(supported: {', '.join(ARCHITECTURES)})"
+    )
+
+
+def _getter(cfg: dict, source: str):
+    def get(key: str):
+        if key not in cfg or cfg[key] is None:
+            raise W12Error(f"{source}: required field {key!r} is missing")
+        return cfg[key]
+
+    return get
+
+
+def _rope_config(cfg: dict, source: str) -> tuple[float, dict | None]:
+    """RoPE base and scaling from either the v4 keys (rope_theta, rope_scaling) or v5 ones."""
+    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    theta = float(params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+    rope_type = params.pop("rope_type", params.pop("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise W12Error(
+            f"{source}: rope type {rope_type!r} is not supported ({', '.join(ROPE_TYPES)})"
+        )
+    return theta, None if rope_type == "default" else {"rope_type": rope_type, **params}
+
+
+def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
+    """Inverse frequencies [D/2] in fp32, with linear or llama3 (Llama 3.1) scaling applied."""
+    d = args.head_dim
+    inv = 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    scaling = args.rope_scaling or {}
+    if scaling.get("rope_type") == "linear":
+        return inv / float(scaling["factor"])
+    if scaling.get("rope_type") == "llama3":
+        return _llama3_scaling(inv, scaling)
+    return inv
+
+
+def _llama3_scaling(inv: torch.Tensor, s: dict) -> torch.Tensor:
+    # Long wavelengths are slowed by `factor`, short ones kept, the band between interpolated.
+    factor, old_len = float(s["factor"]), float(s["original_max_position_embeddings"])
+    low, high = float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    wavelen = 2 * math.pi / inv
+    smooth = (old_len / wavelen - low) / (high - low)
+    mixed = (1 - smooth) * inv / factor + smooth * inv
+    out = torch.where(wavelen > old_len / low, inv / factor, inv)
+    between = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+    return torch.where(between, mixed, out)
+
+
+def rope_tables(args: ModelArgs, seq_len: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [seq_len, D] for positions 0..seq_len-1, computed in fp32."""
+    inv = rope_inv_freq(args).to(device)
+    angles = torch.arange(seq_len, device=device, dtype=torch.float32)[:, None] * inv[None, :]
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+class Linear(nn.Module):
+    """``x @ W.T + b`` with ``W`` either a plain tensor or a prepared W12 weight (``packed``)."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight: torch.Tensor | None = None
+        self.packed = None
+        self.bias: torch.Tensor | None = None
+
+    @property
+    def is_w12(self) -> bool:
+        return self.packed is not None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        y = w12_matmul(x.reshape(-1, x.shape[-1]), self.packed, self.bias)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+class KVCache(nn.Module):
+    def __init__(self, batch: int, seq_len: int, args: ModelArgs, dtype, device) -> None:
+        super().__init__()
+        shape = (batch, args.n_kv_heads, seq_len, args.head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device))
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device))
+
+    def write(self, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        # k/v [B, T, Hkv, D] go to slots (b, :, pos[b, t]); scatter never syncs with the host,
+        # so this is safe inside a captured CUDA graph.
+        b, t, h, d = k.shape
+        index = pos[:, None, :, None].expand(b, h, t, d)
+        self.k.scatter_(2, index, k.transpose(1, 2))
+        self.v.scatter_(2, index, v.transpose(1, 2))
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.wqkv = Linear(args.dim, args.q_size + 2 * args.kv_size)
+        self.wo = Linear(args.q_size, args.dim)
+        self.q_norm: torch.Tensor | None = None  # Qwen3: RMSNorm weights [D] shared by heads
+        self.k_norm: torch.Tensor | None = None
+        self.cache: KVCache | None = None
+
+    def forward(self, x, pos, cos, sin, visible):
+        a = self.args
+        b, t, _ = x.shape
+        q, k, v = self.wqkv(x).split([a.q_size, a.kv_size, a.kv_size], dim=-1)
+        q = q.view(b, t, a.n_heads, a.head_dim)
+        k = k.view(b, t, a.n_kv_heads, a.head_dim)
+        v = v.view(b, t, a.n_kv_heads, a.head_dim)
+        q, k = ops.rope_qk(q, k, cos, sin, self.q_norm, self.k_norm, a.norm_eps)
+        self.cache.write(pos, k, v)
+        if visible is None:
+            return self.wo(ops.causal_attention(q, k, v))
+        return self.wo(ops.cached_attention(q, self.cache.k, self.cache.v, visible))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.attn = Attention(args)
+        self.w13 = Linear(args.dim, 2 * args.intermediate_size)  # gate and up, fused
+        self.w2 = Linear(args.intermediate_size, args.dim)
+        self.attn_norm: torch.Tensor | None = None
+        self.mlp_norm: torch.Tensor | None = None
+
+    def forward(self, x, x_normed, next_norm, pos, cos, sin, visible):
+        """Residual stream ``x`` and its normed copy in; the same for the next layer out.
+
+        Each residual add is fused with the RMSNorm that follows it (the next layer's input
+        norm, or the final norm after the last layer).
+        """
+        eps = self.args.norm_eps
+        x, h = ops.add_rms_norm(x, self.attn(x_normed, pos, cos, sin, visible), self.mlp_norm, eps)
+        return ops.add_rms_norm(x, self.w2(ops.swiglu(self.w13(h))), next_norm, eps)
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.lm_head = Linear(args.dim, args.vocab_size)
+        self.embed: torch.Tensor | None = None
+        self.norm: torch.Tensor | None = None
+        self.rope_cos = self.rope_sin = self.slots = None
+        self.cache_shape: tuple[int, int] | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.dtype
+
+    def setup_caches(self, batch: int, seq_len: int) -> None:
+        """Allocate the static KV cache for ``batch`` requests of up to ``seq_len`` positions."""
+        if self.cache_shape == (batch, seq_len):
+            return
+        for layer in self.layers:
+            layer.attn.cache = None  # free the old cache before allocating the new one
+        dtype, device = self.dtype, self.device
+        for layer in self.layers:
+            layer.attn.cache = KVCache(batch, seq_len, self.args, dtype, device)
+        self.rope_cos, self.rope_sin = rope_tables(self.args, seq_len, dtype, device)
+        self.slots = torch.arange(seq_len, device=device)
+        self.cache_shape = (batch, seq_len)
+
+    def forward(
+        self, tokens: torch.Tensor, pos: torch.Tensor, *, prefill: bool = False,
+        last: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits (fp32) for ``tokens`` [B, T] at positions ``pos`` [B, T].
+
+        ``prefill=True`` promises ``pos[b] == 0..T-1`` (a fresh cache), which lets attention run
+        causally over the chunk itself. ``last`` [B] picks one position per row, so the LM head
+        runs on B rows instead of B*T.
+        """
+        x = F.embedding(tokens, self.embed)
+        cos, sin = self.rope_cos[pos].unsqueeze(2), self.rope_sin[pos].unsqueeze(2)
+        visible = None if prefill else self.slots <= pos[..., None]
+        h = ops.rms_norm(x, self.layers[0].attn_norm, self.args.norm_eps)
+        norms = [layer.attn_norm for layer in self.layers[1:]] + [self.norm]
+        for layer, next_norm in zip(self.layers, norms, strict=True):
+            x, h = layer(x, h, next_norm, pos, cos, sin, visible)
+        if last is not None:
+            h = h[torch.arange(h.shape[0], device=h.device), last].unsqueeze(1)
+        return self.lm_head(h).float()

@@ -1,0 +1,59 @@
+"""The engine's one door to the W12 GEMM: load-time preparation and the per-call matmul.
+
+``prepare`` turns a ``W12Tensor`` (already on the model's device) into whatever packed object
+``w12_kernels.gemm`` runs on; ``w12_matmul`` computes ``x @ W.T + b`` with it. Keeping the
+kernel package behind these two functions means the model code never changes when the kernel
+layout does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from w12.tensor import W12Tensor
+
+
+def prepare(w: W12Tensor):
+    from w12_kernels.gemm import prepare_weight
+
+    return prepare_weight(w)
+
+
+def w12_matmul(x: torch.Tensor, packed, bias: torch.Tensor | None) -> torch.Tensor:
+    from w12_kernels.gemm import w12_linear
+
+    return w12_linear(x, packed, bias)
+
+
+def cat_rows(parts: list[W12Tensor]) -> W12Tensor:
+    """Stack W12 weights along N (output rows), e.g. q/k/v into one qkv weight.
+
+    Every W12 field is per row, so stacking is a concatenation with the escape row pointers of
+    each later part shifted by the escapes before it.
+    """
+    if len(parts) == 1:
+        return parts[0]
+    rowptrs, total = [parts[0].esc_rowptr], parts[0].num_escapes
+    for part in parts[1:]:
+        rowptrs.append(part.esc_rowptr[1:] + total)
+        total += part.num_escapes
+    fields = ("hi", "lo", "e0", "esc_col", "esc_val")
+    stacked = {f: torch.cat([getattr(p, f) for p in parts]) for f in fields}
+    return W12Tensor(esc_rowptr=torch.cat(rowptrs), **stacked)
+
+
+def tensor_bytes(obj) -> int:
+    """Bytes of every tensor reachable from ``obj`` (a tensor, dataclass, tuple, list or dict)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return sum(tensor_bytes(getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    if isinstance(obj, (tuple, list)):
+        return sum(tensor_bytes(v) for v in obj)
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if hasattr(obj, "__dict__"):
+        return sum(tensor_bytes(v) for v in vars(obj).values())
+    return 0
