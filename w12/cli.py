@@ -9,6 +9,7 @@ for usage errors; ``verify`` exits with 1 when the folders differ. Progress bars
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import re
@@ -38,8 +39,30 @@ def parse_size(text: str) -> int:
     return size
 
 
+# Commands that live in packages above ``w12``: imported only when named, so that ``import w12``
+# and the format commands never load the engine or the tuner.
+_LAZY_COMMANDS = {
+    "generate": ("engine.cli", "generate_command"),
+    "bench": ("engine.cli", "bench_group"),
+    "tune": ("spec_tuning.cli", "tune_group"),
+}
+
+
 class _Group(click.Group):
     """Turns user-caused errors raised by any command into one line and exit code 2."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(_LAZY_COMMANDS))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in _LAZY_COMMANDS and name not in self.commands:
+            module_name, attribute = _LAZY_COMMANDS[name]
+            try:
+                module = importlib.import_module(module_name)
+            except ModuleNotFoundError as exc:
+                raise click.ClickException(f"'{name}' needs {exc.name}, which is missing") from exc
+            return getattr(module, attribute)
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx: click.Context):
         try:
