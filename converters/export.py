@@ -21,7 +21,7 @@ from converters.hf import DEFAULT_MAX_SHARD_BYTES
 from converters.hf_writer import HFShardWriter
 from converters.source import other_files
 from w12 import container
-from w12.errors import W12Error
+from w12.jsonio import read_json
 
 
 @dataclass(frozen=True)
@@ -70,10 +70,7 @@ def _copy_other_files(src: Path, folder: Path) -> None:
 
 
 def _write_plain_config(path: Path, target: Path) -> None:
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise W12Error(f"{path}: not valid JSON ({exc})") from exc
+    config = read_json(path)
     if isinstance(config, dict):
         config.pop("quantization_config", None)
     target.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")

@@ -20,6 +20,7 @@ import torch
 from safetensors import safe_open
 
 from w12.errors import W12Error
+from w12.jsonio import read_json, read_json_object
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -112,16 +113,7 @@ class HFCheckpoint:
 
     def config(self) -> dict | None:
         """``config.json`` as a dict, or None when the folder has none."""
-        path = self.folder / "config.json"
-        if not path.is_file():
-            return None
-        try:
-            config = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise W12Error(f"{path}: not valid JSON ({_one_line(exc)})") from exc
-        if not isinstance(config, dict):
-            raise W12Error(f"{path}: expected a JSON object")
-        return config
+        return read_json_object(self.folder / "config.json", required=False)
 
     def other_files(self) -> list[Path]:
         """Files that are not weights (config, tokenizer, templates...), relative to the folder."""
@@ -161,10 +153,7 @@ def _index_weight_map(folder: Path) -> dict[str, str] | None:
     path = folder / INDEX_FILE
     if not path.is_file():
         return None
-    try:
-        index = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise W12Error(f"{path}: not valid JSON ({_one_line(exc)})") from exc
+    index = read_json(path)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(
         isinstance(k, str) and isinstance(v, str) and "/" not in v and v not in ("", ".", "..")

@@ -9,7 +9,6 @@ how to report them (the CLI exits with code 1).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from tqdm import tqdm
 
 from converters.source import HFCheckpoint
 from w12 import container
-from w12.errors import W12Error
+from w12.jsonio import read_json_object
 
 _WIDE_FLOATS = (torch.float32, torch.float16, torch.float64)
 
@@ -102,13 +101,8 @@ def _hex(row: torch.Tensor) -> str:
 def _lossless_relative_to(folder: Path) -> str:
     """What the folder's config says it is lossless against ("source" when it does not say)."""
     path = folder / "config.json"
-    if not path.is_file():
-        return "source"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise W12Error(f"{path}: not valid JSON ({' '.join(str(exc).split())})") from exc
-    if not isinstance(config, dict) or "quantization_config" not in config:
+    config = read_json_object(path, required=False)
+    if config is None or "quantization_config" not in config:
         return "source"
     parsed = container.parse_quantization_config(config["quantization_config"],
                                                  where=f"{path}: quantization_config")

@@ -14,7 +14,6 @@ hold the same weights.
 
 from __future__ import annotations
 
-import json
 import math
 import zlib
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import torch
 from engine.model import Linear, ModelArgs, Transformer
 from engine.w12_backend import cat_rows, prepare, tensor_bytes
 from w12.errors import W12Error
+from w12.jsonio import read_json_object
 from w12.tensor import W12Tensor, encode
 
 SYNTHETIC_PREFIX = "synthetic:"
@@ -63,17 +63,7 @@ def expected_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
 
 def read_json(path: Path, *, required: bool) -> dict:
     """A JSON object file; a missing optional file reads as ``{}``."""
-    if not path.is_file():
-        if required:
-            raise W12Error(f"{path}: missing (a model folder needs it)")
-        return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise W12Error(f"{path}: not valid JSON ({' '.join(str(exc).split())})") from exc
-    if not isinstance(value, dict):
-        raise W12Error(f"{path}: expected a JSON object")
-    return value
+    return read_json_object(path, required=required) or {}
 
 
 def read_config(folder: Path) -> dict:
