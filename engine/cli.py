@@ -29,7 +29,8 @@ def _one_line_errors(command):
     return wrapper
 
 
-def _default_device(device: str | None) -> str:
+def default_device(device: str | None) -> str:
+    """The device a command runs on: the one asked for, else the GPU when there is one."""
     import torch
 
     if device:
@@ -37,13 +38,14 @@ def _default_device(device: str | None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _batches(ctx, param, value: str) -> list[int]:
+def positive_int_list(ctx, param, value: str) -> list[int]:
+    """Click callback for options like ``--batch 1,8,32``."""
     try:
         sizes = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
         sizes = []
     if not sizes or min(sizes) < 1:
-        raise click.BadParameter(f"{value!r} is not a list of batch sizes like 1,8,32")
+        raise click.BadParameter(f"{value!r} is not a list of positive integers like 1,8,32")
     return sizes
 
 
@@ -75,7 +77,7 @@ def generate_command(model, prompts, max_new_tokens, bf16, chat, system, tempera
     """
     from engine.api import GenerateOptions, generate_text
 
-    device = _default_device(device)
+    device = default_device(device)
     options = GenerateOptions(
         mode=None if bf16 is None else ("bf16" if bf16 else "w12"), chat=chat, system=system,
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
@@ -104,7 +106,7 @@ def bench_group() -> None:
 
 @bench_group.command("decode")
 @click.argument("model")
-@click.option("--batch", "batches", default="1,8,32", show_default=True, callback=_batches,
+@click.option("--batch", "batches", default="1,8,32", show_default=True, callback=positive_int_list,
               help="Batch sizes, comma-separated.")
 @click.option("--tokens", default=256, show_default=True, type=click.IntRange(1))
 @click.option("--prompt-len", default=32, show_default=True, type=click.IntRange(1))
@@ -127,7 +129,7 @@ def bench_decode_command(model, batches, tokens, prompt_len, warmup, modes, devi
     """
     from engine.bench import as_dicts, bench_decode, summary
 
-    device = _default_device(device)
+    device = default_device(device)
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
     results = bench_decode(
         model, batches=batches, tokens=tokens, modes=mode_list, device=device,

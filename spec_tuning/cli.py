@@ -27,6 +27,7 @@ from pathlib import Path
 
 import click
 
+from engine.cli import default_device, positive_int_list
 from w12.errors import W12Error
 
 Log = Callable[[str], None]
@@ -369,22 +370,6 @@ class _Group(click.Group):
             ctx.exit(2)
 
 
-def _default_device(device: str | None) -> str:
-    import torch
-
-    return device or ("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def _int_list(ctx, param, value: str) -> list[int]:
-    try:
-        sizes = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise click.BadParameter(f"{value!r} is not a list of positive sizes like 1,4,16")
-    return sizes
-
-
 def _taus(ctx, param, values: tuple[str, ...]) -> dict[int, float]:
     taus = {}
     for value in values:
@@ -456,7 +441,7 @@ def tune_group() -> None:
 @click.option("--mode", type=click.Choice(["bf16", "w12"]), default=None,
               help="Weights (default: W12 for a W12 folder, else BF16).")
 @click.option("--batch", default=1, show_default=True, type=click.IntRange(1))
-@click.option("--tree-sizes", default="1", show_default=True, callback=_int_list,
+@click.option("--tree-sizes", default="1", show_default=True, callback=positive_int_list,
               help="Tokens per row of the verify step, comma-separated (1 = plain decoding).")
 @click.option("--tau", "taus", multiple=True, callback=_taus, metavar="N=VALUE",
               help="Measured accepted tokens per step for tree size N; repeatable.")
@@ -477,7 +462,7 @@ def explain_command(model, mode, batch, tree_sizes, taus, rank_accept, context, 
     MODEL is a BF16 or W12 folder, or synthetic:PRESET (qwen3-8b, qwen3-32b, llama-3.1-8b,
     smollm2-135m, tiny-qwen3).
     """
-    device = _default_device(device)
+    device = default_device(device)
     result = explain_model(model, mode=mode, device=device, seed=seed, batch=batch,
                            tree_sizes=tree_sizes, taus=taus, rank_accept=rank_accept,
                            context=context, compile=_compile_default(compile_, device), png=png,
@@ -511,7 +496,7 @@ def forcing_command(model_bf16, candidate, candidate_mode, planted_defect, promp
     result = forcing_run(model_bf16, candidate, candidate_mode=candidate_mode,
                          planted_defect=planted_defect, prompts=prompts, tokens=tokens,
                          source=source, method=scoring, batch=batch,
-                         device=_default_device(device), seed=seed, log=_progress)
+                         device=default_device(device), seed=seed, log=_progress)
     click.echo(result.verdict.report())
     _write_json(json_path, result.to_dict())
 
@@ -553,7 +538,7 @@ def prove_command(model_bf16, candidate, candidate_mode, planted_defect, prompts
     decomposed by the cost model; a candidate that passes both judges is measured once more
     on the held-out final part, whose opening is logged in --out.
     """
-    device = _default_device(device)
+    device = default_device(device)
     result = prove(model_bf16, candidate, out_dir=out_dir, candidate_mode=candidate_mode,
                    planted_defect=planted_defect, prompts=prompts, tokens=tokens,
                    run_prompts=run_prompts, run_tokens=run_tokens, batch=batch,
