@@ -121,4 +121,4 @@ def test_cli_maps_errors_to_exit_2(tiny_folder, tmp_path):
     result = runner.invoke(bench_group, ["decode", "synthetic:nope", "--device", "cpu"])
     assert result.exit_code == 2 and "unknown model preset" in result.output
     result = runner.invoke(bench_group, ["decode", "synthetic:tiny-qwen3", "--batch", "0"])
-    assert result.exit_code == 2 and "batch sizes" in result.output
+    assert result.exit_code == 2 and "positive integers" in result.output
