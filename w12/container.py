@@ -881,31 +881,7 @@ def _assemble(data: dict[str, np.ndarray], info: TensorInfo, where: str) -> W12T
         esc_val=torch.from_numpy(data["w12_esc_val"].copy()),
     )
     w.validate(where)
-    _check_canonical(w, where)
     return w
-
-
-def _check_canonical(w: W12Tensor, where: str) -> None:
-    """The rules ``validate`` leaves out: escapes sorted, their records 0, truly out of window."""
-    n, k = w.shape
-    lo = w.lo.numpy()
-    if k % 2 and n and int(np.max(lo[:, -1] >> 4)) != 0:
-        raise W12Error(f"{where}: unused high nibble of the last lo byte is not 0 (odd K={k})")
-    if not w.num_escapes:
-        return
-    rowptr = w.esc_rowptr.numpy()
-    col = w.esc_col.numpy().astype(np.int64)
-    rows = np.repeat(np.arange(n), np.diff(rowptr))
-    if np.any((rows[1:] == rows[:-1]) & (col[1:] <= col[:-1])):
-        raise W12Error(f"{where}: escape columns do not increase within a row")
-    nibbles = (lo[rows, col >> 1] >> ((col & 1) * 4)) & 15
-    if np.any(w.hi.numpy()[rows, col]) or np.any(nibbles):
-        raise W12Error(f"{where}: an escape's record (hi byte, lo nibble) is not 0")
-    exponent = (w.esc_val.numpy().view(np.uint16) >> 7) & 0xFF
-    offset = exponent.astype(np.int64) - w.e0.numpy()[rows].astype(np.int64)
-    counted = (exponent >= 1) & (exponent <= 254)
-    if np.any(counted & (offset >= 0) & (offset < spec.WINDOW_BINADES)):
-        raise W12Error(f"{where}: an escape holds a value inside its row's window")
 
 
 # ----------------------------------------------------------------------------- config.json

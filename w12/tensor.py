@@ -68,8 +68,11 @@ class W12Tensor:
         return codec_torch.decode(self)
 
     def validate(self, name: str = "tensor") -> None:
-        """Check shapes, dtypes and index ranges; raise ``W12Error`` naming ``name``."""
+        """Check shapes, dtypes, index ranges and the canonical-encoding rules of FORMAT.md
+        (escapes sorted by column, their records 0, their values truly outside the window, the
+        unused nibble of odd K zero); raise ``W12Error`` naming ``name``."""
         _validate(self, name)
+        _validate_canonical(self, name)
 
 
 _FIELDS = ("hi", "lo", "e0", "esc_rowptr", "esc_col", "esc_val")
@@ -134,3 +137,24 @@ def _validate(w: W12Tensor, name: str) -> None:
         raise W12Error(f"{name}: escape column index outside [0, {k})")
     if n and (int(w.e0.min()) < spec.E0_MIN or int(w.e0.max()) > spec.E0_MAX):
         raise W12Error(f"{name}: base exponent outside [{spec.E0_MIN}, {spec.E0_MAX}]")
+
+
+def _validate_canonical(w: W12Tensor, name: str) -> None:
+    n, k = w.shape
+    if k % 2 and n and bool((w.lo[:, -1] >> 4).any()):
+        raise W12Error(f"{name}: unused high nibble of the last lo byte is not 0 (odd K={k})")
+    if not w.num_escapes:
+        return
+    counts = w.esc_rowptr[1:] - w.esc_rowptr[:-1]
+    rows = torch.repeat_interleave(torch.arange(n, device=w.device), counts)
+    col = w.esc_col.long()
+    if bool(((rows[1:] == rows[:-1]) & (col[1:] <= col[:-1])).any()):
+        raise W12Error(f"{name}: escape columns do not increase within a row")
+    nibbles = (w.lo[rows, col >> 1].long() >> ((col & 1) * 4)) & 15
+    if bool(w.hi[rows, col].any()) or bool(nibbles.any()):
+        raise W12Error(f"{name}: an escape's record (hi byte, lo nibble) is not 0")
+    exponent = (w.esc_val.long() >> 7) & 0xFF
+    offset = exponent - w.e0[rows].long()
+    counted = (exponent >= 1) & (exponent <= 254)
+    if bool((counted & (offset >= 0) & (offset < spec.WINDOW_BINADES)).any()):
+        raise W12Error(f"{name}: an escape holds a value inside its row's window")

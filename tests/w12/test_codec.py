@@ -162,6 +162,24 @@ def test_validate_catches_broken_planes():
         bad.validate("layer.weight")
 
 
+def test_validate_enforces_canonical_escapes():
+    t = torch.linspace(0.5, 1.5, 21).reshape(3, 7).bfloat16()
+    t[1, 2] = 0
+    w = w12.encode(t)
+    in_window = t[1, 3].view(torch.int16).reshape(1)  # a value of the escape's own row
+    moved = w12.W12Tensor(w.hi, w.lo, w.e0, w.esc_rowptr, w.esc_col, in_window)
+    with pytest.raises(w12.W12Error, match="inside its row's window"):
+        moved.validate("layer.weight")
+    hi = w.hi.clone()
+    hi[1, 2] = 5
+    with pytest.raises(w12.W12Error, match="record"):
+        w12.W12Tensor(hi, w.lo, w.e0, w.esc_rowptr, w.esc_col, w.esc_val).validate("w")
+    lo = w.lo.clone()
+    lo[0, -1] |= 0x10  # K = 7: the last byte's high nibble is unused
+    with pytest.raises(w12.W12Error, match="unused high nibble"):
+        w12.W12Tensor(w.hi, lo, w.e0, w.esc_rowptr, w.esc_col, w.esc_val).validate("w")
+
+
 def _distributions(draw_scale, n, k, kind, rng):
     if kind == "normal":
         x = rng.standard_normal((n, k)) * draw_scale
