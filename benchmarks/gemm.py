@@ -4,7 +4,7 @@ For real layer shapes and M in {1, ..., 256} it times both in the same run as CU
 of back-to-back calls that cycle through several copies of the weight (so the 60 MB L2 never
 serves the weight), on random data. Each row prints µs, speedup, bytes read and achieved TB/s;
 the device-to-device copy bandwidth measured at start is the ceiling. The last lines are the
-geometric-mean speedup per M. ``--sweep`` times candidate kernel configurations instead.
+geometric-mean speedup per M. ``--sweep`` times candidate launch rules (config.py) instead.
 
     python benchmarks/gemm.py --models llama8b --m 1,16 --json out.json
 """
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import w12  # noqa: E402
 from w12_kernels.gemm import config as cfgs  # noqa: E402
-from w12_kernels.gemm import launcher  # noqa: E402
+from w12_kernels.gemm import cuda, launcher  # noqa: E402
 from w12_kernels.gemm.layout import PackedW12, prepare_weight  # noqa: E402
 
 MODELS = {
@@ -107,13 +107,12 @@ class Layer:
         self.escapes = self.w12[0].num_escapes
 
     def w12_bytes(self, m: int) -> int:
+        """Bytes a small-M call reads and writes: every chunk (padding included), the row
+        scales and escape lists, x and y."""
         pw = self.w12[0]
         np_, kp = pw.padded_shape
-        # the kernel reads only the row tiles' real columns; padded rows are read too
-        k_read = math.ceil(self.k / 256) * 256
-        planes = np_ * k_read * 3 // 2
-        esc = pw.num_escapes * 12 + (np_ + 1) * 4
-        return planes + np_ * 4 + esc + 2 * m * self.k + 2 * m * self.n
+        esc = pw.num_escapes * 8 + (np_ + 1) * 4
+        return np_ * kp * 3 // 2 + np_ * 4 + esc + 2 * m * self.k + 2 * m * self.n
 
     def bf16_bytes(self, m: int) -> int:
         return 2 * self.n * self.k + 2 * m * self.k + 2 * m * self.n
@@ -139,8 +138,8 @@ def check(layer: Layer, m: int, run_w12) -> float:
 
 
 def default_run(x: torch.Tensor, pw: PackedW12) -> torch.Tensor:
-    return launcher.linear(x, pw.planes, pw.scale, pw.esc_rowptr, pw.esc_row, pw.esc_col,
-                           pw.esc_val, pw.esc_delta, pw.counters, None, pw.n, pw.k)
+    return launcher.linear(x, pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row,
+                           pw.esc_col, pw.esc_val, pw.esc_delta, None, pw.n, pw.k)
 
 
 def run_benchmark(models, m_values, ceiling: float) -> list[dict]:
@@ -182,29 +181,20 @@ def geomeans(rows: list[dict]) -> dict[int, float]:
 
 # ---------------------------------------------------------------- configuration sweep
 
-SMALL_CLASS_MAX = 40_000_000  # weights; layers up to this size get their own configuration
-SWEEP_SHAPES = {"small": [(4096, 4096), (6144, 4096)],
-                "large": [(4096, 14336), (28672, 4096), (10240, 8192), (57344, 8192)]}
-SWEEP_LARGE_M_SHAPES = [(4096, 4096), (28672, 4096)]
-BLOCKS = [  # block_n, block_k, num_warps, num_stages
-    (64, 256, 4, 3), (64, 256, 4, 4), (64, 128, 4, 4), (32, 256, 4, 4), (128, 128, 8, 3),
-    (128, 256, 8, 2)]
-WAVES = (1.0, 2.0, 4.0)
-LARGE_BLOCKS = [  # block_n, block_m, block_k, num_warps, num_stages
-    (64, 128, 64, 4, 3), (128, 128, 64, 8, 3)]
+SWEEP_SHAPES = sorted({(n, k) for model in MODELS for _, n, k in layer_shapes(model)})
+SWEEP_KW = (1, 2, 4, 8)
+SWEEP_VARIANTS = (  # kernel, warps, rt, depth; the sweep of 2026-11-29 (docs/PERF_GEMM.md)
+    # found the interleaved family ahead of the contiguous one (ring, ring_xpf, tma, cluster)
+    ("ring_il", 8, 1, 2), ("ring_il", 8, 1, 4), ("ring_xpf_il", 8, 1, 2))
+SCORED_M = (1, 16, 32)  # the M the rule is chosen on (the bars); 64 only picks its layout
 
 
-def _small_cfg(n, k, sms, key, use_asm=True) -> cfgs.GemmConfig:
-    bn, bk, warps, stages, waves = key
-    split = cfgs.pick_split(-(-n // bn), -(-k // bk), sms, waves=waves)
-    return cfgs.GemmConfig(block_n=bn, block_k=bk, split_k=split, num_warps=warps,
-                           num_stages=stages, use_asm=use_asm)
-
-
-def _large_cfg(key) -> cfgs.GemmConfig:
-    bn, bm, bk, warps, stages = key
-    return cfgs.GemmConfig(block_n=bn, block_k=bk, split_k=1, num_warps=warps,
-                           num_stages=stages, block_m=bm, max_chunks=1, esc_chunk=2)
+def _family(kernel: str) -> str:
+    """Kernels of one family sum in the same order; a rule must stay inside one family, or the
+    bits of a row would depend on M."""
+    return "interleaved" if kernel.endswith("_il") else "contiguous"
+SWEEP_RULES = [dict(warps_per_sm=w, min_chunks_per_warp=c, max_kw=8)
+               for w in (4, 8, 16, 32, 64) for c in (2, 4, 8)]
 
 
 def _measure(layer: Layer, m: int, runs: dict) -> tuple[float, dict]:
@@ -228,65 +218,124 @@ def _measure(layer: Layer, m: int, runs: dict) -> tuple[float, dict]:
     return t_ref, out
 
 
-def _runner(cfg):
-    return lambda x, pw: launcher.launch_packed(x, pw, None, cfg)
+def _small_runner(kw: int, variant: tuple[str, int, int, int]):
+    kernel, warps, rt, depth = variant
+
+    def run(x, pw):
+        return cuda.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta,
+                               None, pw.n, pw.k, kw=kw, kernel=kernel, warps=warps, rt=rt,
+                               depth=depth)
+    return run
 
 
-def _report(n, k, m, t_ref, results) -> list[dict]:
-    ranked = sorted(results.items(), key=lambda kv: kv[1][0])
-    print(f"{n}x{k} M={m}: cublas {t_ref:.2f} us; " + ", ".join(
-        f"{lbl} {t:.2f} (x{t_ref / t:.2f}{'' if e <= 2 else f' ERR x{e:.0f}'})"
-        for lbl, (t, e) in ranked), flush=True)
-    return [dict(n=n, k=k, m=m, label=lbl, us=t, err_ratio=e, cublas_us=t_ref)
-            for lbl, (t, e) in ranked]
+def _nt_class(m: int) -> int:
+    return next(c for c in cfgs.NT_CLASSES if -(-m // 8) <= c)
 
 
-def _best(rows: list[dict], labels) -> str | None:
-    """The label with the best geometric-mean speedup among those correct on every row."""
-    scores = {}
-    for label in labels:
-        mine = [r for r in rows if r["label"] == label]
-        if not mine or any(r["err_ratio"] > 2 for r in mine):
+def choose_rule(rows: list[dict], sms: int) -> tuple[dict, float]:
+    """The summation family, kw rule and per-NT-class kernel layout with the best geometric-mean
+    speedup over the swept shapes at ``SCORED_M`` (a combination missing a measurement, or over
+    the error rule, loses)."""
+    table = {(r["n"], r["k"], r["m"], r["kw"], tuple(r["variant"])): r for r in rows}
+    points = sorted({(r["n"], r["k"], r["m"]) for r in rows})
+    scored = [p for p in points if p[2] in SCORED_M]
+    best, best_score = None, -math.inf
+    for family in ("contiguous", "interleaved"):
+        variants = [v for v in SWEEP_VARIANTS if _family(v[0]) == family]
+        if not variants:
             continue
-        scores[label] = sum(math.log(r["cublas_us"] / r["us"]) for r in mine) / len(mine)
-    return max(scores, key=scores.get) if scores else None
+        for rule in SWEEP_RULES:
+            kws = {(n, k): cfgs.pick_kw(-(-n // 16), -(-k // 64), sms, **rule)
+                   for n, k, _ in points}
+            score, by_nt = 0.0, {}
+            for cls in sorted({_nt_class(m) for _, _, m in points}):
+                mine = [p for p in points if _nt_class(p[2]) == cls]
+                options = {}
+                for variant in variants:
+                    logs = []
+                    for n, k, m in mine:
+                        r = table.get((n, k, m, kws[(n, k)], variant))
+                        ok = r is not None and r["err_ratio"] <= 2 and math.isfinite(r["us"])
+                        logs.append(math.log(r["cublas_us"] / r["us"]) if ok else -math.inf)
+                    options[variant] = sum(logs)
+                (kernel, warps, rt, depth), val = max(options.items(), key=lambda kv: kv[1])
+                by_nt[str(cls)] = dict(kernel=kernel, warps=warps, rt=rt, depth=depth)
+                if any(p in scored for p in mine):
+                    score += val
+            if score > best_score:
+                best, best_score = dict(rule, by_nt=by_nt), score
+    for cls in map(str, cfgs.NT_CLASSES):  # classes not swept keep the defaults
+        best["by_nt"].setdefault(cls, cfgs._DEFAULT_RULE["by_nt"][cls])
+    best["shapes"] = choose_shapes(rows, _family(best["by_nt"]["1"]["kernel"]))
+    return best, math.exp(best_score / max(1, len(scored)))
 
 
-def run_sweep(m_small, m_large) -> tuple[list[dict], dict]:
+def choose_shapes(rows: list[dict], family: str) -> dict:
+    """Per measured shape: the kw with the best summed log speedup over ``SCORED_M`` (each M at
+    its best layout of ``family``), and that kw's best layout per NT class."""
+    out = {}
+    for n, k in sorted({(r["n"], r["k"]) for r in rows}):
+        mine = [r for r in rows if (r["n"], r["k"]) == (n, k) and r["err_ratio"] <= 2
+                and _family(r["variant"][0]) == family and math.isfinite(r["us"])]
+
+        def best_at(kw, m, rows=mine):
+            cands = [r for r in rows if r["kw"] == kw and r["m"] == m]
+            return max(cands, key=lambda r: r["cublas_us"] / r["us"]) if cands else None
+
+        def score(kw):
+            picks = [best_at(kw, m) for m in SCORED_M]
+            if any(p is None for p in picks):
+                return -math.inf
+            return sum(math.log(p["cublas_us"] / p["us"]) for p in picks)
+
+        kw = max(sorted({r["kw"] for r in mine}), key=score, default=None)
+        if kw is None or not math.isfinite(score(kw)):
+            continue
+        by_nt = {}
+        for cls in cfgs.NT_CLASSES:
+            ms = [m for m in sorted({r["m"] for r in mine}) if _nt_class(m) == cls]
+            pick = best_at(kw, ms[-1]) if ms else None
+            if pick is not None:
+                kernel, warps, rt, depth = pick["variant"]
+                by_nt[str(cls)] = dict(kernel=kernel, warps=warps, rt=rt, depth=depth)
+        out[f"{n}x{k}"] = dict(kw=kw, by_nt=by_nt)
+    return out
+
+
+def run_sweep(m_values) -> tuple[list[dict], dict]:
+    """Time every kernel variant at every kw per shape and M; return the rows and the rule
+    (kw rule + layout per NT class) with the best geometric-mean speedup."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rows, table = [], {"small_m": [], "large_m": {"mode": "decode"}}
-    keys = [(*b, w) for b in BLOCKS for w in WAVES]
-    for cls, shapes in SWEEP_SHAPES.items():
-        cls_rows = []
-        for n, k in shapes:
-            layer = Layer(n, k, seed=n + k)
-            for m in m_small:
-                runs = {str(key): _runner(_small_cfg(n, k, sms, key)) for key in keys}
-                runs["plain_decode" + str(keys[0])] = _runner(
-                    _small_cfg(n, k, sms, keys[0], use_asm=False))
-                cls_rows += _report(n, k, m, *_measure(layer, m, runs))
-            if (n, k) in SWEEP_LARGE_M_SHAPES:
-                for m in m_large:
-                    runs = {f"fused{key}": _runner(_large_cfg(key)) for key in LARGE_BLOCKS}
-                    runs["decode+cublas"] = lambda x, pw: torch.nn.functional.linear(
-                        x, launcher.decode(pw))
-                    rows += _report(n, k, m, *_measure(layer, m, runs))
-            del layer
-            torch.cuda.empty_cache()
-        rows += cls_rows
-        best = _best(cls_rows, [str(key) for key in keys])
-        if best:
-            bn, bk, warps, stages, waves = {str(key): key for key in keys}[best]
-            table["small_m"].append(dict(
-                max_weights=SMALL_CLASS_MAX if cls == "small" else None, block_n=bn,
-                block_k=bk, num_warps=warps, num_stages=stages, waves=waves))
-    large_rows = [r for r in rows if r["m"] > 64]
-    best = _best(large_rows, [f"fused{key}" for key in LARGE_BLOCKS] + ["decode+cublas"])
-    if best and best.startswith("fused"):
-        bn, bm, bk, warps, stages = {f"fused{key}": key for key in LARGE_BLOCKS}[best]
-        table["large_m"] = dict(mode="fused", block_n=bn, block_m=bm, block_k=bk,
-                                num_warps=warps, num_stages=stages)
-    return rows, table
+    rows = []
+    for n, k in SWEEP_SHAPES:
+        layer = Layer(n, k, seed=n + k)
+        chunks = -(-k // 64)
+        for m in m_values:
+            runs, meta = {}, {}
+            for kw in SWEEP_KW:
+                if chunks // kw < 2:
+                    continue
+                for variant in SWEEP_VARIANTS:
+                    kernel, warps, rt, depth = variant
+                    if kernel == "tma" and cuda.tma_smem_bytes(kw, _nt_class(m), rt,
+                                                               depth) > 227 * 1024:
+                        continue
+                    label = f"{kernel}_kw{kw}_w{warps}_rt{rt}_d{depth}"
+                    runs[label] = _small_runner(kw, variant)
+                    meta[label] = dict(kw=kw, variant=list(variant))
+            t_ref, results = _measure(layer, m, runs)
+            ranked = sorted(results.items(), key=lambda kv: kv[1][0])
+            print(f"{n}x{k} M={m}: cublas {t_ref:.2f} us; " + ", ".join(
+                f"{lbl} {t:.2f} (x{t_ref / t:.2f}{'' if e <= 2 else f' ERR x{e:.0f}'})"
+                for lbl, (t, e) in ranked[:5]), flush=True)
+            for label, (t, e) in results.items():
+                rows.append(dict(n=n, k=k, m=m, **meta[label], us=t, err_ratio=e,
+                                 cublas_us=t_ref))
+        del layer
+        torch.cuda.empty_cache()
+    rule, mean = choose_rule(rows, sms)
+    print(f"best rule {rule}: geomean x{mean:.3f}")
+    return rows, {"small_m": rule}
 
 
 def main() -> None:
@@ -306,9 +355,9 @@ def main() -> None:
           f"copy bandwidth {ceiling:.2f} TB/s (read + write)", flush=True)
     start = time.time()
     if args.sweep:
-        rows, table = run_sweep([m for m in m_values if m <= 64], [m for m in m_values if m > 64])
+        rows, table = run_sweep([m for m in m_values if m <= 64])
         result = dict(device=props.name, copy_tbs=ceiling, sweep=rows, table=table)
-        if len(table["small_m"]) == len(SWEEP_SHAPES) and args.write_table:
+        if args.write_table:
             cfgs.TUNED_PATH.write_text(json.dumps(table, indent=1) + "\n")
             print(f"wrote {cfgs.TUNED_PATH}: {json.dumps(table)}")
     else:

@@ -1,4 +1,4 @@
-"""W12 GEMM: ``y = x @ W.T (+ bias)`` straight from the 12-bit planes.
+"""W12 GEMM: ``y = x @ W.T (+ bias)`` straight from the 12-bit records.
 
 Usage::
 
@@ -8,24 +8,24 @@ Usage::
     y = w12_linear(x, pw, bias)                       # x: bfloat16 [..., K] -> [..., N]
 
 ``w12_linear`` is the ``torch.library`` op ``w12::linear`` (works under ``torch.compile`` and
-CUDA-graph capture; warm it up once before capturing, so Triton compiles outside the graph).
-On a GPU it runs Triton kernels: up to 64 rows of ``x`` a decode-GEMM straight from the planes
-with one configuration for every such M (batch invariant); above that, as the tuned table in
-``tuned.json`` says, a Triton decode to BF16 plus cuBLAS (or the same kernel with wider
-activation tiles). Without a GPU it decodes with plain torch and calls
-``torch.nn.functional.linear``. ``decode_weight`` gives the exact BF16 weight back;
-``reference.reference_linear`` is the readable float64 reference. Calls on one weight must be
-stream-ordered (the split-K arrival counters live in the packed weight).
+CUDA-graph capture; call it once before capturing, so the kernels compile outside the graph).
+On a GPU, up to 64 rows of ``x`` run a decode-GEMM straight from the packed chunks with one
+configuration for every such M (batch invariant): CUDA C kernels compiled with NVRTC when CuPy
+is installed, Triton kernels otherwise. Above 64 rows the weight is decoded to BF16 and cuBLAS
+multiplies. Without a GPU it decodes with numba and calls ``torch.nn.functional.linear``.
+``decode_weight`` gives the exact BF16 weight back; ``reference.reference_linear`` is the
+readable float64 reference.
 """
 
+from w12_kernels.gemm.launcher import backend
 from w12_kernels.gemm.layout import DECODE_BIAS, PackedW12, decode_weight, prepare_weight
-from w12_kernels.gemm.op import triton_available, w12_linear
+from w12_kernels.gemm.op import w12_linear
 
 __all__ = [
     "DECODE_BIAS",
     "PackedW12",
+    "backend",
     "decode_weight",
     "prepare_weight",
-    "triton_available",
     "w12_linear",
 ]

@@ -1,91 +1,97 @@
-"""Launch configurations of the W12 GEMM, chosen from the weight shape alone.
+"""Launch configuration of the small-M W12 GEMM, chosen from the weight shape (and, for what
+does not change the arithmetic, from M).
 
-Small M (<= ``SMALL_M_MAX``): one configuration per (N, K) for every M, so the tiles, the split
-of K and the MMA shape never depend on M (batch invariance); activation rows go through in
-chunks of ``block_m = 16`` inside each program. Split-K is picked so that row tiles times
-splits fill the GPU about ``waves`` times over. Large M uses wider activation tiles, or decodes
-to BF16 and calls cuBLAS. The block shapes come from ``tuned.json`` next to this file, written
-by ``benchmarks/gemm.py --sweep`` on an H200 (docs/PERF_GEMM.md); without it, built-in defaults.
+For every M <= ``SMALL_M_MAX`` a weight uses one K split: ``kw`` warps share each 16-row tile,
+each summing a contiguous range of its 64-column chunks, and the block adds the ``kw`` partial
+tiles in a fixed order. So how K is split and summed never depends on M (batch invariance).
+What may depend on M is only how the work is laid out (which of the three CUDA kernels, warps
+per block, row tiles per warp, loads in flight), per class of ``NT = ceil(M / 8)`` in
+(1, 2, 4, 8): the kernels sum in the same order and give the same bits. The constants come
+from ``tuned.json`` next to this file, written from the H200 sweep of
+``benchmarks/gemm.py --sweep`` (docs/PERF_GEMM.md); without it, built-in defaults.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 SMALL_M_MAX = 64
-SMALL_BLOCK_M = 16
+NT_CLASSES = (1, 2, 4, 8)
 TUNED_PATH = Path(__file__).with_name("tuned.json")
 
-_DEFAULT_TABLE = {
-    # Weight classes by N * K; the first whose max_weights covers the layer applies. Winners
-    # of the H200 sweep of 2026-11-29 (docs/PERF_GEMM.md); large M: decode + cuBLAS beat the
-    # fused wide-tile kernel there.
-    "small_m": [
-        {"max_weights": 40_000_000, "block_n": 32, "block_k": 256, "num_warps": 4,
-         "num_stages": 4, "waves": 1.0},
-        {"max_weights": None, "block_n": 64, "block_k": 256, "num_warps": 4,
-         "num_stages": 3, "waves": 1.0},
-    ],
-    "large_m": {"mode": "decode"},
+_DEFAULT_RULE = {
+    "warps_per_sm": 16,  # aim: tiles * kw >= warps_per_sm * SMs
+    "min_chunks_per_warp": 4,
+    "max_kw": 8,
+    "by_nt": {cls: {"kernel": "ring", "warps": 8, "rt": 1, "depth": 2}
+              for cls in ("1", "2", "4", "8")},
 }
 
 
 @dataclass(frozen=True)
-class GemmConfig:
-    block_n: int
-    block_k: int
-    split_k: int
-    num_warps: int
-    num_stages: int
-    block_m: int = SMALL_BLOCK_M
-    max_chunks: int = SMALL_M_MAX // SMALL_BLOCK_M
-    use_asm: bool = True
-    esc_chunk: int = 16
+class Layout:
+    kernel: str  # "ring", "ring_xpf", "ring_il", "ring_xpf_il", "tma", "cluster" (gemm_small)
+    warps: int = 8  # cluster kernel: row tiles (warps) per block
+    rt: int = 1  # tma kernel: row tiles per warp
+    depth: int = 2  # chunks of loads in flight per warp
 
-    def with_(self, **changes) -> GemmConfig:
-        return replace(self, **changes)
+
+@dataclass(frozen=True)
+class SmallConfig:
+    kw: int
+    by_nt: tuple[tuple[int, Layout], ...]  # (NT class, layout), classes ascending
+
+    def layout(self, m: int) -> Layout:
+        """The kernel layout for ``m`` activation rows."""
+        nt = -(-m // 8)
+        for cls, layout in self.by_nt:
+            if nt <= cls:
+                return layout
+        raise ValueError(f"{m} rows is more than the small-M path takes ({SMALL_M_MAX})")
 
 
 @functools.cache
-def table() -> dict:
-    """The tuned table (``tuned.json``) or the built-in defaults."""
+def rule() -> dict:
+    """The tuned rule (``tuned.json``) or the built-in defaults."""
     if TUNED_PATH.exists():
-        return json.loads(TUNED_PATH.read_text())
-    return _DEFAULT_TABLE
+        return {**_DEFAULT_RULE, **json.loads(TUNED_PATH.read_text())["small_m"]}
+    return dict(_DEFAULT_RULE)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def pick_split(n_tiles: int, k_blocks: int, num_sms: int, waves: float = 2.0,
-               min_blocks: int = 4) -> int:
-    """Smallest power-of-two split so that tiles * split >= waves * SMs, keeping >= min_blocks
-    K blocks per split."""
-    split = 1
-    while n_tiles * split < waves * num_sms and k_blocks // (split * 2) >= min_blocks:
-        split *= 2
-    return split
+def pick_kw(tiles: int, chunks: int, num_sms: int, *, warps_per_sm: int,
+            min_chunks_per_warp: int, max_kw: int) -> int:
+    """Smallest power of two ``kw`` with ``tiles * kw >= warps_per_sm * SMs``, keeping at least
+    ``min_chunks_per_warp`` chunks per warp and ``kw <= max_kw``."""
+    kw = 1
+    while (kw * 2 <= max_kw and tiles * kw < warps_per_sm * num_sms
+           and chunks // (kw * 2) >= min_chunks_per_warp):
+        kw *= 2
+    return kw
 
 
-def small_config(n: int, k: int, num_sms: int) -> GemmConfig:
-    """The one configuration used for every M <= SMALL_M_MAX on an (N, K) weight."""
-    rows = table()["small_m"]
-    row = next(r for r in rows if r["max_weights"] is None or n * k <= r["max_weights"])
-    split = pick_split(_cdiv(n, row["block_n"]), _cdiv(k, row["block_k"]), num_sms,
-                       waves=row["waves"])
-    return GemmConfig(block_n=row["block_n"], block_k=row["block_k"], split_k=split,
-                      num_warps=row["num_warps"], num_stages=row["num_stages"])
-
-
-def large_config(n: int, k: int, m: int, num_sms: int) -> GemmConfig | None:
-    """Configuration for M > SMALL_M_MAX, or None: decode to BF16 and call cuBLAS."""
-    row = table()["large_m"]
-    if row["mode"] == "decode":
-        return None
-    return GemmConfig(block_n=row["block_n"], block_k=row["block_k"], split_k=1,
-                      num_warps=row["num_warps"], num_stages=row["num_stages"],
-                      block_m=row["block_m"], max_chunks=1, esc_chunk=2)
+def small_config(n: int, k: int, num_sms: int, r: dict | None = None) -> SmallConfig:
+    """The configuration used for every M <= SMALL_M_MAX on an (N, K) weight: the tuned entry
+    of that shape when the sweep measured it, else the rule."""
+    r = r or rule()
+    shaped = r.get("shapes", {}).get(f"{n}x{k}")
+    if shaped is not None:
+        r = {**r, **shaped, "by_nt": {**r["by_nt"], **shaped.get("by_nt", {})}}
+    if "kw" in r:
+        kw = r["kw"]
+    else:
+        kw = pick_kw(_cdiv(max(n, 1), 16), _cdiv(max(k, 1), 64), num_sms,
+                     warps_per_sm=r["warps_per_sm"],
+                     min_chunks_per_warp=r["min_chunks_per_warp"], max_kw=r["max_kw"])
+    by_nt = tuple((cls, Layout(**r["by_nt"][str(cls)])) for cls in NT_CLASSES)
+    if len({lay.kernel.endswith("_il") for _, lay in by_nt}) > 1:
+        # interleaved and contiguous K ranges sum in different orders: mixing them would make
+        # the bits of a row depend on M
+        raise ValueError(f"tuned layouts mix K-range orders: {[lay for _, lay in by_nt]}")
+    return SmallConfig(kw=kw, by_nt=by_nt)

@@ -1,21 +1,32 @@
-"""Load-time repack of a ``W12Tensor`` into the layout the GEMM kernels read.
+"""Load-time repack of a ``W12Tensor`` into the fragment layout the GEMM kernels read.
 
-The on-disk planes (hi bytes, lo nibbles two per byte, ``e0`` per row, escapes in CSR) are
-regrouped into three int32 planes of shape ``[Np, Kp / 8]``, one word each per group of 8
-consecutive columns of a row. The 12 bits of a record are split the way a BF16 value's two
-bytes need them:
+The weight ``W[N, K]`` is cut into *chunks* of 16 rows x 64 columns (rows padded to a multiple
+of ``ROW_ALIGN`` = 16, columns to ``COL_ALIGN`` = 64, with record 0: a finite value that meets
+zeroed activations, or rows that are never stored). A chunk is 1536 bytes: 384 int32 words in
+the order ``[plane q (3)][lane (32)][step j (4)]``, so one warp reads it with three fully
+coalesced 16-byte loads per lane and holds, with no shuffles, the A operands of four
+``mma.m16n8k16`` instructions (one per ``step``), weights on the MMA's M side.
 
-* ``planes[0]``, ``planes[1]``: the *low byte* of the decoded BF16 value of columns 0..3 and
-  4..7 of the group (``eoff[0] | m[6:0]``, column ``i`` in byte ``i``);
-* ``planes[2]``: the other 4 bits of each of the 8 columns (sign and ``eoff[3:1]``), placed so
-  that the pairs (0,1), (2,3), (4,5), (6,7) line up with bits 15, 10..8 of both 16-bit halves
-  of a word after a shift by 0, 4, 8 and a rotation by 4 (``B_POSITIONS``).
+Lane ``l = 4 g + t`` of a chunk starting at row ``r0`` and column ``c0`` holds, for step ``j``,
+the 8 weights ``i = 0..7`` at
 
-So a kernel turns each word pair into two BF16 values with one byte permute (low bytes plus the
-constant exponent bits), one shift and one ``lop3``: 11 integer operations per 8 weights. Still
-12 bits a weight. Rows are padded to a multiple of ``ROW_ALIGN`` and columns to ``COL_ALIGN``
-with record 0 (a finite value; padded columns meet zeroed activations, padded rows are never
-stored), so the kernel's main loop needs no masks.
+    row = r0 + g + 8 * ((i >> 1) & 1),   col = c0 + 16 t + 4 j + 2 * (i >> 2) + (i & 1)
+
+i.e. for each of rows ``g`` and ``g + 8`` the four consecutive columns ``16 t + 4 j .. + 3``.
+The MMA does not care in which order it sums over K as long as both operands agree, so the
+activation operand of lane ``t`` is then the 16 consecutive columns ``16 t .. 16 t + 15`` of the
+chunk: two 16-byte loads per activation row.
+
+The 8 weights of (lane, step) are 12 bits each, split over three words the way BF16 needs them:
+
+* ``q = 0``, ``q = 1``: the *low byte* of the decoded value of weights 0..3 and 4..7
+  (``eoff[0] | m[6:0]``, weight ``i`` in byte ``i & 3``);
+* ``q = 2``: the other 4 bits of each weight (sign and ``eoff[3:1]``), placed so that the pairs
+  (0,1), (2,3), (4,5), (6,7) line up with bits 15, 10..8 of both 16-bit halves of a word after
+  a shift by 0, 4, 8 and a rotation by 4 (``B_POSITIONS``).
+
+A kernel turns each triple into the four BF16 pairs of an MMA A fragment with one byte permute
+(low bytes plus the constant exponent bits), one shift and one ``lop3`` per pair.
 
 Each row decodes with the fixed exponent bias ``DECODE_BIAS`` instead of its own ``e0``: the
 decoded value ``w' = w * 2^(DECODE_BIAS - e0)`` has the same bits as ``w`` except the exponent
@@ -35,12 +46,13 @@ from w12.errors import W12Error
 from w12.tensor import W12Tensor
 
 DECODE_BIAS = 112  # exponent field 0b0111_eoff: bits 14..11 of every decoded value are 0111
-ROW_ALIGN = 128
-COL_ALIGN = 256
+ROW_ALIGN = 16  # rows of a chunk (the MMA's M)
+COL_ALIGN = 64  # columns of a chunk (four MMA K steps)
+CHUNK_WORDS = 384  # int32 words of one chunk: 3 planes x 32 lanes x 4 steps
 
 
 def _b_positions() -> tuple[tuple[int, int, int, int], ...]:
-    """Bit positions of (sign, eoff3, eoff2, eoff1) of column j in the ``planes[2]`` word."""
+    """Bit positions of (sign, eoff3, eoff2, eoff1) of weight i in the ``q = 2`` word."""
     out = []
     for j in range(8):
         pair, half = divmod(j, 2)
@@ -53,20 +65,30 @@ def _b_positions() -> tuple[tuple[int, int, int, int], ...]:
 B_POSITIONS = _b_positions()
 
 
+def fragment_coords() -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, col) inside a chunk of weight ``i`` of (step ``j``, lane ``l``): int64 [4, 32, 8]."""
+    j = torch.arange(4).view(4, 1, 1)
+    lane = torch.arange(32).view(1, 32, 1)
+    i = torch.arange(8).view(1, 1, 8)
+    g, t = lane // 4, lane % 4
+    row = g + 8 * ((i >> 1) & 1)
+    col = 16 * t + 4 * j + 2 * (i >> 2) + (i & 1)
+    return (row + 0 * col).expand(4, 32, 8), (col + 0 * row).expand(4, 32, 8)
+
+
 @dataclass(frozen=True)
 class PackedW12:
     """A W12 weight in kernel layout; make it once with :func:`prepare_weight`.
 
-    ``planes``: int32 [3, Np, Kp/8]; ``scale``: float32 [Np] (2^(e0 - DECODE_BIAS));
-    ``e0``: uint8 [N]; ``esc_rowptr``: int32 [Np + 1]; ``esc_row``/``esc_col``: int32 [E];
-    ``esc_val``: int16 [E] (BF16 bits); ``esc_delta``: float32 [E];
-    ``counters``: int32 [Np / 16], arrival tickets of the split-K reduction (zero between
-    launches: the last program of a row tile rearms its counter).
+    ``chunks``: int32 [Np/16, Kp/64, 384] (module docstring); ``scale``: float32 [Np]
+    (2^(e0 - DECODE_BIAS)); ``e0``: uint8 [N]; ``esc_rowptr``: int32 [Np + 1];
+    ``esc_row``/``esc_col``: int32 [E]; ``esc_val``: int16 [E] (BF16 bits);
+    ``esc_delta``: float32 [E].
     """
 
     n: int
     k: int
-    planes: torch.Tensor
+    chunks: torch.Tensor
     scale: torch.Tensor
     e0: torch.Tensor
     esc_rowptr: torch.Tensor
@@ -74,7 +96,6 @@ class PackedW12:
     esc_col: torch.Tensor
     esc_val: torch.Tensor
     esc_delta: torch.Tensor
-    counters: torch.Tensor
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -82,11 +103,11 @@ class PackedW12:
 
     @property
     def device(self) -> torch.device:
-        return self.planes.device
+        return self.chunks.device
 
     @property
     def padded_shape(self) -> tuple[int, int]:
-        return (int(self.planes.shape[1]), int(self.planes.shape[2]) * 8)
+        return (int(self.chunks.shape[0]) * ROW_ALIGN, int(self.chunks.shape[1]) * COL_ALIGN)
 
     @property
     def num_escapes(self) -> int:
@@ -94,7 +115,7 @@ class PackedW12:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the kernels hold for this weight (planes, scales, escapes)."""
+        """Bytes the kernels hold for this weight (chunks, scales, escapes)."""
         return sum(
             t.numel() * t.element_size()
             for f in fields(self)
@@ -117,35 +138,51 @@ def _to_int32(word: torch.Tensor) -> torch.Tensor:
     return (word - ((word >> 31) << 32)).to(torch.int32)
 
 
-def _repack_rows(hi: torch.Tensor, nib: torch.Tensor) -> torch.Tensor:
-    """hi, nib: [rows, Kp] int64 -> int32 [3, rows, Kp/8] (see module docstring)."""
-    rows, kp = hi.shape
+def _pack_groups(hi: torch.Tensor, nib: torch.Tensor) -> torch.Tensor:
+    """hi, nib: int64 [..., 8] (one group of 8 weights) -> int32 [..., 3] words q = 0, 1, 2."""
     low = ((hi >> 3) & 1) << 7 | (hi & 7) << 4 | nib  # the decoded value's low byte
-    low = low.view(rows, kp // 8, 8)
     byte_shift = torch.tensor((0, 8, 16, 24), device=hi.device)
     a0 = (low[..., :4] << byte_shift).sum(-1)
     a1 = (low[..., 4:] << byte_shift).sum(-1)
-    hi = hi.view(rows, kp // 8, 8)
     b = torch.zeros_like(a0)
-    for j, positions in enumerate(B_POSITIONS):
+    for i, positions in enumerate(B_POSITIONS):
         for bit, pos in zip((7, 6, 5, 4), positions, strict=True):  # sign, eoff3, eoff2, eoff1
-            b |= ((hi[..., j] >> bit) & 1) << pos
-    return torch.stack((_to_int32(a0), _to_int32(a1), _to_int32(b)))
+            b |= ((hi[..., i] >> bit) & 1) << pos
+    return torch.stack((_to_int32(a0), _to_int32(a1), _to_int32(b)), dim=-1)
 
 
-def _repack_planes(w: W12Tensor, np_: int, kp: int) -> torch.Tensor:
+def _chunk_rows(hi: torch.Tensor, nib: torch.Tensor) -> torch.Tensor:
+    """hi, nib: int64 [16 * T, Kp] -> int32 [T, Kp/64, 384] (module docstring)."""
+    rows, kp = hi.shape
+    tiles, chunks = rows // ROW_ALIGN, kp // COL_ALIGN
+
+    def to_fragments(plane: torch.Tensor) -> torch.Tensor:
+        # [T, h, g, C, t, j, pb, e] with row = 16T + 8h + g, col = 64C + 16t + 4j + 2pb + e
+        p = plane.view(tiles, 2, 8, chunks, 4, 4, 2, 2)
+        # -> [T, C, j, g, t, pb, h, e]: lane = 4g + t, weight i = 4pb + 2h + e
+        return p.permute(0, 3, 5, 2, 4, 6, 1, 7).reshape(tiles, chunks, 4, 32, 8)
+
+    words = _pack_groups(to_fragments(hi), to_fragments(nib))  # [T, C, j, lane, q]
+    return words.permute(0, 1, 4, 3, 2).reshape(tiles, chunks, CHUNK_WORDS).contiguous()
+
+
+def _repack(w: W12Tensor, np_: int, kp: int) -> torch.Tensor:
     n, k = w.shape
-    planes = torch.zeros(3, np_, kp // 8, dtype=torch.int32, device=w.device)
-    step = max(1, (1 << 22) // kp)  # bounded int64 temporaries on large weights
-    for a in range(0, n, step):
-        b = min(n, a + step)
+    chunks = torch.zeros(np_ // ROW_ALIGN, kp // COL_ALIGN, CHUNK_WORDS, dtype=torch.int32,
+                         device=w.device)
+    step = max(ROW_ALIGN, (1 << 21) // kp // ROW_ALIGN * ROW_ALIGN)  # bounded int64 temporaries
+    for a in range(0, np_, step):
+        b = min(np_, a + step)
         hi = torch.zeros(b - a, kp, dtype=torch.int64, device=w.device)
-        hi[:, :k] = w.hi[a:b]
-        lo = w.lo[a:b].to(torch.int64)
         nib = torch.zeros_like(hi)
-        nib[:, :k] = torch.stack((lo & 15, lo >> 4), dim=2).reshape(b - a, -1)[:, :k]
-        planes[:, a:b] = _repack_rows(hi, nib)
-    return planes
+        if a < n:
+            stop = min(b, n)
+            hi[: stop - a, :k] = w.hi[a:stop]
+            lo = w.lo[a:stop].to(torch.int64)
+            nibbles = torch.stack((lo & 15, lo >> 4), dim=2).reshape(stop - a, -1)
+            nib[: stop - a, :k] = nibbles[:, :k]
+        chunks[a // ROW_ALIGN : b // ROW_ALIGN] = _chunk_rows(hi, nib)
+    return chunks
 
 
 def _escape_arrays(w: W12Tensor, np_: int):
@@ -181,7 +218,7 @@ def prepare_weight(w: W12Tensor, *, device: torch.device | str | None = None) ->
     return PackedW12(
         n=n,
         k=k,
-        planes=_repack_planes(w, np_, kp),
+        chunks=_repack(w, np_, kp),
         scale=scale,
         e0=w.e0.clone(),
         esc_rowptr=rowptr,
@@ -189,27 +226,34 @@ def prepare_weight(w: W12Tensor, *, device: torch.device | str | None = None) ->
         esc_col=cols,
         esc_val=w.esc_val.clone(),
         esc_delta=delta,
-        counters=torch.zeros(np_ // 16, dtype=torch.int32, device=w.device),
     )
 
 
-def unpack_bits(planes: torch.Tensor, e0: torch.Tensor, n: int, k: int) -> torch.Tensor:
+def unpack_bits(chunks: torch.Tensor, e0: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """int32 BF16 bit patterns [n, k] of the in-window records (escapes not yet patched)."""
-    _, np_, groups = planes.shape
-    p = planes[:, :n].to(torch.int64) & 0xFFFFFFFF
-    byte_shift = torch.tensor((0, 8, 16, 24), device=planes.device)
-    low = torch.cat(((p[0, ..., None] >> byte_shift) & 255, (p[1, ..., None] >> byte_shift) & 255),
-                    -1)
-    pos = torch.tensor(B_POSITIONS, device=planes.device)  # [8, 4]
-    top = (p[2, ..., None, None] >> pos) & 1  # [n, G, 8, 4]: sign, eoff3, eoff2, eoff1
+    tiles, nchunks, _ = chunks.shape
+    words = chunks.to(torch.int64).view(tiles, nchunks, 3, 32, 4) & 0xFFFFFFFF
+    words = words.permute(0, 1, 4, 3, 2)  # [T, C, j, lane, q]
+    byte_shift = torch.tensor((0, 8, 16, 24), device=chunks.device)
+    low = torch.cat(((words[..., 0, None] >> byte_shift) & 255,
+                     (words[..., 1, None] >> byte_shift) & 255), -1)  # [T, C, j, lane, 8]
+    pos = torch.tensor(B_POSITIONS, device=chunks.device)  # [8, 4]
+    top = (words[..., 2, None, None] >> pos) & 1  # [T, C, j, lane, 8, 4]
     eoff = top[..., 1] << 3 | top[..., 2] << 2 | top[..., 3] << 1 | (low >> 7)
-    e = e0.to(torch.int64)[:, None, None]
-    bits = top[..., 0] << 15 | (e + eoff) << 7 | (low & 0x7F)
-    return bits.reshape(n, groups * 8)[:, :k].to(torch.int32)
+    sign = top[..., 0]
+    # back to [T, h, g, C, t, j, pb, e] (the inverse of _chunk_rows' permutation)
+    def to_matrix(v: torch.Tensor) -> torch.Tensor:
+        v = v.view(tiles, nchunks, 4, 8, 4, 2, 2, 2)  # [T, C, j, g, t, pb, h, e]
+        v = v.permute(0, 6, 3, 1, 4, 2, 5, 7)
+        return v.reshape(tiles * ROW_ALIGN, nchunks * COL_ALIGN)[:n, :k]
+
+    e = e0.to(torch.int64)[:, None]
+    bits = to_matrix(sign) << 15 | (e + to_matrix(eoff)) << 7 | (to_matrix(low) & 0x7F)
+    return bits.to(torch.int32)
 
 
 def decode_packed(
-    planes: torch.Tensor,
+    chunks: torch.Tensor,
     e0: torch.Tensor,
     esc_rowptr: torch.Tensor,
     esc_col: torch.Tensor,
@@ -217,8 +261,8 @@ def decode_packed(
     n: int,
     k: int,
 ) -> torch.Tensor:
-    """The exact BF16 weight [n, k] from kernel-layout planes, in plain torch (any device)."""
-    bits = unpack_bits(planes, e0, n, k)
+    """The exact BF16 weight [n, k] from kernel-layout chunks, in plain torch (any device)."""
+    bits = unpack_bits(chunks, e0, n, k)
     out = (bits - ((bits >> 15) << 16)).to(torch.int16)
     if esc_col.numel():
         counts = (esc_rowptr[1 : n + 1] - esc_rowptr[:n]).long()
@@ -229,4 +273,4 @@ def decode_packed(
 
 def decode_weight(pw: PackedW12) -> torch.Tensor:
     """The exact BF16 weight of a :class:`PackedW12`."""
-    return decode_packed(pw.planes, pw.e0, pw.esc_rowptr, pw.esc_col, pw.esc_val, pw.n, pw.k)
+    return decode_packed(pw.chunks, pw.e0, pw.esc_rowptr, pw.esc_col, pw.esc_val, pw.n, pw.k)

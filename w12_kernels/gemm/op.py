@@ -2,10 +2,9 @@
 
 The op takes the packed weight's tensors as arguments so that ``torch.compile`` and CUDA-graph
 capture see every buffer the kernels touch; its fake implementation only allocates the output.
-On a CUDA device with Triton available the op runs the Triton kernels (``launcher``); anywhere
-else it decodes the weight with plain torch and calls ``torch.nn.functional.linear``, which gives
-exactly what BF16 torch gives on the decoded weight. ``counters`` is declared mutated: the
-split-K kernel counts arrivals in it (its values never change any result).
+On a CUDA device the op runs the GPU kernels (``launcher``: CUDA C through CuPy, or Triton);
+on the CPU it decodes the weight (numba) and calls ``torch.nn.functional.linear``, which gives
+exactly what BF16 torch gives on the decoded weight.
 """
 
 from __future__ import annotations
@@ -16,21 +15,10 @@ from w12.errors import W12Error
 from w12_kernels.gemm.layout import PackedW12, decode_packed
 
 
-def triton_available() -> bool:
-    """True when the Triton kernels can run here (a CUDA device and the triton package)."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@torch.library.custom_op("w12::linear", mutates_args=("counters",))
+@torch.library.custom_op("w12::linear", mutates_args=())
 def _linear_op(
     x: torch.Tensor,
-    planes: torch.Tensor,
+    chunks: torch.Tensor,
     scale: torch.Tensor,
     e0: torch.Tensor,
     esc_rowptr: torch.Tensor,
@@ -38,28 +26,27 @@ def _linear_op(
     esc_col: torch.Tensor,
     esc_val: torch.Tensor,
     esc_delta: torch.Tensor,
-    counters: torch.Tensor,
     bias: torch.Tensor | None,
     n: int,
     k: int,
 ) -> torch.Tensor:
-    if x.device.type == "cuda" and triton_available():
+    if x.device.type == "cuda":
         from w12_kernels.gemm import launcher
 
-        return launcher.linear(x, planes, scale, esc_rowptr, esc_row, esc_col, esc_val,
-                               esc_delta, counters, bias, n, k)
-    if planes.device.type == "cpu":
+        return launcher.linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val,
+                               esc_delta, bias, n, k)
+    if chunks.device.type == "cpu":
         from w12_kernels.gemm.cpu_decode import decode_packed_cpu
 
-        weight = decode_packed_cpu(planes, e0, esc_rowptr, esc_col, esc_val, n, k)
+        weight = decode_packed_cpu(chunks, e0, esc_rowptr, esc_col, esc_val, n, k)
     else:
-        weight = decode_packed(planes, e0, esc_rowptr, esc_col, esc_val, n, k)
+        weight = decode_packed(chunks, e0, esc_rowptr, esc_col, esc_val, n, k)
     return torch.nn.functional.linear(x, weight, bias)
 
 
 @_linear_op.register_fake
-def _linear_fake(x, planes, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delta,
-                 counters, bias, n, k):
+def _linear_fake(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delta,
+                 bias, n, k):
     return x.new_empty((x.shape[0], n))
 
 
@@ -94,7 +81,7 @@ def w12_linear(
     if not rows.is_contiguous():
         rows = rows.contiguous()
     y = _linear_op(
-        rows, w.planes, w.scale, w.e0, w.esc_rowptr, w.esc_row, w.esc_col, w.esc_val,
-        w.esc_delta, w.counters, bias, w.n, w.k,
+        rows, w.chunks, w.scale, w.e0, w.esc_rowptr, w.esc_row, w.esc_col, w.esc_val,
+        w.esc_delta, bias, w.n, w.k,
     )
     return y.reshape(*x.shape[:-1], w.n)

@@ -1,0 +1,193 @@
+"""The CUDA C kernels of ``kernels.cu``: compiled once per device with NVRTC (through CuPy),
+launched on PyTorch's current stream (so they work under CUDA-graph capture once compiled).
+
+Why CUDA C beside Triton: Triton's matrix multiply takes its operands through shared memory
+and a barrier on every K step, which kept the Triton decode-GEMM at about half of cuBLAS on
+small M (docs/PERF.md). Here each lane decodes its words straight into MMA fragment registers
+and keeps several chunks of loads in flight.
+
+``gemm_small`` handles M <= 64 (``NT = ceil(M / 8)`` activation n-tiles); ``decode`` writes the
+exact BF16 weight for the large-M path (decode, then cuBLAS).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SOURCE_PATH = Path(__file__).with_name("kernels.cu")
+NT_MAX = 8  # 8 activation rows per n-tile: M <= 64
+DEPTHS = (2, 3, 4, 6)  # chunks of loads in flight per warp (template argument P)
+_SMEM_DEFAULT_LIMIT = 48 * 1024
+
+
+@functools.cache
+def available() -> bool:
+    """True when the kernels can run here: a CUDA GPU of compute capability >= 8.0 and CuPy."""
+    if not torch.cuda.is_available() or torch.version.cuda is None:
+        return False
+    if torch.cuda.get_device_capability()[0] < 8:
+        return False
+    try:
+        import cupy  # noqa: F401
+    except Exception:  # ImportError, or a CuPy build that does not match the driver
+        return False
+    return True
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def ring_name(nt: int, depth: int, prefetch: bool = False, interleave: bool = False) -> str:
+    return f"w12_gemm_small<{nt}, {depth}, {_flag(prefetch)}, {_flag(interleave)}>"
+
+
+def cluster_name(nt: int, kw: int, depth: int) -> str:
+    return f"w12_gemm_cluster<{nt}, {kw}, {depth}>"
+
+
+def tma_name(nt: int, rt: int, stages: int) -> str:
+    return f"w12_gemm_tma<{nt}, {rt}, {stages}, {'true' if nt <= 4 else 'false'}>"
+
+
+@functools.cache
+def _source() -> str:
+    return SOURCE_PATH.read_text()
+
+
+@functools.cache
+def _kernel(device_index: int, name: str):
+    """One compiled kernel: each instantiation is its own NVRTC module, compiled on first use
+    (a second or two; CuPy keeps the binary in its on-disk cache)."""
+    import cupy
+
+    major, minor = torch.cuda.get_device_capability(device_index)
+    arch = f"sm_{major}{minor}"
+    with cupy.cuda.Device(device_index):
+        module = cupy.RawModule(code=_source(),
+                                options=("--std=c++17", f"--gpu-architecture={arch}"),
+                                name_expressions=[name])
+        return module.get_function(name)
+
+
+@functools.cache
+def _smem_limit(device_index: int) -> int:
+    import cupy
+
+    return cupy.cuda.Device(device_index).attributes["MaxSharedMemoryPerBlockOptin"]
+
+
+def tma_smem_bytes(kw: int, nt: int, rt: int, stages: int) -> int:
+    """Dynamic shared memory of ``w12_gemm_tma``: barriers, then the stages (which later hold
+    the partial tiles)."""
+    bars = -(-kw * stages * 8 // 128) * 128
+    return bars + max(kw * stages * rt * 1536, kw * rt * nt * 512)
+
+
+def _stream(device: torch.device):
+    import cupy
+
+    return cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream,
+                                    device.index)
+
+
+def _ptr(t: torch.Tensor | None) -> np.uint64:
+    return np.uint64(0 if t is None else t.data_ptr())
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _padded_x(x: torch.Tensor, kp: int) -> torch.Tensor:
+    """x as [M, Kp] with rows 16-byte aligned and zeros past K (the kernel reads whole chunks)."""
+    m, k = x.shape
+    if k == kp and x.stride(0) == kp and x.stride(1) == 1 and x.data_ptr() % 16 == 0:
+        return x
+    padded = torch.zeros((m, kp), dtype=x.dtype, device=x.device)
+    padded[:, :k] = x
+    return padded
+
+
+def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
+               esc_rowptr: torch.Tensor, esc_col: torch.Tensor, esc_delta: torch.Tensor,
+               bias: torch.Tensor | None, n: int, k: int, *, kw: int, depth: int,
+               kernel: str = "cluster", rt: int = 1, warps: int = 8,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W.T (+ bias)`` for BF16 ``x [M, K]`` with ``M <= 64``; ``kw`` warps per row tile
+    split K (a function of the weight shape only, for batch invariance). ``kernel="cluster"``:
+    ``warps`` row tiles per block on one K range, the ``kw`` ranges in the blocks of a cluster,
+    ``depth`` chunks of register loads in flight per warp; ``"ring"``: the ``kw`` ranges in the
+    warps of one block (``"ring_xpf"``: activations loaded one chunk ahead, ``depth`` even;
+    ``"ring_il"``, ``"ring_xpf_il"``: warp ``w`` takes every ``kw``-th chunk from ``w``, a
+    different summation order);
+    ``"tma"``: bulk-copy pipeline of ``depth`` stages, ``rt`` row tiles per
+    warp. All three sum in the same order, so they give the same bits."""
+    m = x.shape[0]
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    if m > 8 * NT_MAX:
+        raise ValueError(f"gemm_small takes at most {8 * NT_MAX} rows, got {m}")
+    tiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
+    xp = _padded_x(x, nchunks * 64)
+    nt = math.ceil(m / 8)
+    device = x.device
+    index = _index(device)
+    head = (_ptr(chunks), _ptr(xp), _ptr(out), _ptr(scale), _ptr(esc_rowptr), _ptr(esc_col),
+            _ptr(esc_delta), _ptr(bias), np.int32(m), np.int32(n))
+    if kernel == "cluster":
+        if kw > 8:
+            raise ValueError(f"cluster kernel: kw={kw} is more than 8 blocks per cluster")
+        func = _kernel(index, cluster_name(nt, kw, depth))
+        smem = warps * nt * 4 * 32 * 4
+        grid = math.ceil(tiles / warps) * kw
+        args = (*head, np.int32(tiles), np.int32(nchunks), np.int32(xp.stride(0)))
+        threads = warps * 32
+    elif kernel == "tma":
+        func = _kernel(index, tma_name(nt, rt, depth))
+        smem = tma_smem_bytes(kw, nt, rt, depth)
+        grid = math.ceil(tiles / rt)
+        args = (*head, np.int32(tiles), np.int32(nchunks), np.int32(xp.stride(0)), np.int32(kw))
+        threads = kw * 32
+    else:
+        func = _kernel(index, ring_name(nt, depth, "xpf" in kernel, "il" in kernel))
+        smem = kw * nt * 4 * 32 * 4
+        grid = tiles
+        args = (*head, np.int32(nchunks), np.int32(xp.stride(0)), np.int32(kw))
+        threads = kw * 32
+    if smem > _smem_limit(index):
+        raise ValueError(f"configuration needs {smem} bytes of shared memory, the GPU has "
+                         f"{_smem_limit(index)}")
+    if smem > _SMEM_DEFAULT_LIMIT:
+        func.max_dynamic_shared_size_bytes = smem
+    with _stream(device):
+        func((grid,), (threads,), args, shared_mem=smem)
+    return out
+
+
+def decode(chunks: torch.Tensor, scale: torch.Tensor, esc_row: torch.Tensor,
+           esc_col: torch.Tensor, esc_val: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The exact BF16 weight [N, K]: the decode kernel, then the escapes written in."""
+    out = torch.empty((n, k), dtype=torch.bfloat16, device=chunks.device)
+    tiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
+    total = tiles * nchunks
+    if total and n and k:
+        device = chunks.device
+        sms = torch.cuda.get_device_properties(_index(device)).multi_processor_count
+        blocks = max(1, min(math.ceil(total / 8), sms * 16))
+        kernel = _kernel(_index(device), "w12_decode")
+        args = (_ptr(chunks), _ptr(scale), _ptr(out), np.int32(n), np.int32(k),
+                np.int32(nchunks), np.int64(total))
+        with _stream(device):
+            kernel((blocks,), (256,), args)
+    if esc_col.numel():
+        # positions are unique, so the scatter is deterministic
+        out.view(torch.int16)[esc_row.long(), esc_col.long()] = esc_val
+    return out
