@@ -183,18 +183,10 @@ def geomeans(rows: list[dict]) -> dict[int, float]:
 
 SWEEP_SHAPES = sorted({(n, k) for model in MODELS for _, n, k in layer_shapes(model)})
 SWEEP_KW = (1, 2, 4, 8)
-SWEEP_VARIANTS = (  # kernel, warps, rt, depth; the sweep of 2026-11-29 (docs/PERF_GEMM.md)
-    # found the interleaved family ahead of the contiguous one (ring, ring_xpf, tma, cluster)
-    ("ring_il", 8, 1, 2), ("ring_il", 8, 1, 4), ("ring_xpf_il", 8, 1, 2))
-SCORED_M = (1, 16, 32)  # the M the rule is chosen on (the bars); 64 only picks its layout
-
-
-def _family(kernel: str) -> str:
-    """Kernels of one family sum in the same order; a rule must stay inside one family, or the
-    bits of a row would depend on M."""
-    return "interleaved" if kernel.endswith("_il") else "contiguous"
+SWEEP_LAYOUTS = ((2, False), (4, False), (2, True))  # (depth, prefetch)
 SWEEP_RULES = [dict(warps_per_sm=w, min_chunks_per_warp=c, max_kw=8)
-               for w in (4, 8, 16, 32, 64) for c in (2, 4, 8)]
+               for w in (4, 8, 16, 32, 64, 128) for c in (2, 4, 8)]
+SCORED_M = (1, 16, 32)  # the M kw is chosen on (the bars); 64 only picks its layout
 
 
 def _measure(layer: Layer, m: int, runs: dict) -> tuple[float, dict]:
@@ -218,13 +210,10 @@ def _measure(layer: Layer, m: int, runs: dict) -> tuple[float, dict]:
     return t_ref, out
 
 
-def _small_runner(kw: int, variant: tuple[str, int, int, int]):
-    kernel, warps, rt, depth = variant
-
+def _small_runner(kw: int, depth: int, prefetch: bool):
     def run(x, pw):
         return cuda.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta,
-                               None, pw.n, pw.k, kw=kw, kernel=kernel, warps=warps, rt=rt,
-                               depth=depth)
+                               None, pw.n, pw.k, kw=kw, depth=depth, prefetch=prefetch)
     return run
 
 
@@ -232,79 +221,54 @@ def _nt_class(m: int) -> int:
     return next(c for c in cfgs.NT_CLASSES if -(-m // 8) <= c)
 
 
+def _speedup(r: dict | None) -> float:
+    ok = r is not None and r["err_ratio"] <= 2 and math.isfinite(r["us"])
+    return math.log(r["cublas_us"] / r["us"]) if ok else -math.inf
+
+
+def _best_layouts(rows: list[dict], kw_of, points) -> tuple[dict, float]:
+    """Per NT class, the (depth, prefetch) with the best summed log speedup when each shape
+    uses ``kw_of(n, k)``; returns the layouts and the summed score over ``SCORED_M``."""
+    table = {(r["n"], r["k"], r["m"], r["kw"], r["depth"], r["prefetch"]): r for r in rows}
+    by_nt, score = {}, 0.0
+    for cls in sorted({_nt_class(m) for _, _, m in points}):
+        mine = [p for p in points if _nt_class(p[2]) == cls]
+        options = {lay: sum(_speedup(table.get((n, k, m, kw_of(n, k), *lay)))
+                            for n, k, m in mine) for lay in SWEEP_LAYOUTS}
+        (depth, prefetch), val = max(options.items(), key=lambda kv: kv[1])
+        by_nt[str(cls)] = dict(depth=depth, prefetch=prefetch)
+        score += sum(_speedup(table.get((n, k, m, kw_of(n, k), depth, prefetch)))
+                     for n, k, m in mine if m in SCORED_M)
+    return by_nt, score
+
+
 def choose_rule(rows: list[dict], sms: int) -> tuple[dict, float]:
-    """The summation family, kw rule and per-NT-class kernel layout with the best geometric-mean
-    speedup over the swept shapes at ``SCORED_M`` (a combination missing a measurement, or over
-    the error rule, loses)."""
-    table = {(r["n"], r["k"], r["m"], r["kw"], tuple(r["variant"])): r for r in rows}
+    """The table ``tuned.json`` holds: per swept shape its best kw (summed log speedup over
+    ``SCORED_M``, each M at its best layout) and layouts; for other shapes the kw rule and
+    layouts with the best geometric-mean speedup over the swept ones."""
     points = sorted({(r["n"], r["k"], r["m"]) for r in rows})
     scored = [p for p in points if p[2] in SCORED_M]
     best, best_score = None, -math.inf
-    for family in ("contiguous", "interleaved"):
-        variants = [v for v in SWEEP_VARIANTS if _family(v[0]) == family]
-        if not variants:
-            continue
-        for rule in SWEEP_RULES:
-            kws = {(n, k): cfgs.pick_kw(-(-n // 16), -(-k // 64), sms, **rule)
-                   for n, k, _ in points}
-            score, by_nt = 0.0, {}
-            for cls in sorted({_nt_class(m) for _, _, m in points}):
-                mine = [p for p in points if _nt_class(p[2]) == cls]
-                options = {}
-                for variant in variants:
-                    logs = []
-                    for n, k, m in mine:
-                        r = table.get((n, k, m, kws[(n, k)], variant))
-                        ok = r is not None and r["err_ratio"] <= 2 and math.isfinite(r["us"])
-                        logs.append(math.log(r["cublas_us"] / r["us"]) if ok else -math.inf)
-                    options[variant] = sum(logs)
-                (kernel, warps, rt, depth), val = max(options.items(), key=lambda kv: kv[1])
-                by_nt[str(cls)] = dict(kernel=kernel, warps=warps, rt=rt, depth=depth)
-                if any(p in scored for p in mine):
-                    score += val
-            if score > best_score:
-                best, best_score = dict(rule, by_nt=by_nt), score
+    for rule in SWEEP_RULES:
+        def kw_of(n, k, rule=rule):
+            return cfgs.pick_kw(-(-n // 16), -(-k // 64), sms, **rule)
+        by_nt, score = _best_layouts(rows, kw_of, points)
+        if best is None or score > best_score:
+            best, best_score = dict(rule, by_nt=by_nt), score
     for cls in map(str, cfgs.NT_CLASSES):  # classes not swept keep the defaults
         best["by_nt"].setdefault(cls, cfgs._DEFAULT_RULE["by_nt"][cls])
-    best["shapes"] = choose_shapes(rows, _family(best["by_nt"]["1"]["kernel"]))
+    best["shapes"] = {}
+    for n, k in sorted({(p[0], p[1]) for p in points}):
+        mine = [p for p in points if p[:2] == (n, k)]
+        options = {kw: _best_layouts(rows, lambda *_, kw=kw: kw, mine) for kw in SWEEP_KW}
+        kw, (by_nt, score) = max(options.items(), key=lambda kv: kv[1][1])
+        if math.isfinite(score):
+            best["shapes"][f"{n}x{k}"] = dict(kw=kw, by_nt=by_nt)
     return best, math.exp(best_score / max(1, len(scored)))
 
 
-def choose_shapes(rows: list[dict], family: str) -> dict:
-    """Per measured shape: the kw with the best summed log speedup over ``SCORED_M`` (each M at
-    its best layout of ``family``), and that kw's best layout per NT class."""
-    out = {}
-    for n, k in sorted({(r["n"], r["k"]) for r in rows}):
-        mine = [r for r in rows if (r["n"], r["k"]) == (n, k) and r["err_ratio"] <= 2
-                and _family(r["variant"][0]) == family and math.isfinite(r["us"])]
-
-        def best_at(kw, m, rows=mine):
-            cands = [r for r in rows if r["kw"] == kw and r["m"] == m]
-            return max(cands, key=lambda r: r["cublas_us"] / r["us"]) if cands else None
-
-        def score(kw):
-            picks = [best_at(kw, m) for m in SCORED_M]
-            if any(p is None for p in picks):
-                return -math.inf
-            return sum(math.log(p["cublas_us"] / p["us"]) for p in picks)
-
-        kw = max(sorted({r["kw"] for r in mine}), key=score, default=None)
-        if kw is None or not math.isfinite(score(kw)):
-            continue
-        by_nt = {}
-        for cls in cfgs.NT_CLASSES:
-            ms = [m for m in sorted({r["m"] for r in mine}) if _nt_class(m) == cls]
-            pick = best_at(kw, ms[-1]) if ms else None
-            if pick is not None:
-                kernel, warps, rt, depth = pick["variant"]
-                by_nt[str(cls)] = dict(kernel=kernel, warps=warps, rt=rt, depth=depth)
-        out[f"{n}x{k}"] = dict(kw=kw, by_nt=by_nt)
-    return out
-
-
 def run_sweep(m_values) -> tuple[list[dict], dict]:
-    """Time every kernel variant at every kw per shape and M; return the rows and the rule
-    (kw rule + layout per NT class) with the best geometric-mean speedup."""
+    """Time every (kw, depth, prefetch) per shape and M; return the rows and the table."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for n, k in SWEEP_SHAPES:
@@ -315,27 +279,23 @@ def run_sweep(m_values) -> tuple[list[dict], dict]:
             for kw in SWEEP_KW:
                 if chunks // kw < 2:
                     continue
-                for variant in SWEEP_VARIANTS:
-                    kernel, warps, rt, depth = variant
-                    if kernel == "tma" and cuda.tma_smem_bytes(kw, _nt_class(m), rt,
-                                                               depth) > 227 * 1024:
-                        continue
-                    label = f"{kernel}_kw{kw}_w{warps}_rt{rt}_d{depth}"
-                    runs[label] = _small_runner(kw, variant)
-                    meta[label] = dict(kw=kw, variant=list(variant))
+                for depth, prefetch in SWEEP_LAYOUTS:
+                    label = f"kw{kw}_d{depth}{'_xpf' if prefetch else ''}"
+                    runs[label] = _small_runner(kw, depth, prefetch)
+                    meta[label] = dict(kw=kw, depth=depth, prefetch=prefetch)
             t_ref, results = _measure(layer, m, runs)
             ranked = sorted(results.items(), key=lambda kv: kv[1][0])
             print(f"{n}x{k} M={m}: cublas {t_ref:.2f} us; " + ", ".join(
                 f"{lbl} {t:.2f} (x{t_ref / t:.2f}{'' if e <= 2 else f' ERR x{e:.0f}'})"
-                for lbl, (t, e) in ranked[:5]), flush=True)
+                for lbl, (t, e) in ranked), flush=True)
             for label, (t, e) in results.items():
                 rows.append(dict(n=n, k=k, m=m, **meta[label], us=t, err_ratio=e,
                                  cublas_us=t_ref))
         del layer
         torch.cuda.empty_cache()
-    rule, mean = choose_rule(rows, sms)
-    print(f"best rule {rule}: geomean x{mean:.3f}")
-    return rows, {"small_m": rule}
+    table, mean = choose_rule(rows, sms)
+    print(f"rule for unswept shapes: geomean x{mean:.3f} on the swept ones; {json.dumps(table)}")
+    return rows, {"small_m": table}
 
 
 def main() -> None:

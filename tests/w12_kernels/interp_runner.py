@@ -1,4 +1,4 @@
-"""Runs the GEMM kernels under ``TRITON_INTERPRET=1`` at small awkward shapes (a fresh process:
+"""Runs the Triton kernels under ``TRITON_INTERPRET=1`` at small awkward shapes (a fresh process:
 Triton reads the variable when imported). Prints one JSON line: case id -> "ok" or the failure.
 
 Importing this module only defines the cases; ``test_gemm.py`` starts it as a script.
@@ -9,49 +9,84 @@ from __future__ import annotations
 import json
 import traceback
 
-CASES = {  # id: (m, n, k, block_n, block_k, split, block_m, max_chunks)
-    "m1_n1_k100": (1, 1, 100, 16, 64, 1, 16, 4),
-    "m3_n37_k250_split2": (3, 37, 250, 16, 64, 2, 16, 4),
-    "m17_n70_k500_split4": (17, 70, 500, 32, 64, 4, 16, 4),
-    "m3_n130_k256_bk128": (3, 130, 256, 16, 128, 2, 16, 4),
-    "m40_n33_k200_wide_tile": (40, 33, 200, 16, 64, 1, 32, 1),
+GEMM_CASES = {  # id: (m, n, k, kw, tiles_per_program, escapes)
+    "m1_n1_k100_kw1": (1, 1, 100, 1, 1, True),
+    "m3_n37_k250_kw3": (3, 37, 250, 3, 1, True),
+    "m17_n70_k500_kw4_two_tiles": (17, 70, 500, 4, 2, True),
+    "m3_n130_k300_kw4_uneven_split": (3, 130, 300, 4, 1, True),
+    "m17_n20_k64_kw3_no_escapes": (17, 20, 64, 3, 1, False),
+    "m70_n33_k200_kw3_wide_block": (70, 33, 200, 3, 1, True),
 }
-CASE_IDS = [*CASES, "decode_kernel_exact"]
+CASE_IDS = [*GEMM_CASES, "batch_invariant_m1_m17", "decode_kernel_exact"]
 
 
-def _gemm_case(m, n, k, block_n, block_k, split, block_m, chunks):
+def _inputs(m, n, k, escapes=True):
     import torch
-    from gemm_helpers import assert_within_budget, encoded, make_weight
+    from gemm_helpers import encoded, make_weight
 
-    from w12_kernels.gemm import config as cfgs
-    from w12_kernels.gemm import launcher, prepare_weight
-    from w12_kernels.gemm.reference import reference_linear
+    from w12_kernels.gemm import prepare_weight
 
-    t = make_weight(n, k, seed=m + n + k + split)
+    t = make_weight(n, k, seed=m + n + k, escapes=escapes)
     w = encoded(t)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(k)).to(torch.bfloat16)
     bias = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)
-    cfg = cfgs.GemmConfig(block_n=block_n, block_k=block_k, split_k=split, num_warps=4,
-                          num_stages=1, block_m=block_m, max_chunks=chunks, esc_chunk=8)
-    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)  # poison
-    launcher.launch_packed(x, prepare_weight(w), bias, cfg, on_gpu=False, out=out)
+    return t, w, prepare_weight(w), x, bias
+
+
+def _run(x, pw, bias, kw, tiles_per_program=1):
+    import torch
+
+    from w12_kernels.gemm import triton_path
+
+    out = torch.full((x.shape[0], pw.n), float("nan"), dtype=torch.bfloat16)  # poison
+    triton_path.gemm(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row, pw.esc_col,
+                     pw.esc_delta, bias, pw.n, pw.k, kw=kw, on_gpu=False, out=out,
+                     tiles_per_program=tiles_per_program)
+    return out
+
+
+def _gemm_case(m, n, k, kw, tiles_per_program, escapes):
+    from gemm_helpers import assert_within_budget
+
+    from w12_kernels.gemm.reference import reference_linear
+
+    t, w, pw, x, bias = _inputs(m, n, k, escapes)
+    out = _run(x, pw, bias, kw, tiles_per_program)
     assert_within_budget(out, x, t, reference_linear(x, w, bias), bias)
+
+
+def _batch_invariance_case():
+    import torch
+
+    _, _, pw, x, bias = _inputs(17, 40, 300)
+    alone = _run(x[5:6], pw, bias, kw=3)
+    together = _run(x, pw, bias, kw=3)
+    assert torch.equal(alone.view(torch.int16), together[5:6].view(torch.int16)), \
+        "row 5 differs between M=1 and M=17"
 
 
 def _decode_case():
     import torch
     from gemm_helpers import encoded, make_weight
 
-    from w12_kernels.gemm import launcher, prepare_weight
+    from w12_kernels.gemm import prepare_weight, triton_path
 
     t = make_weight(45, 333, seed=9)
-    d = launcher.decode(prepare_weight(encoded(t)), block_n=16, block_k=64, on_gpu=False)
-    assert torch.equal(d.view(torch.int16), t.view(torch.int16)), "decoded bits differ"
+    pw = prepare_weight(encoded(t))
+    for tiles_per_program in (1, 2):
+        d = triton_path.decode(pw.chunks, pw.scale, pw.esc_row, pw.esc_col, pw.esc_val, pw.n,
+                               pw.k, on_gpu=False, tiles_per_program=tiles_per_program)
+        assert torch.equal(d.view(torch.int16), t.view(torch.int16)), "decoded bits differ"
 
 
 def main() -> None:
+    import warnings
+
+    # inf * 0 in rows and columns that are masked out afterwards
+    warnings.filterwarnings("ignore", category=RuntimeWarning)
     verdicts = {}
-    jobs = {cid: (lambda c=c: _gemm_case(*c)) for cid, c in CASES.items()}
+    jobs = {cid: (lambda c=c: _gemm_case(*c)) for cid, c in GEMM_CASES.items()}
+    jobs["batch_invariant_m1_m17"] = _batch_invariance_case
     jobs["decode_kernel_exact"] = _decode_case
     for cid, job in jobs.items():
         try:

@@ -20,7 +20,7 @@ def test_cpu_decode_matches_source_and_torch_decode(shape):
     )
     t = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
     pw = prepare_weight(w12.encode(t))
-    args = (pw.planes, pw.e0, pw.esc_rowptr, pw.esc_col, pw.esc_val, pw.n, pw.k)
+    args = (pw.chunks, pw.e0, pw.esc_rowptr, pw.esc_col, pw.esc_val, pw.n, pw.k)
     fast = decode_packed_cpu(*args)
     assert torch.equal(fast.view(torch.int16), t.view(torch.int16))
     assert torch.equal(fast.view(torch.int16), decode_packed(*args).view(torch.int16))

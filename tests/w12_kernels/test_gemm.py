@@ -14,8 +14,7 @@ import torch
 from gemm_helpers import assert_within_budget, encoded, make_weight
 
 from w12.errors import W12Error
-from w12_kernels.gemm import config as cfgs
-from w12_kernels.gemm import decode_weight, prepare_weight, w12_linear
+from w12_kernels.gemm import decode_weight, prepare_weight, triton_path, w12_linear
 from w12_kernels.gemm.reference import reference_decode, reference_linear
 
 SHAPES = [(1, 1), (1, 64), (37, 101), (70, 515), (130, 300)]
@@ -63,18 +62,23 @@ def test_op_registration_and_compile():
     t = make_weight(24, 72, seed=2, escapes=False)  # opcheck compares with allclose: no NaN
     pw = prepare_weight(encoded(t))
     x = torch.randn(5, 72).to(torch.bfloat16)
-    args = (x, pw.planes, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row, pw.esc_col, pw.esc_val,
-            pw.esc_delta, pw.counters, None, pw.n, pw.k)
+    args = (x, pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row, pw.esc_col, pw.esc_val,
+            pw.esc_delta, None, pw.n, pw.k)
     torch.library.opcheck(torch.ops.w12.linear.default, args)
     compiled = torch.compile(lambda a: w12_linear(a, pw), backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(x).view(torch.int16), w12_linear(x, pw).view(torch.int16))
 
 
-def test_pick_split_fills_the_gpu():
-    assert cfgs.pick_split(n_tiles=64, k_blocks=16, num_sms=132) == 4
-    assert cfgs.pick_split(n_tiles=1000, k_blocks=16, num_sms=132) == 1
-    cfg = cfgs.small_config(4096, 4096, 132)
-    assert cfg.block_m == 16 and cfg.split_k >= 2
+def test_triton_path_rejects_bad_arguments():
+    pw = prepare_weight(encoded(make_weight(16, 40, seed=1)))
+    x = torch.zeros(2, 40, dtype=torch.bfloat16)
+    esc = (pw.esc_rowptr, pw.esc_row, pw.esc_col, pw.esc_delta)
+    with pytest.raises(W12Error, match="kw must be >= 1"):
+        triton_path.gemm(x, pw.chunks, pw.scale, *esc, None, 16, 40, kw=0)
+    with pytest.raises(W12Error, match=r"x must be bfloat16 \[M, 40\]"):
+        triton_path.gemm(x[:, :39], pw.chunks, pw.scale, *esc, None, 16, 40, kw=1)
+    with pytest.raises(W12Error, match="fewer than the 17 x 40"):
+        triton_path.decode(pw.chunks, pw.scale, pw.esc_row, pw.esc_col, pw.esc_val, 17, 40)
 
 
 # ------------------------------------------------------------------ interpreter

@@ -2,13 +2,13 @@
 does not change the arithmetic, from M).
 
 For every M <= ``SMALL_M_MAX`` a weight uses one K split: ``kw`` warps share each 16-row tile,
-each summing a contiguous range of its 64-column chunks, and the block adds the ``kw`` partial
-tiles in a fixed order. So how K is split and summed never depends on M (batch invariance).
-What may depend on M is only how the work is laid out (which of the three CUDA kernels, warps
-per block, row tiles per warp, loads in flight), per class of ``NT = ceil(M / 8)`` in
-(1, 2, 4, 8): the kernels sum in the same order and give the same bits. The constants come
-from ``tuned.json`` next to this file, written from the H200 sweep of
-``benchmarks/gemm.py --sweep`` (docs/PERF_GEMM.md); without it, built-in defaults.
+warp ``w`` summing its chunks ``w, w + kw, ...``, and the block adds the ``kw`` partial tiles
+in a fixed order. So how K is split and summed never depends on M (batch invariance).
+What may depend on M is only how the loads are scheduled (chunks in flight, activation
+prefetch), per class of ``NT = ceil(M / 8)`` in (1, 2, 4, 8): that changes no sum. The
+constants come from ``tuned.json`` next to this file, written from the H200 sweep of
+``benchmarks/gemm.py --sweep`` (docs/PERF_GEMM.md): a ``kw`` and layouts per measured weight
+shape, a rule for other shapes; without the file, built-in defaults.
 """
 
 from __future__ import annotations
@@ -26,17 +26,14 @@ _DEFAULT_RULE = {
     "warps_per_sm": 16,  # aim: tiles * kw >= warps_per_sm * SMs
     "min_chunks_per_warp": 4,
     "max_kw": 8,
-    "by_nt": {cls: {"kernel": "ring", "warps": 8, "rt": 1, "depth": 2}
-              for cls in ("1", "2", "4", "8")},
+    "by_nt": {cls: {"depth": 2, "prefetch": False} for cls in ("1", "2", "4", "8")},
 }
 
 
 @dataclass(frozen=True)
 class Layout:
-    kernel: str  # "ring", "ring_xpf", "ring_il", "ring_xpf_il", "tma", "cluster" (gemm_small)
-    warps: int = 8  # cluster kernel: row tiles (warps) per block
-    rt: int = 1  # tma kernel: row tiles per warp
     depth: int = 2  # chunks of loads in flight per warp
+    prefetch: bool = False  # activations of the next chunk loaded ahead
 
 
 @dataclass(frozen=True)
@@ -90,8 +87,4 @@ def small_config(n: int, k: int, num_sms: int, r: dict | None = None) -> SmallCo
                      warps_per_sm=r["warps_per_sm"],
                      min_chunks_per_warp=r["min_chunks_per_warp"], max_kw=r["max_kw"])
     by_nt = tuple((cls, Layout(**r["by_nt"][str(cls)])) for cls in NT_CLASSES)
-    if len({lay.kernel.endswith("_il") for _, lay in by_nt}) > 1:
-        # interleaved and contiguous K ranges sum in different orders: mixing them would make
-        # the bits of a row depend on M
-        raise ValueError(f"tuned layouts mix K-range orders: {[lay for _, lay in by_nt]}")
     return SmallConfig(kw=kw, by_nt=by_nt)

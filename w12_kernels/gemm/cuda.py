@@ -3,8 +3,8 @@ launched on PyTorch's current stream (so they work under CUDA-graph capture once
 
 Why CUDA C beside Triton: Triton's matrix multiply takes its operands through shared memory
 and a barrier on every K step, which kept the Triton decode-GEMM at about half of cuBLAS on
-small M (docs/PERF.md). Here each lane decodes its words straight into MMA fragment registers
-and keeps several chunks of loads in flight.
+small M (docs/PERF_GEMM.md). Here each lane decodes its words straight into MMA fragment
+registers and keeps several chunks of loads in flight.
 
 ``gemm_small`` handles M <= 64 (``NT = ceil(M / 8)`` activation n-tiles); ``decode`` writes the
 exact BF16 weight for the large-M path (decode, then cuBLAS).
@@ -21,8 +21,6 @@ import torch
 
 SOURCE_PATH = Path(__file__).with_name("kernels.cu")
 NT_MAX = 8  # 8 activation rows per n-tile: M <= 64
-DEPTHS = (2, 3, 4, 6)  # chunks of loads in flight per warp (template argument P)
-_SMEM_DEFAULT_LIMIT = 48 * 1024
 
 
 @functools.cache
@@ -39,20 +37,8 @@ def available() -> bool:
     return True
 
 
-def _flag(value: bool) -> str:
-    return "true" if value else "false"
-
-
-def ring_name(nt: int, depth: int, prefetch: bool = False, interleave: bool = False) -> str:
-    return f"w12_gemm_small<{nt}, {depth}, {_flag(prefetch)}, {_flag(interleave)}>"
-
-
-def cluster_name(nt: int, kw: int, depth: int) -> str:
-    return f"w12_gemm_cluster<{nt}, {kw}, {depth}>"
-
-
-def tma_name(nt: int, rt: int, stages: int) -> str:
-    return f"w12_gemm_tma<{nt}, {rt}, {stages}, {'true' if nt <= 4 else 'false'}>"
+def kernel_name(nt: int, depth: int, prefetch: bool) -> str:
+    return f"w12_gemm_small<{nt}, {depth}, {'true' if prefetch else 'false'}>"
 
 
 @functools.cache
@@ -75,25 +61,19 @@ def _kernel(device_index: int, name: str):
         return module.get_function(name)
 
 
-@functools.cache
-def _smem_limit(device_index: int) -> int:
-    import cupy
-
-    return cupy.cuda.Device(device_index).attributes["MaxSharedMemoryPerBlockOptin"]
-
-
-def tma_smem_bytes(kw: int, nt: int, rt: int, stages: int) -> int:
-    """Dynamic shared memory of ``w12_gemm_tma``: barriers, then the stages (which later hold
-    the partial tiles)."""
-    bars = -(-kw * stages * 8 // 128) * 128
-    return bars + max(kw * stages * rt * 1536, kw * rt * nt * 512)
+_STREAMS: dict[int, object] = {}
 
 
 def _stream(device: torch.device):
+    """CuPy's handle on PyTorch's current stream (one per stream, kept: creating it per call
+    costs more than the launch)."""
     import cupy
 
-    return cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream,
-                                    device.index)
+    ptr = torch.cuda.current_stream(device).cuda_stream
+    stream = _STREAMS.get(ptr)
+    if stream is None:
+        stream = _STREAMS[ptr] = cupy.cuda.ExternalStream(ptr, _index(device))
+    return stream
 
 
 def _ptr(t: torch.Tensor | None) -> np.uint64:
@@ -117,17 +97,13 @@ def _padded_x(x: torch.Tensor, kp: int) -> torch.Tensor:
 def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                esc_rowptr: torch.Tensor, esc_col: torch.Tensor, esc_delta: torch.Tensor,
                bias: torch.Tensor | None, n: int, k: int, *, kw: int, depth: int,
-               kernel: str = "cluster", rt: int = 1, warps: int = 8,
-               out: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ W.T (+ bias)`` for BF16 ``x [M, K]`` with ``M <= 64``; ``kw`` warps per row tile
-    split K (a function of the weight shape only, for batch invariance). ``kernel="cluster"``:
-    ``warps`` row tiles per block on one K range, the ``kw`` ranges in the blocks of a cluster,
-    ``depth`` chunks of register loads in flight per warp; ``"ring"``: the ``kw`` ranges in the
-    warps of one block (``"ring_xpf"``: activations loaded one chunk ahead, ``depth`` even;
-    ``"ring_il"``, ``"ring_xpf_il"``: warp ``w`` takes every ``kw``-th chunk from ``w``, a
-    different summation order);
-    ``"tma"``: bulk-copy pipeline of ``depth`` stages, ``rt`` row tiles per
-    warp. All three sum in the same order, so they give the same bits."""
+               prefetch: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W.T (+ bias)`` for BF16 ``x [M, K]`` with ``M <= 64``.
+
+    ``kw`` warps share each 16-row tile, warp ``w`` summing chunks ``w, w + kw, ...`` (a
+    function of the weight shape only, for batch invariance); ``depth`` chunks of loads stay in
+    flight per warp; ``prefetch`` loads the next chunk's activations ahead (``depth`` even).
+    """
     m = x.shape[0]
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
@@ -135,40 +111,20 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
         return out
     if m > 8 * NT_MAX:
         raise ValueError(f"gemm_small takes at most {8 * NT_MAX} rows, got {m}")
+    if not 1 <= kw <= 8 or depth < 1 or (prefetch and depth % 2):
+        raise ValueError(f"gemm_small: bad configuration kw={kw} depth={depth} "
+                         f"prefetch={prefetch}")
     tiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
     xp = _padded_x(x, nchunks * 64)
     nt = math.ceil(m / 8)
     device = x.device
-    index = _index(device)
-    head = (_ptr(chunks), _ptr(xp), _ptr(out), _ptr(scale), _ptr(esc_rowptr), _ptr(esc_col),
-            _ptr(esc_delta), _ptr(bias), np.int32(m), np.int32(n))
-    if kernel == "cluster":
-        if kw > 8:
-            raise ValueError(f"cluster kernel: kw={kw} is more than 8 blocks per cluster")
-        func = _kernel(index, cluster_name(nt, kw, depth))
-        smem = warps * nt * 4 * 32 * 4
-        grid = math.ceil(tiles / warps) * kw
-        args = (*head, np.int32(tiles), np.int32(nchunks), np.int32(xp.stride(0)))
-        threads = warps * 32
-    elif kernel == "tma":
-        func = _kernel(index, tma_name(nt, rt, depth))
-        smem = tma_smem_bytes(kw, nt, rt, depth)
-        grid = math.ceil(tiles / rt)
-        args = (*head, np.int32(tiles), np.int32(nchunks), np.int32(xp.stride(0)), np.int32(kw))
-        threads = kw * 32
-    else:
-        func = _kernel(index, ring_name(nt, depth, "xpf" in kernel, "il" in kernel))
-        smem = kw * nt * 4 * 32 * 4
-        grid = tiles
-        args = (*head, np.int32(nchunks), np.int32(xp.stride(0)), np.int32(kw))
-        threads = kw * 32
-    if smem > _smem_limit(index):
-        raise ValueError(f"configuration needs {smem} bytes of shared memory, the GPU has "
-                         f"{_smem_limit(index)}")
-    if smem > _SMEM_DEFAULT_LIMIT:
-        func.max_dynamic_shared_size_bytes = smem
+    func = _kernel(_index(device), kernel_name(nt, depth, prefetch))
+    smem = kw * nt * 4 * 32 * 4  # the kw partial tiles, at most 32 KiB
+    args = (_ptr(chunks), _ptr(xp), _ptr(out), _ptr(scale), _ptr(esc_rowptr), _ptr(esc_col),
+            _ptr(esc_delta), _ptr(bias), np.int32(m), np.int32(n), np.int32(nchunks),
+            np.int32(xp.stride(0)), np.int32(kw))
     with _stream(device):
-        func((grid,), (threads,), args, shared_mem=smem)
+        func((tiles,), (kw * 32,), args, shared_mem=smem)
     return out
 
 

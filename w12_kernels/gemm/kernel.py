@@ -1,17 +1,23 @@
-"""Triton kernels of the W12 GEMM.
+"""Triton kernels of the W12 GEMM on the chunk layout of ``layout.py`` (the portable path).
 
-``w12_gemm_kernel`` computes ``acc[BLOCK_N, BLOCK_M] = W'_tile @ x_tile^T`` with the weight rows
-on the MMA's M side ("swap AB"), so one weight tile, decoded once, serves ``NUM_CHUNKS``
-activation chunks of ``BLOCK_M`` rows; the MMA shape never depends on the number of rows M.
-Split-K programs write float32 partials; the last program of a row tile to arrive (an integer
-ticket, no float atomics) sums them in split order 0..S-1, so the result is the same whoever
-arrives last. The epilogue scales each row by ``2^(e0 - DECODE_BIAS)``, adds the escape
-corrections in escape-list order and the bias, and stores BF16.
+``w12_gemm_kernel`` computes ``y = x @ W^T`` with the semantics of the CUDA kernel
+``w12_gemm_small`` (``kernels.cu``), for any M: one program per (``ROWS`` weight rows, ``BLOCK_M``
+activation rows); the 64-column chunks of K are dealt to ``KW`` partial sums like the CUDA
+kernel's warps (sum ``w`` takes chunks ``w, w + KW, w + 2 KW, ...``), each accumulated in
+float32 on its own, then added in order 0..KW-1, so the reduction order depends on the weight
+shape only. The epilogue scales each row by
+``2^(e0 - DECODE_BIAS)``, adds the escape corrections of each row in list order, then the bias,
+and rounds to BF16 (to nearest even, also under the interpreter).
 
-The decode turns the three int32 word planes (``layout.py``) into BF16 pairs: with inline PTX,
-per pair one ``prmt`` (two low bytes plus the constant exponent bits 0x38), one shift of the
-sign/exponent word and one ``lop3`` (11 integer operations per 8 weights); a plain-Triton
-version with the same bits runs under ``TRITON_INTERPRET=1`` and serves as a check.
+The decode is plain Triton: each element of a [ROWS, 64] block gathers the word holding its low
+byte and the word holding its sign/exponent bits, undoes the shift of its pair (``B_POSITIONS``:
+none, << 4, << 8, rotate right 4) and puts the constant exponent bits 0x3800 in, the same bits as
+the CUDA ``decode8``. On the GPU ``tl.dot`` multiplies BF16; under ``TRITON_INTERPRET=1`` the
+operands go through float32 (the interpreter multiplies BF16 as raw integers).
+
+Loops over run-time bounds are not supported by the interpreter of some Triton versions, so
+with ``ON_GPU = False`` the launcher passes the trip counts as constants (``CHUNK_ITERS``,
+``ESC_ITERS``) and the results of surplus iterations are dropped.
 """
 
 from __future__ import annotations
@@ -19,76 +25,48 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-_DECODE_PTX = tl.constexpr("""
-{
-.reg .b32 a<4>, b<4>;
-prmt.b32 a0, $8, 0x38383838, 0x4140;
-prmt.b32 a1, $8, 0x38383838, 0x4342;
-prmt.b32 a2, $9, 0x38383838, 0x4140;
-prmt.b32 a3, $9, 0x38383838, 0x4342;
-shl.b32 b1, $10, 4;
-shl.b32 b2, $10, 8;
-shf.r.wrap.b32 b3, $10, $10, 4;
-lop3.b32 b0, $10, 0x87008700, a0, 0xEA;
-lop3.b32 b1, b1, 0x87008700, a1, 0xEA;
-lop3.b32 b2, b2, 0x87008700, a2, 0xEA;
-lop3.b32 b3, b3, 0x87008700, a3, 0xEA;
-mov.b32 {$0, $1}, b0;
-mov.b32 {$2, $3}, b1;
-mov.b32 {$4, $5}, b2;
-mov.b32 {$6, $7}, b3;
-}
-""")
-
+CHUNK_WORDS = tl.constexpr(384)  # layout.CHUNK_WORDS: 3 word planes x 32 lanes x 4 steps
 
 
 @triton.jit
-def _decode_asm(hi_a, hi_b, lo, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # One asm instance per group of 8 columns, 8 separate outputs: an instance must not be fed
-    # broadcast words (pack > 1), because Triton treats inline asm as elementwise and would
-    # move the broadcast after it.
-    o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
-        asm=_DECODE_PTX,
-        constraints="=h,=h,=h,=h,=h,=h,=h,=h,r,r,r",
-        args=[hi_a, hi_b, lo],
-        dtype=(tl.bfloat16,) * 8,
-        is_pure=True,
-        pack=1,
-    )
-    # tl.join adds its axis last (innermost): column 4p + 2q + r of a group is w[..., p, q, r]
-    even = tl.join(tl.join(o0, o4), tl.join(o2, o6))
-    odd = tl.join(tl.join(o1, o5), tl.join(o3, o7))
-    return tl.reshape(tl.join(even, odd), (BLOCK_N, BLOCK_K))
+def _fragment_offsets(ROWS: tl.constexpr):
+    """Where each element (r, c) of a [ROWS, 64] block of chunks lives (layout.py docstring).
+
+    Returns the word offset of its low byte and of its sign/exponent word inside the chunk, the
+    shift of its low byte, the shift pair (0..3) and the 16-bit half (0, 1) of its value.
+    """
+    r = tl.arange(0, ROWS)[:, None] % 16
+    c = tl.arange(0, 64)[None, :]
+    g, h = r % 8, r // 8  # row g + 8 h of the chunk
+    t, j, pb, e = c // 16, (c // 4) % 4, (c // 2) % 2, c % 2  # col 16 t + 4 j + 2 pb + e
+    lane_step = (4 * g + t) * 4 + j
+    low_word = pb * 128 + lane_step  # word plane q = pb holds weights i = 4 q .. 4 q + 3
+    top_word = 256 + lane_step + 0 * low_word
+    byte_shift = 8 * (2 * h + e)  # weight i = 4 pb + 2 h + e sits in byte i & 3
+    pair = 2 * pb + h
+    half = e + 0 * r
+    return low_word, top_word, byte_shift, pair, half
 
 
 @triton.jit
-def _decode_plain(lo_a, lo_b, top, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    G: tl.constexpr = BLOCK_K // 8
-    byte_shift = tl.arange(0, 4) * 8
-    low = tl.join(lo_a, lo_b)  # [BN, G, 2]: low bytes of columns 0..3 and 4..7
-    low = tl.reshape((low[:, :, :, None] >> byte_shift[None, None, None, :]) & 255,
-                     (BLOCK_N, G, 8))
-    j = tl.arange(0, 8)
-    pair = j // 2
-    shift = tl.where(pair == 3, 4, -4 * pair)  # layout.B_POSITIONS
-    base = 16 * (j % 2) + shift
-    t = top[:, :, None]
-    sign = (t >> ((base + 15) % 32)[None, None, :]) & 1
-    e3 = (t >> ((base + 10) % 32)[None, None, :]) & 1
-    e2 = (t >> ((base + 9) % 32)[None, None, :]) & 1
-    e1 = (t >> ((base + 8) % 32)[None, None, :]) & 1
-    bits = (sign << 15) | 0x3800 | (e3 << 10) | (e2 << 9) | (e1 << 8) | low
-    bits = tl.reshape(bits, (BLOCK_N, BLOCK_K))
+def _decode(low_words, top_words, byte_shift, pair, half):
+    """Word pairs -> BF16 bits of ``w * 2^(DECODE_BIAS - e0)`` (exponent 0b0111_eoff)."""
+    low = (low_words.to(tl.uint32, bitcast=True) >> byte_shift.to(tl.uint32)) & 0xFF
+    top = top_words.to(tl.uint32, bitcast=True)
+    aligned = tl.where(pair == 0, top, tl.where(pair == 1, top << 4, tl.where(
+        pair == 2, top << 8, (top >> 4) | (top << 28))))
+    high = (aligned >> (16 * half).to(tl.uint32)) & 0x8700  # sign, eoff[3:1]
+    bits = (high | 0x3800 | low).to(tl.int32)
     return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
-def _decode(hi_a, hi_b, lo, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr):
-    if USE_ASM:
-        w = _decode_asm(hi_a, hi_b, lo, BLOCK_N, BLOCK_K)
-    else:
-        w = _decode_plain(hi_a, hi_b, lo, BLOCK_N, BLOCK_K)
-    return w
+def _weight_block(chunks_ptr, tile_base, row_ok, c, low_word, top_word, byte_shift, pair, half):
+    """The decoded [ROWS, 64] block of chunk column ``c`` (rows of missing tiles: record 0)."""
+    base = chunks_ptr + tile_base + c.to(tl.int64) * CHUNK_WORDS
+    low_words = tl.load(base + low_word, mask=row_ok, other=0)
+    top_words = tl.load(base + top_word, mask=row_ok, other=0)
+    return _decode(low_words, top_words, byte_shift, pair, half)
 
 
 @triton.jit
@@ -116,76 +94,101 @@ def _to_bf16(y, ON_GPU: tl.constexpr):
 
 
 @triton.jit
-def _x_tile(x_ptr, stride_xm, m_start, kk, M, K, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr):
-    """x[m_start:m_start+BLOCK_M, kk]^T as [BLOCK_K, BLOCK_M], zero outside x."""
-    ms = m_start + tl.arange(0, BLOCK_M)
-    mask = ms[None, :] < M
-    if not EVEN_K:
-        mask = mask & (kk[:, None] < K)
-    ptrs = x_ptr + ms[None, :].to(tl.int64) * stride_xm + kk[:, None]
-    return tl.load(ptrs, mask=mask, other=0.0)
+def _chunk_step(acc, c, chunks_ptr, tile_base, row_ok, low_word, top_word, byte_shift, pair,
+                half, x_ptr, stride_xm, ms, M, K, ON_GPU: tl.constexpr):
+    """acc[ROWS, BLOCK_M] += W[:, 64 c : 64 c + 64] @ x[ms, 64 c : 64 c + 64]^T."""
+    w = _weight_block(chunks_ptr, tile_base, row_ok, c, low_word, top_word, byte_shift, pair,
+                      half)
+    cols = c * 64 + tl.arange(0, 64)
+    xt = tl.load(x_ptr + ms[None, :].to(tl.int64) * stride_xm + cols[:, None],
+                 mask=(ms[None, :] < M) & (cols[:, None] < K), other=0.0)
+    return _mma(w, xt, acc, ON_GPU)
 
 
 @triton.jit
-def _fence(token, ON_GPU: tl.constexpr):
-    """A device-scope fence in every thread (the interpreter runs programs one by one)."""
+def _warp_sum(w, nchunks, chunks_ptr, tile_base, row_ok, low_word, top_word, byte_shift, pair,
+              half, x_ptr, stride_xm, ms, M, K, KW: tl.constexpr, ROWS: tl.constexpr,
+              BLOCK_M: tl.constexpr, CHUNK_ITERS: tl.constexpr, ON_GPU: tl.constexpr):
+    """The float32 partial product of chunks ``w, w + KW, w + 2 KW, ...`` (what warp ``w`` of
+    the CUDA kernel sums)."""
+    acc = tl.zeros((ROWS, BLOCK_M), dtype=tl.float32)
     if ON_GPU:
-        tl.inline_asm_elementwise(
-            "fence.acq_rel.gpu; mov.u32 $0, $1;", "=r,r", [token], dtype=tl.int32,
-            is_pure=False, pack=1,
-        )
+        for c in range(w, nchunks, KW):
+            acc = _chunk_step(acc, c, chunks_ptr, tile_base, row_ok, low_word, top_word,
+                              byte_shift, pair, half, x_ptr, stride_xm, ms, M, K, ON_GPU)
+    else:
+        for i in range(0, CHUNK_ITERS):
+            c = w + i * KW
+            # surplus steps read a chunk that exists and throw the product away
+            step = _chunk_step(acc, tl.minimum(c, nchunks - 1), chunks_ptr, tile_base, row_ok,
+                               low_word, top_word, byte_shift, pair, half, x_ptr, stride_xm, ms,
+                               M, K, ON_GPU)
+            acc = tl.where(c < nchunks, step, acc)
+    return acc
 
 
 @triton.jit
-def _escape_chunk(y, e, e_end, rows, ms, m_ok, x_ptr, stride_xm, esc_row_ptr, esc_col_ptr,
-                  esc_delta_ptr, ESC_CHUNK: tl.constexpr):
-    offs = e + tl.arange(0, ESC_CHUNK)
-    valid = offs < e_end
-    row = tl.load(esc_row_ptr + offs, mask=valid, other=-1)
-    col = tl.load(esc_col_ptr + offs, mask=valid, other=0)
-    delta = tl.load(esc_delta_ptr + offs, mask=valid, other=0.0)
+def _escape_step(y, i, start, count, ms, m_ok, x_ptr, stride_xm, esc_col_ptr, esc_delta_ptr):
+    """y[n, m] += x[m, col] * delta for escape ``i`` of every row n that has one."""
+    has = i < count
+    col = tl.load(esc_col_ptr + start + i, mask=has, other=0)
+    delta = tl.load(esc_delta_ptr + start + i, mask=has, other=0.0)
     xv = tl.load(x_ptr + ms[None, :].to(tl.int64) * stride_xm + col[:, None],
-                 mask=valid[:, None] & m_ok, other=0.0)
-    contrib = xv.to(tl.float32) * delta[:, None]  # [ESC_CHUNK, BLOCK_M]
-    hit = row[None, :, None] == rows[:, None, None]
+                 mask=has[:, None] & m_ok, other=0.0)
     # where, not a 0/1 product: an inf or NaN correction must not leak into other rows
-    return y + tl.sum(tl.where(hit, contrib[None, :, :], 0.0), axis=1)
+    return tl.where(has[:, None], y + xv.to(tl.float32) * delta[:, None], y)
 
 
 @triton.jit
-def _escape_correction(y, rows, ms, x_ptr, stride_xm, M, rowptr_ptr, esc_row_ptr,
-                       esc_col_ptr, esc_delta_ptr, n_start, ESC_ITERS: tl.constexpr,
-                       BLOCK_N: tl.constexpr, ESC_CHUNK: tl.constexpr, ON_GPU: tl.constexpr):
-    """y[n, m] += x[m, c] * delta for the escapes of rows n_start..n_start+BLOCK_N, in order.
+def _add_escapes(y, rows, ms, M, N, x_ptr, stride_xm, rowptr_ptr, esc_col_ptr, esc_delta_ptr,
+                 ESC_ITERS: tl.constexpr, ON_GPU: tl.constexpr):
+    """y[n, m] += x[m, col] * delta for every escape of row n, in list order.
 
-    The interpreter (Triton 3.6 with NumPy 2) cannot loop over run-time bounds, so there the
-    launcher passes the largest trip count of any row tile as ``ESC_ITERS`` and extra chunks
-    are fully masked.
+    All rows of the block step through their own lists together: step i handles escape i of
+    every row that has one.
     """
-    e_begin = tl.load(rowptr_ptr + n_start)
-    e_end = tl.load(rowptr_ptr + n_start + BLOCK_N)
+    row_ok = rows < N
+    start = tl.load(rowptr_ptr + rows, mask=row_ok, other=0)
+    count = tl.load(rowptr_ptr + rows + 1, mask=row_ok, other=0) - start
     m_ok = ms[None, :] < M
     if ON_GPU:
-        for e in range(e_begin, e_end, ESC_CHUNK):
-            y = _escape_chunk(y, e, e_end, rows, ms, m_ok, x_ptr, stride_xm, esc_row_ptr,
-                              esc_col_ptr, esc_delta_ptr, ESC_CHUNK)
+        for i in range(0, tl.max(count, axis=0)):
+            y = _escape_step(y, i, start, count, ms, m_ok, x_ptr, stride_xm, esc_col_ptr,
+                             esc_delta_ptr)
     else:
         for i in range(0, ESC_ITERS):
-            y = _escape_chunk(y, e_begin + i * ESC_CHUNK, e_end, rows, ms, m_ok, x_ptr,
-                              stride_xm, esc_row_ptr, esc_col_ptr, esc_delta_ptr, ESC_CHUNK)
+            y = _escape_step(y, i, start, count, ms, m_ok, x_ptr, stride_xm, esc_col_ptr,
+                             esc_delta_ptr)
     return y
 
 
-@triton.jit
-def _finish(acc, rows, m_start, x_ptr, stride_xm, M, N, scale_ptr, bias_ptr, out_ptr,
-            stride_om, rowptr_ptr, esc_row_ptr, esc_col_ptr, esc_delta_ptr, n_start,
-            ESC_ITERS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_M: tl.constexpr, ESC_CHUNK: tl.constexpr, ON_GPU: tl.constexpr):
-    ms = m_start + tl.arange(0, BLOCK_M)
-    y = acc * tl.load(scale_ptr + rows)[:, None]
-    y = _escape_correction(y, rows, ms, x_ptr, stride_xm, M, rowptr_ptr, esc_row_ptr,
-                           esc_col_ptr, esc_delta_ptr, n_start, ESC_ITERS, BLOCK_N, ESC_CHUNK,
-                           ON_GPU)
+@triton.jit(do_not_specialize=["M", "nchunks"])
+def w12_gemm_kernel(
+    x_ptr, chunks_ptr, scale_ptr, rowptr_ptr, esc_col_ptr, esc_delta_ptr, bias_ptr, out_ptr,
+    M, N, K, ntiles, nchunks, stride_xm, stride_om,
+    KW: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ON_GPU: tl.constexpr, CHUNK_ITERS: tl.constexpr, ESC_ITERS: tl.constexpr,
+):
+    """out[M, N] = x[M, K] @ W^T (+ bias), BF16 (module docstring). ``CHUNK_ITERS`` and
+    ``ESC_ITERS`` are the interpreter's trip counts (unused on the GPU)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    ms = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    tile = rows // 16
+    row_ok = (tile < ntiles)[:, None]
+    tile_base = (tile.to(tl.int64) * nchunks * CHUNK_WORDS)[:, None]
+    low_word, top_word, byte_shift, pair, half = _fragment_offsets(ROWS)
+
+    total = tl.zeros((ROWS, BLOCK_M), dtype=tl.float32)
+    for w in range(0, KW):  # a loop, not unrolled: one copy of the chunk loop in the binary
+        part = _warp_sum(w, nchunks, chunks_ptr, tile_base, row_ok, low_word, top_word,
+                         byte_shift, pair, half, x_ptr, stride_xm, ms, M, K, KW, ROWS, BLOCK_M,
+                         CHUNK_ITERS, ON_GPU)
+        # part 0 as is, not 0 + part: a -0.0 partial keeps its sign, as in the CUDA kernel
+        total = tl.where(w == 0, part, total + part)
+
+    y = total * tl.load(scale_ptr + rows, mask=rows < N, other=1.0)[:, None]
+    y = _add_escapes(y, rows, ms, M, N, x_ptr, stride_xm, rowptr_ptr, esc_col_ptr,
+                     esc_delta_ptr, ESC_ITERS, ON_GPU)
     if HAS_BIAS:
         y += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)[:, None]
     ptrs = out_ptr + ms[None, :].to(tl.int64) * stride_om + rows[:, None]
@@ -193,159 +196,19 @@ def _finish(acc, rows, m_start, x_ptr, stride_xm, M, N, scale_ptr, bias_ptr, out
 
 
 @triton.jit
-def _store_partial(acc, part_ptr, split, rows, m_start, M, NP, BLOCK_M: tl.constexpr):
-    ms = m_start + tl.arange(0, BLOCK_M)
-    base = part_ptr + split.to(tl.int64) * M * NP
-    tl.store(base + ms[None, :].to(tl.int64) * NP + rows[:, None], acc, mask=ms[None, :] < M)
-
-
-@triton.jit
-def _sum_partials(part_ptr, rows, m_start, M, NP, split_k, BLOCK_M: tl.constexpr,
-                  SPLIT_ITERS: tl.constexpr, ON_GPU: tl.constexpr):
-    ms = m_start + tl.arange(0, BLOCK_M)
-    offs = ms[None, :].to(tl.int64) * NP + rows[:, None]
-    mask = ms[None, :] < M
-    acc = tl.load(part_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
-    if ON_GPU:
-        for s in range(1, split_k):  # fixed order: split 0, 1, 2, ...
-            acc += tl.load(part_ptr + s * M * NP + offs, mask=mask, other=0.0,
-                           cache_modifier=".cg")
-    else:
-        for s in range(1, SPLIT_ITERS):
-            acc += tl.load(part_ptr + s * M * NP + offs, mask=mask, other=0.0)
-    return acc
-
-
-@triton.jit
-def _k_step(kb, word, plane, x_ptr, stride_xm, m_start, M, K, acc0, acc1, acc2, acc3,
-            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
-            NUM_CHUNKS: tl.constexpr, EVEN_K: tl.constexpr, USE_ASM: tl.constexpr,
-            ON_GPU: tl.constexpr):
-    """One K block: decode the weight tile once, multiply it into every activation chunk."""
-    G: tl.constexpr = BLOCK_K // 8
-    hi_a = tl.load(word + kb * G)
-    hi_b = tl.load(word + plane + kb * G)
-    lo = tl.load(word + 2 * plane + kb * G)
-    w = _decode(hi_a, hi_b, lo, BLOCK_N, BLOCK_K, USE_ASM)
-    kk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-    acc0 = _mma(w, _x_tile(x_ptr, stride_xm, m_start, kk, M, K, BLOCK_M, EVEN_K), acc0, ON_GPU)
-    if NUM_CHUNKS > 1:
-        xt = _x_tile(x_ptr, stride_xm, m_start + BLOCK_M, kk, M, K, BLOCK_M, EVEN_K)
-        acc1 = _mma(w, xt, acc1, ON_GPU)
-    if NUM_CHUNKS > 2:
-        xt = _x_tile(x_ptr, stride_xm, m_start + 2 * BLOCK_M, kk, M, K, BLOCK_M, EVEN_K)
-        acc2 = _mma(w, xt, acc2, ON_GPU)
-    if NUM_CHUNKS > 3:
-        xt = _x_tile(x_ptr, stride_xm, m_start + 3 * BLOCK_M, kk, M, K, BLOCK_M, EVEN_K)
-        acc3 = _mma(w, xt, acc3, ON_GPU)
-    return acc0, acc1, acc2, acc3
-
-
-@triton.jit(do_not_specialize=["M", "kb_per_split", "kb_total", "split_k"])
-def w12_gemm_kernel(
-    x_ptr, planes_ptr, scale_ptr, rowptr_ptr, esc_row_ptr, esc_col_ptr, esc_delta_ptr,
-    bias_ptr, out_ptr, part_ptr, count_ptr,
-    M, N, K, NP, GROUPS, stride_xm, stride_om, kb_per_split, kb_total, split_k,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, NUM_CHUNKS: tl.constexpr, SPLIT: tl.constexpr,
-    EVEN_K: tl.constexpr, USE_ASM: tl.constexpr, ON_GPU: tl.constexpr,
-    ESC_CHUNK: tl.constexpr, KB_ITERS: tl.constexpr, SPLIT_ITERS: tl.constexpr,
-    ESC_ITERS: tl.constexpr,
-):
-    """See the module docstring. ``KB_ITERS``, ``SPLIT_ITERS`` and ``ESC_ITERS`` are the loop
-    trip counts for the interpreter only (0 on the GPU, where the loops use run-time bounds)."""
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    n_start = pid_n * BLOCK_N
-    m_start = pid_m * (BLOCK_M * NUM_CHUNKS)
-    rows = n_start + tl.arange(0, BLOCK_N)
-    G: tl.constexpr = BLOCK_K // 8
-    word = planes_ptr + rows[:, None] * GROUPS + tl.arange(0, G)[None, :]
-    plane = NP * GROUPS
-    acc0 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    acc1 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    acc3 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    kb_begin = pid_k * kb_per_split
-    if ON_GPU:
-        for i in range(0, kb_per_split):  # the launcher splits K evenly
-            acc0, acc1, acc2, acc3 = _k_step(
-                kb_begin + i, word, plane, x_ptr, stride_xm, m_start, M, K, acc0, acc1, acc2,
-                acc3, BLOCK_N, BLOCK_K, BLOCK_M, NUM_CHUNKS, EVEN_K, USE_ASM, ON_GPU)
-    else:
-        for i in range(0, KB_ITERS):
-            acc0, acc1, acc2, acc3 = _k_step(
-                kb_begin + i, word, plane, x_ptr, stride_xm, m_start, M, K, acc0, acc1, acc2,
-                acc3, BLOCK_N, BLOCK_K, BLOCK_M, NUM_CHUNKS, EVEN_K, USE_ASM, ON_GPU)
-
-    if SPLIT:
-        _store_partial(acc0, part_ptr, pid_k, rows, m_start, M, NP, BLOCK_M)
-        if NUM_CHUNKS > 1:
-            _store_partial(acc1, part_ptr, pid_k, rows, m_start + BLOCK_M, M, NP, BLOCK_M)
-        if NUM_CHUNKS > 2:
-            _store_partial(acc2, part_ptr, pid_k, rows, m_start + 2 * BLOCK_M, M, NP, BLOCK_M)
-        if NUM_CHUNKS > 3:
-            _store_partial(acc3, part_ptr, pid_k, rows, m_start + 3 * BLOCK_M, M, NP, BLOCK_M)
-        _fence(pid_k, ON_GPU)
-        tl.debug_barrier()
-        counter = count_ptr + pid_n * tl.num_programs(1) + pid_m
-        ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        is_last = ticket == split_k - 1
-        _fence(pid_k, ON_GPU)
-        if is_last:
-            # every split of this tile has arrived: rearm the counter for the next launch,
-            # whatever split it uses
-            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-            acc0 = _sum_partials(part_ptr, rows, m_start, M, NP, split_k, BLOCK_M, SPLIT_ITERS,
-                                 ON_GPU)
-            if NUM_CHUNKS > 1:
-                acc1 = _sum_partials(part_ptr, rows, m_start + BLOCK_M, M, NP, split_k, BLOCK_M,
-                                     SPLIT_ITERS, ON_GPU)
-            if NUM_CHUNKS > 2:
-                acc2 = _sum_partials(part_ptr, rows, m_start + 2 * BLOCK_M, M, NP, split_k,
-                                     BLOCK_M, SPLIT_ITERS, ON_GPU)
-            if NUM_CHUNKS > 3:
-                acc3 = _sum_partials(part_ptr, rows, m_start + 3 * BLOCK_M, M, NP, split_k,
-                                     BLOCK_M, SPLIT_ITERS, ON_GPU)
-    else:
-        is_last = pid_k == 0
-
-    if is_last:
-        _finish(acc0, rows, m_start, x_ptr, stride_xm, M, N, scale_ptr, bias_ptr, out_ptr,
-                stride_om, rowptr_ptr, esc_row_ptr, esc_col_ptr, esc_delta_ptr, n_start,
-                ESC_ITERS, HAS_BIAS, BLOCK_N, BLOCK_M, ESC_CHUNK, ON_GPU)
-        if NUM_CHUNKS > 1:
-            _finish(acc1, rows, m_start + BLOCK_M, x_ptr, stride_xm, M, N, scale_ptr, bias_ptr,
-                    out_ptr, stride_om, rowptr_ptr, esc_row_ptr, esc_col_ptr, esc_delta_ptr,
-                    n_start, ESC_ITERS, HAS_BIAS, BLOCK_N, BLOCK_M, ESC_CHUNK, ON_GPU)
-        if NUM_CHUNKS > 2:
-            _finish(acc2, rows, m_start + 2 * BLOCK_M, x_ptr, stride_xm, M, N, scale_ptr,
-                    bias_ptr, out_ptr, stride_om, rowptr_ptr, esc_row_ptr, esc_col_ptr,
-                    esc_delta_ptr, n_start, ESC_ITERS, HAS_BIAS, BLOCK_N, BLOCK_M, ESC_CHUNK,
-                    ON_GPU)
-        if NUM_CHUNKS > 3:
-            _finish(acc3, rows, m_start + 3 * BLOCK_M, x_ptr, stride_xm, M, N, scale_ptr,
-                    bias_ptr, out_ptr, stride_om, rowptr_ptr, esc_row_ptr, esc_col_ptr,
-                    esc_delta_ptr, n_start, ESC_ITERS, HAS_BIAS, BLOCK_N, BLOCK_M, ESC_CHUNK,
-                    ON_GPU)
-
-
-@triton.jit
-def w12_decode_kernel(planes_ptr, scale_ptr, out_ptr, N, K, NP, GROUPS,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr):
-    """out[n, k] = W'[n, k] * 2^(e0 - DECODE_BIAS): the in-window weights as BF16.
-
-    Escapes come out as the value of record 0; the launcher patches them afterwards.
-    """
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    G: tl.constexpr = BLOCK_K // 8
-    groups = tl.program_id(1) * G + tl.arange(0, G)
-    word = planes_ptr + rows[:, None] * GROUPS + groups[None, :]
-    plane = NP * GROUPS
-    w = _decode(tl.load(word), tl.load(word + plane), tl.load(word + 2 * plane),
-                BLOCK_N, BLOCK_K, USE_ASM)
-    w = (w.to(tl.float32) * tl.load(scale_ptr + rows)[:, None]).to(tl.bfloat16)
-    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+def w12_decode_kernel(chunks_ptr, scale_ptr, out_ptr, N, K, ntiles, nchunks,
+                      ROWS: tl.constexpr, ON_GPU: tl.constexpr):
+    """out[n, k] = W'[n, k] * 2^(e0 - DECODE_BIAS): the in-window weights as BF16 (exact: the
+    scale is a power of two). One program per (``ROWS`` rows, chunk column); escapes come out
+    as the value of record 0 and the launcher patches them afterwards."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    c = tl.program_id(1)
+    tile = rows // 16
+    tile_base = (tile.to(tl.int64) * nchunks * CHUNK_WORDS)[:, None]
+    low_word, top_word, byte_shift, pair, half = _fragment_offsets(ROWS)
+    w = _weight_block(chunks_ptr, tile_base, (tile < ntiles)[:, None], c, low_word, top_word,
+                      byte_shift, pair, half)
+    y = w.to(tl.float32) * tl.load(scale_ptr + rows, mask=rows < N, other=1.0)[:, None]
+    cols = c * 64 + tl.arange(0, 64)
     ptrs = out_ptr + rows[:, None].to(tl.int64) * K + cols[None, :]
-    tl.store(ptrs, w, mask=(rows[:, None] < N) & (cols[None, :] < K))
+    tl.store(ptrs, _to_bf16(y, ON_GPU), mask=(rows[:, None] < N) & (cols[None, :] < K))

@@ -60,8 +60,7 @@ def linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delt
         if kind == "cuda":
             lay = cfg.layout(m)
             return cuda.gemm_small(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k,
-                                   kw=cfg.kw, kernel=lay.kernel, depth=lay.depth, rt=lay.rt,
-                                   warps=lay.warps)
+                                   kw=cfg.kw, depth=lay.depth, prefetch=lay.prefetch)
         from w12_kernels.gemm import triton_path
 
         return triton_path.gemm(x, chunks, scale, esc_rowptr, esc_row, esc_col, esc_delta, bias,

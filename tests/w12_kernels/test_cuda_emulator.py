@@ -1,0 +1,107 @@
+"""The CUDA kernels of kernels.cu, emulated lane by lane in NumPy (cuda_emulator.py), against the
+float64 reference: this checks the chunk layout, the MMA fragment mapping, the decode bit tricks,
+the warp split and the epilogue on a machine without a GPU."""
+
+from __future__ import annotations
+
+import cuda_emulator as emu
+import numpy as np
+import pytest
+import torch
+from gemm_helpers import assert_within_budget, encoded, make_weight
+
+import w12
+from w12_kernels.gemm import prepare_weight
+from w12_kernels.gemm.layout import PackedW12
+from w12_kernels.gemm.reference import reference_linear
+
+CASES = [  # (m, n, k, kw, depth, prefetch)
+    (1, 1, 100, 1, 2, False),
+    (3, 37, 250, 3, 3, False),
+    (17, 70, 500, 4, 4, True),
+    (8, 130, 300, 4, 6, False),
+    (64, 33, 129, 3, 2, True),
+    (5, 20, 64, 3, 2, False),  # one chunk, kw > chunks: warps with nothing to do
+]
+
+
+def _inputs(m, n, k, seed):
+    t = make_weight(n, k, seed=seed)
+    w = encoded(t)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)
+    return t, w, x, bias
+
+
+@pytest.mark.parametrize("m,n,k,kw,depth,prefetch", CASES,
+                         ids=[f"m{m}_n{n}_k{k}_kw{kw}_p{p}{'_xpf' * f}"
+                              for m, n, k, kw, p, f in CASES])
+def test_emulated_gemm_within_budget(m, n, k, kw, depth, prefetch):
+    t, w, x, bias = _inputs(m, n, k, seed=m + n + k)
+    y = emu.gemm_small(x, prepare_weight(w), bias, kw=kw, depth=depth, prefetch=prefetch)
+    assert_within_budget(y, x, t, reference_linear(x, w, bias), bias)
+
+
+def test_emulated_gemm_is_batch_invariant():
+    _, w, x, bias = _inputs(64, 40, 333, seed=5)
+    pw = prepare_weight(w)
+    full = emu.gemm_small(x, pw, bias, kw=3).view(torch.int16)
+    for rows in (slice(0, 1), slice(7, 8), slice(0, 17), slice(40, 43)):
+        part = emu.gemm_small(x[rows], pw, bias, kw=3).view(torch.int16)
+        assert torch.equal(part, full[rows]), f"rows {rows} differ from the M=64 run"
+
+
+def test_loads_in_flight_change_no_bits():
+    """The ring depth and the activation prefetch only move loads earlier."""
+    _, w, x, _ = _inputs(9, 20, 700, seed=6)
+    pw = prepare_weight(w)
+    runs = [(2, False), (3, False), (4, False), (6, False), (2, True), (4, True), (6, True)]
+    outs = [emu.gemm_small(x, pw, kw=3, depth=p, prefetch=f).view(torch.int16) for p, f in runs]
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def test_swapped_word_planes_are_caught():
+    """The check can fail: words q = 0 and q = 1 exchanged put the low bytes of weights 0..3
+    where 4..7 belong."""
+    t, w, x, _ = _inputs(3, 37, 250, seed=7)
+    pw = prepare_weight(w)
+    planes = pw.chunks.view(*pw.chunks.shape[:2], 3, 128)
+    swapped = planes[:, :, [1, 0, 2]].reshape(pw.chunks.shape).contiguous()
+    bad = PackedW12(**{**pw.__dict__, "chunks": swapped})
+    with pytest.raises(AssertionError, match="relative RMS"):
+        assert_within_budget(emu.gemm_small(x, bad, kw=3), x, t, reference_linear(x, w))
+
+
+def test_wrong_fragment_rule_is_caught(monkeypatch):
+    """The check can fail: an A fragment whose registers 1 and 2 were exchanged (row g + 8 at
+    k 2t read as row g at k 2t + 8) gives wrong products."""
+    t, w, x, _ = _inputs(3, 37, 250, seed=8)
+    order = [0, 1, 4, 5, 2, 3, 6, 7]
+    monkeypatch.setattr(emu, "_A_ROW", emu._A_ROW[:, order])
+    monkeypatch.setattr(emu, "_A_COL", emu._A_COL[:, order])
+    with pytest.raises(AssertionError, match="relative RMS"):
+        assert_within_budget(emu.gemm_small(x, prepare_weight(w), kw=1), x, t,
+                             reference_linear(x, w))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 257), (45, 333), (130, 64)])
+def test_emulated_decode_is_exact(shape):
+    rng = np.random.default_rng(sum(shape))
+    bits = rng.integers(0, 65536, shape).astype(np.uint16)  # every kind of escape, any window
+    half = shape[0] // 2
+    bits[:half] = torch.randn(half, shape[1]).mul(0.02).bfloat16().view(torch.int16).numpy()
+    t = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+    out = emu.decode(prepare_weight(w12.encode(t)))
+    assert torch.equal(out.view(torch.int16), t.view(torch.int16))
+
+
+def test_ptx_integer_ops():
+    a = np.array([0x89ABCDEF], np.uint32)
+    # bytes {b, a}: a = EF CD AB 89 (0..3), b = 67 45 23 01 (4..7)
+    assert emu.prmt(a, 0x01234567, 0x7654)[0] == 0x01234567
+    assert emu.prmt(a, 0x01234567, 0x0123)[0] == 0xEFCDAB89
+    assert emu.prmt(a, 0, 0x8888)[0] == 0xFFFFFFFF  # sign of byte 0 (0xEF) replicated
+    assert emu.shf_r_wrap(a, a, 4)[0] == 0xF89ABCDE
+    x, y, z = (np.array([v], np.uint32) for v in (0xF0, 0xCC, 0xAA))
+    for lut in (0x00, 0xEA, 0x96, 0xFE, 0x80):
+        assert emu.lop3(x, y, z, lut)[0] == lut

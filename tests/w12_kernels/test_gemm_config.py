@@ -1,0 +1,44 @@
+"""The small-M launch configuration: one K split per weight shape, layouts per M class."""
+
+from __future__ import annotations
+
+import pytest
+
+from w12_kernels.gemm import config as cfgs
+
+
+def test_pick_kw_fills_the_gpu_and_keeps_chunks_per_warp():
+    assert cfgs.pick_kw(256, 64, 132, warps_per_sm=16, min_chunks_per_warp=2, max_kw=8) == 8
+    assert cfgs.pick_kw(8016, 64, 132, warps_per_sm=16, min_chunks_per_warp=2, max_kw=8) == 1
+    assert cfgs.pick_kw(12, 9, 132, warps_per_sm=16, min_chunks_per_warp=2, max_kw=8) == 4
+
+
+def test_shape_entry_overrides_the_rule_and_keeps_missing_classes():
+    rule = {"warps_per_sm": 16, "min_chunks_per_warp": 2, "max_kw": 8,
+            "by_nt": {c: {"depth": 2, "prefetch": False} for c in ("1", "2", "4", "8")},
+            "shapes": {"4096x4096": {"kw": 2, "by_nt": {"1": {"depth": 4, "prefetch": True}}}}}
+    tuned = cfgs.small_config(4096, 4096, 132, rule)
+    assert tuned.kw == 2
+    assert tuned.layout(1) == cfgs.Layout(depth=4, prefetch=True)
+    assert tuned.layout(64) == cfgs.Layout(depth=2, prefetch=False)
+    other = cfgs.small_config(4096, 4160, 132, rule)
+    assert other.kw == 8 and other.layout(8) == cfgs.Layout(depth=2, prefetch=False)
+
+
+def test_layout_classes_by_rows():
+    cfg = cfgs.SmallConfig(kw=4, by_nt=tuple((c, cfgs.Layout(depth=c)) for c in (1, 2, 4, 8)))
+    assert [cfg.layout(m).depth for m in (1, 8, 9, 16, 17, 32, 33, 64)] == [1, 1, 2, 2, 4, 4, 8, 8]
+    with pytest.raises(ValueError, match="65 rows"):
+        cfg.layout(65)
+
+
+def test_shipped_table_is_consistent():
+    rule = cfgs.rule()
+    for shape, entry in rule.get("shapes", {}).items():
+        n, k = map(int, shape.split("x"))
+        cfg = cfgs.small_config(n, k, 132)
+        assert 1 <= cfg.kw <= rule["max_kw"]
+        assert cfg.kw == entry["kw"]
+        for m in (1, 16, 32, 64):
+            lay = cfg.layout(m)
+            assert lay.depth >= 1 and not (lay.prefetch and lay.depth % 2)
