@@ -45,6 +45,7 @@ _LAZY_COMMANDS = {
     "generate": ("engine.cli", "generate_command"),
     "bench": ("engine.cli", "bench_group"),
     "tune": ("spec_tuning.cli", "tune_group"),
+    "serve": ("sglang_integration.cli", "serve_command"),
 }
 
 
