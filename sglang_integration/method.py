@@ -42,7 +42,7 @@ from sglang.srt.utils import set_weight_attrs
 from sglang_integration import shard
 from w12 import container, spec
 from w12.errors import W12Error
-from w12.tensor import W12Tensor
+from w12.tensor import PLANE_DTYPES, W12Tensor
 from w12_kernels.gemm import prepare_weight, w12_linear
 
 NAME = container.QUANT_METHOD
@@ -52,14 +52,6 @@ DEFAULT_PACKED_MODULES = {
     "gate_up_proj": ["gate_proj", "up_proj"],
 }
 _SUPPORTED_LAYERS = (ReplicatedLinear, ColumnParallelLinear, RowParallelLinear, ParallelLMHead)
-_PLANE_DTYPES = {
-    "hi": torch.uint8,
-    "lo": torch.uint8,
-    "e0": torch.uint8,
-    "esc_rowptr": torch.int64,
-    "esc_col": torch.int32,
-    "esc_val": torch.int16,
-}
 
 
 class W12Config(QuantizationConfig):
@@ -218,7 +210,7 @@ class W12LinearMethod(LinearMethodBase):
             raise W12Error(f"{self.prefix}: {error}") from None
         # the kernel layout replaces the checkpoint layout; keeping both would cost 12 more
         # bits per weight
-        for part, dtype in _PLANE_DTYPES.items():
+        for part, dtype in PLANE_DTYPES.items():
             getattr(layer, f"w12_{part}").data = torch.empty(0, dtype=dtype, device=device)
         self._pieces.clear()
 

@@ -76,7 +76,7 @@ class W12Tensor:
 
 
 _FIELDS = ("hi", "lo", "e0", "esc_rowptr", "esc_col", "esc_val")
-_DTYPES = {
+PLANE_DTYPES = {  # the dtype of every plane, in storage order
     "hi": torch.uint8,
     "lo": torch.uint8,
     "e0": torch.uint8,
@@ -107,8 +107,9 @@ def encode(t: torch.Tensor) -> W12Tensor:
 def _validate(w: W12Tensor, name: str) -> None:
     for field in _FIELDS:
         value = getattr(w, field)
-        if value.dtype != _DTYPES[field]:
-            raise W12Error(f"{name}: {field} has dtype {value.dtype}, expected {_DTYPES[field]}")
+        expected = PLANE_DTYPES[field]
+        if value.dtype != expected:
+            raise W12Error(f"{name}: {field} has dtype {value.dtype}, expected {expected}")
     if w.hi.dim() != 2:
         raise W12Error(f"{name}: hi plane must be 2-D, got shape {tuple(w.hi.shape)}")
     n, k = w.shape
