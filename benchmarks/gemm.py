@@ -256,7 +256,7 @@ def choose_rule(rows: list[dict], sms: int) -> tuple[dict, float]:
         if best is None or score > best_score:
             best, best_score = dict(rule, by_nt=by_nt), score
     for cls in map(str, cfgs.NT_CLASSES):  # classes not swept keep the defaults
-        best["by_nt"].setdefault(cls, cfgs._DEFAULT_RULE["by_nt"][cls])
+        best["by_nt"].setdefault(cls, cfgs.DEFAULT_RULE["by_nt"][cls])
     best["shapes"] = {}
     for n, k in sorted({(p[0], p[1]) for p in points}):
         mine = [p for p in points if p[:2] == (n, k)]

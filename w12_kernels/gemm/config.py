@@ -22,7 +22,7 @@ SMALL_M_MAX = 64
 NT_CLASSES = (1, 2, 4, 8)
 TUNED_PATH = Path(__file__).with_name("tuned.json")
 
-_DEFAULT_RULE = {
+DEFAULT_RULE = {
     "warps_per_sm": 16,  # aim: tiles * kw >= warps_per_sm * SMs
     "min_chunks_per_warp": 4,
     "max_kw": 8,
@@ -54,8 +54,8 @@ class SmallConfig:
 def rule() -> dict:
     """The tuned rule (``tuned.json``) or the built-in defaults."""
     if TUNED_PATH.exists():
-        return {**_DEFAULT_RULE, **json.loads(TUNED_PATH.read_text())["small_m"]}
-    return dict(_DEFAULT_RULE)
+        return {**DEFAULT_RULE, **json.loads(TUNED_PATH.read_text())["small_m"]}
+    return dict(DEFAULT_RULE)
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -25,7 +25,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-CHUNK_WORDS = tl.constexpr(384)  # layout.CHUNK_WORDS: 3 word planes x 32 lanes x 4 steps
+from w12_kernels.gemm import layout
+
+CHUNK_WORDS = tl.constexpr(layout.CHUNK_WORDS)  # 3 word planes x 32 lanes x 4 steps
 
 
 @triton.jit

@@ -65,17 +65,6 @@ def _b_positions() -> tuple[tuple[int, int, int, int], ...]:
 B_POSITIONS = _b_positions()
 
 
-def fragment_coords() -> tuple[torch.Tensor, torch.Tensor]:
-    """(row, col) inside a chunk of weight ``i`` of (step ``j``, lane ``l``): int64 [4, 32, 8]."""
-    j = torch.arange(4).view(4, 1, 1)
-    lane = torch.arange(32).view(1, 32, 1)
-    i = torch.arange(8).view(1, 1, 8)
-    g, t = lane // 4, lane % 4
-    row = g + 8 * ((i >> 1) & 1)
-    col = 16 * t + 4 * j + 2 * (i >> 2) + (i & 1)
-    return (row + 0 * col).expand(4, 32, 8), (col + 0 * row).expand(4, 32, 8)
-
-
 @dataclass(frozen=True)
 class PackedW12:
     """A W12 weight in kernel layout; make it once with :func:`prepare_weight`.
