@@ -624,27 +624,25 @@ def test_row_pointers_out_of_order_behind_a_good_checksum(tmp_path, mixed):
         container.FolderReader(path.parent).read(f"{name}.weight")
 
 
-def test_escape_columns_out_of_order_behind_a_good_checksum(tmp_path):
-    source = bf16([[0, 0x3F80, 0, 0x3F80, 0]])  # three escapes in one row
-    path = write(tmp_path / "ckpt", {"m.weight": w12.encode(source)}) / "model.safetensors"
-    edit_data(path, "m.w12_esc_col", lambda chunk: chunk.reverse())
-    with raises_w12(str(path), "tensor m.weight", "escape columns do not increase"):
-        container.FolderReader(path.parent).read("m.weight")
+CANONICAL_BREAKS = {  # id: (row of BF16 bits, plane, edit of its data, message)
+    "escape_columns_out_of_order": ([0, 0x3F80, 0, 0x3F80, 0], "esc_col",
+                                    lambda chunk: chunk.reverse(),
+                                    "escape columns do not increase"),
+    "escape_record_not_zero": ([0, 0x3F80, 0x3F80], "hi",
+                               lambda chunk: chunk.__setitem__(0, 0x01),
+                               "record (hi byte, lo nibble) is not 0"),
+    "column_beyond_k": ([0, 0x3F80, 0x3F80], "esc_col",
+                        lambda chunk: chunk.__setitem__(0, 200),
+                        "escape column 200 outside [0, 3)"),
+}
 
 
-def test_escape_record_not_zero_behind_a_good_checksum(tmp_path):
-    source = bf16([[0, 0x3F80, 0x3F80]])
-    path = write(tmp_path / "ckpt", {"m.weight": w12.encode(source)}) / "model.safetensors"
-    edit_data(path, "m.w12_hi", lambda chunk: chunk.__setitem__(0, 0x01))
-    with raises_w12(str(path), "tensor m.weight", "record (hi byte, lo nibble) is not 0"):
-        container.FolderReader(path.parent).read("m.weight")
-
-
-def test_column_beyond_k_behind_a_good_checksum(tmp_path):
-    source = bf16([[0, 0x3F80, 0x3F80]])
-    path = write(tmp_path / "ckpt", {"m.weight": w12.encode(source)}) / "model.safetensors"
-    edit_data(path, "m.w12_esc_col", lambda chunk: chunk.__setitem__(0, 200))
-    with raises_w12(str(path), "tensor m.weight", "escape column 200 outside [0, 3)"):
+@pytest.mark.parametrize("case", list(CANONICAL_BREAKS))
+def test_broken_planes_behind_a_good_checksum(tmp_path, case):
+    row, plane, edit, message = CANONICAL_BREAKS[case]
+    path = write(tmp_path / "ckpt", {"m.weight": w12.encode(bf16([row]))}) / "model.safetensors"
+    edit_data(path, f"m.w12_{plane}", edit)
+    with raises_w12(str(path), "tensor m.weight", message):
         container.FolderReader(path.parent).read("m.weight")
 
 
