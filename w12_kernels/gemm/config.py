@@ -4,8 +4,9 @@ does not change the arithmetic, from M).
 For every M <= ``SMALL_M_MAX`` a weight uses one K split: ``kw`` warps share each 16-row tile,
 warp ``w`` summing its chunks ``w, w + kw, ...``, and the block adds the ``kw`` partial tiles
 in a fixed order. So how K is split and summed never depends on M (batch invariance).
-What may depend on M is only how the loads are scheduled (chunks in flight, activation
-prefetch), per class of ``NT = ceil(M / 8)`` in (1, 2, 4, 8): that changes no sum. The
+What may depend on M is only how the work is scheduled (chunk columns in flight, activations
+prefetched into registers or staged in shared memory, 16-row tiles per block, a register cap
+for occupancy), per class of ``NT = ceil(M / 8)`` in (1, 2, 4, 8): that changes no sum. The
 constants come from ``tuned.json`` next to this file, written from the H200 sweep of
 ``benchmarks/gemm.py --sweep`` (docs/PERF_GEMM.md): a ``kw`` and layouts per measured weight
 shape, a rule for other shapes; without the file, built-in defaults.
@@ -32,8 +33,11 @@ DEFAULT_RULE = {
 
 @dataclass(frozen=True)
 class Layout:
-    depth: int = 2  # chunks of loads in flight per warp
-    prefetch: bool = False  # activations of the next chunk loaded ahead
+    depth: int = 2  # chunk columns of loads in flight per warp
+    prefetch: bool = False  # activations of the next column loaded ahead
+    tiles: int = 1  # 16-row tiles per block (each activation load serves all of them)
+    min_blocks: int = 1  # blocks of 8 warps per multiprocessor the registers must allow
+    x_stages: int = 0  # activations through this many shared-memory stages (0: registers)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,9 @@ import torch
 
 SOURCE_PATH = Path(__file__).with_name("kernels.cu")
 NT_MAX = 8  # 8 activation rows per n-tile: M <= 64
+TILES = (1, 2, 3, 4)  # 16-row tiles per block
+MIN_BLOCKS = (1, 2, 3, 4)  # blocks of 8 warps per multiprocessor the registers must allow
+X_STAGES = (0, 2, 3, 4)  # shared-memory activation stages (0: activations through registers)
 
 
 @functools.cache
@@ -37,8 +40,10 @@ def available() -> bool:
     return True
 
 
-def kernel_name(nt: int, depth: int, prefetch: bool) -> str:
-    return f"w12_gemm_small<{nt}, {depth}, {'true' if prefetch else 'false'}>"
+def kernel_name(nt: int, depth: int, prefetch: bool, tiles: int = 1, min_blocks: int = 1,
+                x_stages: int = 0) -> str:
+    return (f"w12_gemm_small<{nt}, {depth}, {'true' if prefetch else 'false'}, {tiles}, "
+            f"{min_blocks}, {x_stages}>")
 
 
 @functools.cache
@@ -97,12 +102,17 @@ def _padded_x(x: torch.Tensor, kp: int) -> torch.Tensor:
 def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                esc_rowptr: torch.Tensor, esc_col: torch.Tensor, esc_delta: torch.Tensor,
                bias: torch.Tensor | None, n: int, k: int, *, kw: int, depth: int,
-               prefetch: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+               prefetch: bool = False, tiles: int = 1, min_blocks: int = 1,
+               x_stages: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]`` with ``M <= 64``.
 
     ``kw`` warps share each 16-row tile, warp ``w`` summing chunks ``w, w + kw, ...`` (a
-    function of the weight shape only, for batch invariance); ``depth`` chunks of loads stay in
-    flight per warp; ``prefetch`` loads the next chunk's activations ahead (``depth`` even).
+    function of the weight shape only, for batch invariance); ``tiles`` 16-row tiles share one
+    block, so each activation load serves ``tiles`` tiles (no sum changes with it); ``depth``
+    chunk columns of loads stay in flight per warp; ``prefetch`` loads the next column's
+    activations ahead into registers (``depth`` even); ``x_stages`` >= 2 instead streams
+    them through that many shared-memory stages with cp.async; ``min_blocks`` caps the registers
+    so that that many blocks of 8 warps fit on a multiprocessor. None of these changes a sum.
     """
     m = x.shape[0]
     if out is None:
@@ -111,20 +121,28 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
         return out
     if m > 8 * NT_MAX:
         raise ValueError(f"gemm_small takes at most {8 * NT_MAX} rows, got {m}")
-    if not 1 <= kw <= 8 or depth < 1 or (prefetch and depth % 2):
+    if (not 1 <= kw <= 8 or depth < 1 or (prefetch and depth % 2) or tiles not in TILES
+            or min_blocks not in MIN_BLOCKS or x_stages not in X_STAGES
+            or (prefetch and x_stages)):
         raise ValueError(f"gemm_small: bad configuration kw={kw} depth={depth} "
-                         f"prefetch={prefetch}")
-    tiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
+                         f"prefetch={prefetch} tiles={tiles} min_blocks={min_blocks} "
+                         f"x_stages={x_stages}")
+    ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
     xp = _padded_x(x, nchunks * 64)
     nt = math.ceil(m / 8)
     device = x.device
-    func = _kernel(_index(device), kernel_name(nt, depth, prefetch))
-    smem = kw * nt * 4 * 32 * 4  # the kw partial tiles, at most 32 KiB
+    func = _kernel(_index(device), kernel_name(nt, depth, prefetch, tiles, min_blocks,
+                                                  x_stages))
+    # the kw partial tiles (at most 32 KiB), then each warp's activation stages (1 KiB per
+    # n-tile and stage)
+    smem = kw * nt * 4 * 32 * 4 + kw * x_stages * nt * 1024
+    if smem > 48 * 1024 and func.max_dynamic_shared_size_bytes < smem:
+        func.max_dynamic_shared_size_bytes = smem
     args = (_ptr(chunks), _ptr(xp), _ptr(out), _ptr(scale), _ptr(esc_rowptr), _ptr(esc_col),
-            _ptr(esc_delta), _ptr(bias), np.int32(m), np.int32(n), np.int32(nchunks),
-            np.int32(xp.stride(0)), np.int32(kw))
+            _ptr(esc_delta), _ptr(bias), np.int32(m), np.int32(n), np.int32(ntiles),
+            np.int32(nchunks), np.int32(xp.stride(0)), np.int32(kw))
     with _stream(device):
-        func((tiles,), (kw * 32,), args, shared_mem=smem)
+        func((math.ceil(ntiles / tiles),), (kw * 32,), args, shared_mem=smem)
     return out
 
 

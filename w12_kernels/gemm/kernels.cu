@@ -7,14 +7,19 @@
 // own words into the exact fragment registers, so the main loop is loads, 11 integer
 // operations per 8 weights, and MMAs.
 //
-// w12_gemm_small<NT, P, XPF>: y[M, N] = x[M, K] @ W^T for M <= 8 * NT. One block per 16-row
-// tile; its kw warps split the tile's chunks, warp w taking chunks w, w + kw, w + 2 kw, ...
-// (so the block reads one contiguous run of kw chunks at a time), each warp keeps P chunks of
-// loads in flight (a ring of registers indexed by compile-time constants) and, with XPF, the
-// activations of the next chunk; the block sums the kw partial tiles in shared memory in warp
-// order 0..kw-1. No atomics, and kw depends on the weight shape only, so the bits of an output
-// row do not depend on M. The epilogue scales each row by 2^(e0 - 112), adds the escape
-// corrections in list order and the bias, and rounds to BF16.
+// w12_gemm_small<NT, P, XPF, TL, MINB, XS>: y[M, N] = x[M, K] @ W^T for M <= 8 * NT. One
+// block per TL consecutive 16-row tiles; its kw warps split the chunk columns, warp w taking
+// columns w, w + kw, w + 2 kw, ... of every tile of the block (so the block reads one
+// contiguous run of kw chunks per tile at a time, and each activation fragment a warp loads
+// serves TL tiles); each warp keeps P columns of weight loads in flight (a ring of registers
+// indexed by compile-time constants). Activations: loaded just before use, or with XPF one
+// column ahead into registers, or with XS >= 2 through a ring of XS stages in shared memory
+// filled by cp.async XS - 1 columns ahead. MINB caps the registers so that MINB blocks of 8
+// warps fit on a multiprocessor. The block sums the kw partial tiles in shared memory in warp
+// order 0..kw-1. None of TL, P, XPF, XS, MINB changes a sum: each row's products are
+// accumulated in the same order whatever they are. No atomics, and kw depends on the weight
+// shape only, so the bits of an output row do not depend on M. The epilogue scales each row
+// by 2^(e0 - 112), adds the escape corrections in list order and the bias, and rounds to BF16.
 //
 // w12_decode: the in-window weights as BF16 [N, K] (escapes come out as record 0; the caller
 // writes them in).
@@ -109,14 +114,43 @@ __device__ __forceinline__ void load_x(u32 (&xv)[NT][8], const bf16_t* const (&x
   }
 }
 
-template <int NT, int P, bool XPF>
-__global__ void __launch_bounds__(256) w12_gemm_small(
+// Activations through shared memory: each lane copies the 32 bytes of every n-tile that it
+// will itself read back (so no barrier is needed, only the lane's own cp.async groups), rows
+// past M filled with zeros.
+template <int NT>
+__device__ __forceinline__ void issue_x(u32* stage, const bf16_t* const (&xrow)[NT],
+                                        const bool (&live)[NT], int chunk, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const u32 dst = (u32)__cvta_generic_to_shared(stage + (nt * 32 + lane) * 8);
+    const bf16_t* src = xrow[nt] + (size_t)chunk * 64;
+    const int bytes = live[nt] ? 16 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+                 "r"(bytes));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst + 16),
+                 "l"(src + 8), "r"(bytes));
+  }
+}
+
+template <int NT>
+__device__ __forceinline__ void read_x(u32 (&xv)[NT][8], const u32* stage, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const uint4 a = *reinterpret_cast<const uint4*>(stage + (nt * 32 + lane) * 8);
+    const uint4 b = *reinterpret_cast<const uint4*>(stage + (nt * 32 + lane) * 8 + 4);
+    xv[nt][0] = a.x; xv[nt][1] = a.y; xv[nt][2] = a.z; xv[nt][3] = a.w;
+    xv[nt][4] = b.x; xv[nt][5] = b.y; xv[nt][6] = b.z; xv[nt][7] = b.w;
+  }
+}
+
+template <int NT, int P, bool XPF, int TL, int MINB, int XS>
+__global__ void __launch_bounds__(256, MINB) w12_gemm_small(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
     const float* __restrict__ scale, const int* __restrict__ rowptr,
     const int* __restrict__ esc_col, const float* __restrict__ esc_delta,
-    const bf16_t* __restrict__ bias, int M, int N, int nchunks, int ldx, int kw) {
-  extern __shared__ float partial[];  // [kw][NT * 4][32]
-  const int tile = blockIdx.x;
+    const bf16_t* __restrict__ bias, int M, int N, int ntiles, int nchunks, int ldx, int kw) {
+  extern __shared__ float partial[];  // [kw][NT * 4][32], then with XS: [kw][XS][NT][32][8]
+  const int tile0 = blockIdx.x * TL;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
@@ -125,7 +159,11 @@ __global__ void __launch_bounds__(256) w12_gemm_small(
   const int first = warp;
   const int step = kw;
   const int n = (nchunks - warp + kw - 1) / kw;
-  const Words4* wp = chunks + (size_t)tile * nchunks * 96 + lane;
+  // tiles past the last one re-read the last tile; their rows are >= N and never stored
+  const Words4* wp[TL];
+#pragma unroll
+  for (int tt = 0; tt < TL; ++tt)
+    wp[tt] = chunks + (size_t)min(tile0 + tt, ntiles - 1) * nchunks * 96 + lane;
 
   const bf16_t* xrow[NT];
   bool live[NT];
@@ -136,72 +174,116 @@ __global__ void __launch_bounds__(256) w12_gemm_small(
     xrow[nt] = x + (size_t)(live[nt] ? tok : 0) * ldx + 16 * t;
   }
 
-  float acc[NT][4];
+  float acc[TL][NT][4];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
+  for (int tt = 0; tt < TL; ++tt)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) acc[nt][r] = 0.0f;
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[tt][nt][r] = 0.0f;
 
-  Words4 ring[P][3];
+  Words4 ring[P][TL][3];
 #pragma unroll
   for (int s = 0; s < P; ++s) {
     if (s < n) {
-      const Words4* p = wp + (size_t)(first + s * step) * 96;
-      ring[s][0] = load_stream(p);
-      ring[s][1] = load_stream(p + 32);
-      ring[s][2] = load_stream(p + 64);
+#pragma unroll
+      for (int tt = 0; tt < TL; ++tt) {
+        const Words4* p = wp[tt] + (size_t)(first + s * step) * 96;
+        ring[s][tt][0] = load_stream(p);
+        ring[s][tt][1] = load_stream(p + 32);
+        ring[s][tt][2] = load_stream(p + 64);
+      }
     }
   }
   u32 xa[NT][8], xb[NT][8];
   if (XPF && n > 0) load_x<NT>(xa, xrow, live, first);
+  // XS > 0: a ring of XS activation stages per warp in shared memory, XS - 1 columns ahead
+  u32* xstages = reinterpret_cast<u32*>(partial + kw * NT * 4 * 32) + warp * XS * NT * 256;
+  if (XS > 0) {
+#pragma unroll
+    for (int st = 0; st < XS - 1; ++st) {
+      if (st < n) issue_x<NT>(xstages + st * NT * 256, xrow, live, first + st * step, lane);
+      asm volatile("cp.async.commit_group;");
+    }
+  }
   for (int i = 0; i < n; i += P) {
 #pragma unroll
     for (int s = 0; s < P; ++s) {
       const int ii = i + s;
       if (ii < n) {
-        const Words4 w0 = ring[s][0], w1 = ring[s][1], w2 = ring[s][2];
-        if (ii + P < n) {
-          const Words4* p = wp + (size_t)(first + (ii + P) * step) * 96;
-          ring[s][0] = load_stream(p);
-          ring[s][1] = load_stream(p + 32);
-          ring[s][2] = load_stream(p + 64);
+        Words4 w[TL][3];
+#pragma unroll
+        for (int tt = 0; tt < TL; ++tt) {
+          w[tt][0] = ring[s][tt][0];
+          w[tt][1] = ring[s][tt][1];
+          w[tt][2] = ring[s][tt][2];
         }
-        if (XPF) {  // activations one chunk ahead; P is even, so s's parity is ii's
+        if (ii + P < n) {
+#pragma unroll
+          for (int tt = 0; tt < TL; ++tt) {
+            const Words4* p = wp[tt] + (size_t)(first + (ii + P) * step) * 96;
+            ring[s][tt][0] = load_stream(p);
+            ring[s][tt][1] = load_stream(p + 32);
+            ring[s][tt][2] = load_stream(p + 64);
+          }
+        }
+        if (XS > 0) {
+          const int ahead = ii + XS - 1;
+          if (ahead < n)
+            issue_x<NT>(xstages + (ahead % XS) * NT * 256, xrow, live, first + ahead * step,
+                        lane);
+          asm volatile("cp.async.commit_group;");
+          asm volatile("cp.async.wait_group %0;" ::"n"(XS > 0 ? XS - 1 : 0));
+          u32 xv[NT][8];
+          read_x<NT>(xv, xstages + (ii % XS) * NT * 256, lane);
+#pragma unroll
+          for (int tt = 0; tt < TL; ++tt)
+            chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
+        } else if (XPF) {  // activations one chunk ahead; P is even, so s's parity is ii's
           u32(&cur)[NT][8] = (s & 1) ? xb : xa;
           u32(&nxt)[NT][8] = (s & 1) ? xa : xb;
           if (ii + 1 < n) load_x<NT>(nxt, xrow, live, first + (ii + 1) * step);
-          chunk_mma<NT>(w0, w1, w2, cur, acc);
+#pragma unroll
+          for (int tt = 0; tt < TL; ++tt)
+            chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], cur, acc[tt]);
         } else {
           u32 xv[NT][8];
           load_x<NT>(xv, xrow, live, first + ii * step);
-          chunk_mma<NT>(w0, w1, w2, xv, acc);
+#pragma unroll
+          for (int tt = 0; tt < TL; ++tt)
+            chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
         }
       }
     }
   }
 
+  // one tile at a time through shared memory: the kw partial tiles summed in warp order
   float* mine = partial + (size_t)warp * NT * 4 * 32;
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
+  for (int tt = 0; tt < TL; ++tt) {
+    if (tt > 0) __syncthreads();  // the previous tile's sums are read
 #pragma unroll
-    for (int r = 0; r < 4; ++r) mine[(nt * 4 + r) * 32 + lane] = acc[nt][r];
-  __syncthreads();
-
-  for (int idx = threadIdx.x; idx < NT * 4 * 32; idx += blockDim.x) {
-    const int ln = idx & 31;
-    const int item = idx >> 5;  // nt * 4 + r
-    const int r = item & 3;
-    const int row = tile * 16 + (ln >> 2) + 8 * (r >> 1);
-    const int tok = (item >> 2) * 8 + 2 * (ln & 3) + (r & 1);
-    if (row >= N || tok >= M) continue;
-    float v = partial[item * 32 + ln];
-    for (int w = 1; w < kw; ++w) v += partial[(w * NT * 4 + item) * 32 + ln];  // fixed order
-    float out = v * scale[row];
-    const bf16_t* xt = x + (size_t)tok * ldx;
-    for (int e = rowptr[row]; e < rowptr[row + 1]; ++e)
-      out += bf16_to_float(xt[esc_col[e]]) * esc_delta[e];
-    if (bias != nullptr) out += bf16_to_float(bias[row]);
-    y[(size_t)tok * N + row] = float_to_bf16(out);
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) mine[(nt * 4 + r) * 32 + lane] = acc[tt][nt][r];
+    __syncthreads();
+    const int tile = tile0 + tt;
+    for (int idx = threadIdx.x; idx < NT * 4 * 32; idx += blockDim.x) {
+      const int ln = idx & 31;
+      const int item = idx >> 5;  // nt * 4 + r
+      const int r = item & 3;
+      const int row = tile * 16 + (ln >> 2) + 8 * (r >> 1);
+      const int tok = (item >> 2) * 8 + 2 * (ln & 3) + (r & 1);
+      if (row >= N || tok >= M) continue;
+      float v = partial[item * 32 + ln];
+      for (int w = 1; w < kw; ++w) v += partial[(w * NT * 4 + item) * 32 + ln];  // fixed order
+      float out = v * scale[row];
+      const bf16_t* xt = x + (size_t)tok * ldx;
+      for (int e = rowptr[row]; e < rowptr[row + 1]; ++e)
+        out += bf16_to_float(xt[esc_col[e]]) * esc_delta[e];
+      if (bias != nullptr) out += bf16_to_float(bias[row]);
+      y[(size_t)tok * N + row] = float_to_bf16(out);
+    }
   }
 }
 

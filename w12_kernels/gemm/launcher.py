@@ -60,7 +60,9 @@ def linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delt
         if kind == "cuda":
             lay = cfg.layout(m)
             return cuda.gemm_small(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k,
-                                   kw=cfg.kw, depth=lay.depth, prefetch=lay.prefetch)
+                                   kw=cfg.kw, depth=lay.depth, prefetch=lay.prefetch,
+                                   tiles=lay.tiles, min_blocks=lay.min_blocks,
+                                   x_stages=lay.x_stages)
         from w12_kernels.gemm import triton_path
 
         return triton_path.gemm(x, chunks, scale, esc_rowptr, esc_row, esc_col, esc_delta, bias,
