@@ -67,13 +67,14 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> float:
     return 2 * nbytes / sorted(times)[len(times) // 2] / 1e12
 
 
-def graph_time_us(calls, reps: int = 7) -> float:
-    """Median per-call time of a CUDA graph that runs ``calls`` (a list of thunks) in order."""
+def _capture(calls) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``calls`` (thunks) in order, after running two of them eagerly (compile,
+    allocate) and replaying it once."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for call in calls[:2]:
-            call()  # compile / allocate outside capture
+            call()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -82,16 +83,29 @@ def graph_time_us(calls, reps: int = 7) -> float:
             call()
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / len(calls))
-    del graph
-    return sorted(times)[len(times) // 2]
+    return graph
+
+
+def time_graphs(call_lists, rounds: int = 7) -> list[float]:
+    """Median per-call µs of each list of thunks, each captured as one CUDA graph.
+
+    The graphs are replayed in turn, round after round, so every candidate is timed under the
+    same conditions: timing one graph's replays back to back right after heavy work (such as
+    building a float64 reference of a 1 GB weight) measured the large layers up to 13% slower
+    than the same kernel a moment later (docs/PERF_GEMM.md, "Timing method").
+    """
+    graphs = [_capture(calls) for calls in call_lists]
+    times: list[list[float]] = [[] for _ in graphs]
+    for _ in range(rounds):
+        for graph, calls, out in zip(graphs, call_lists, times, strict=True):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            torch.cuda.synchronize()
+            out.append(a.elapsed_time(b) * 1e3 / len(calls))
+    del graphs
+    return [sorted(t)[len(t) // 2] for t in times]
 
 
 class Layer:
@@ -119,12 +133,13 @@ class Layer:
 
 
 def time_pair(layer: Layer, m: int, run_w12, calls_per_copy: int = 4):
+    """(W12 µs, cuBLAS µs) per call, the two graphs replayed in alternation."""
     x = torch.randn(m, layer.k, device="cuda").to(torch.bfloat16)
     order = [i % layer.copies for i in range(layer.copies * calls_per_copy)]
-    t_w12 = graph_time_us([lambda i=i: run_w12(x, layer.w12[i]) for i in order])
-    t_ref = graph_time_us(
-        [lambda i=i: torch.nn.functional.linear(x, layer.bf16[i]) for i in order]
-    )
+    t_w12, t_ref = time_graphs([
+        [lambda i=i: run_w12(x, layer.w12[i]) for i in order],
+        [lambda i=i: torch.nn.functional.linear(x, layer.bf16[i]) for i in order],
+    ])
     return t_w12, t_ref
 
 
@@ -148,8 +163,8 @@ def run_benchmark(models, m_values, ceiling: float) -> list[dict]:
         for name, n, k in layer_shapes(model):
             layer = Layer(n, k, seed=n * 7 + k)
             for m in m_values:
-                ratio = check(layer, m, default_run)
                 t_w12, t_ref = time_pair(layer, m, default_run)
+                ratio = check(layer, m, default_run)  # after timing: see time_graphs
                 row = dict(model=model, layer=name, n=n, k=k, m=m, w12_us=t_w12,
                            cublas_us=t_ref, speedup=t_ref / t_w12,
                            w12_bytes=layer.w12_bytes(m), cublas_bytes=layer.bf16_bytes(m),
@@ -182,38 +197,58 @@ def geomeans(rows: list[dict]) -> dict[int, float]:
 # ---------------------------------------------------------------- configuration sweep
 
 SWEEP_SHAPES = sorted({(n, k) for model in MODELS for _, n, k in layer_shapes(model)})
-SWEEP_KW = (1, 2, 4, 8)
-SWEEP_LAYOUTS = ((2, False), (4, False), (2, True))  # (depth, prefetch)
+SWEEP_KW = (2, 4, 8)  # kw 1 never won a shape of the table
+# per NT class, the candidate schedules (depth, prefetch, tiles, min_blocks, x_stages)
+SWEEP_LAYOUTS = {
+    1: ((1, False, 1, 1, 0), (2, False, 1, 1, 0), (2, True, 1, 1, 0), (1, False, 1, 1, 2)),
+    2: ((1, False, 1, 1, 0), (2, False, 1, 1, 0), (2, True, 1, 1, 0), (1, False, 2, 1, 0),
+        (1, False, 1, 1, 3), (2, False, 1, 1, 3)),
+    4: ((1, False, 1, 1, 0), (2, False, 1, 1, 0), (1, False, 1, 3, 0), (1, False, 2, 1, 0),
+        (1, False, 3, 1, 0), (1, False, 2, 2, 0), (1, False, 1, 1, 3), (1, False, 2, 2, 3),
+        (2, False, 1, 1, 3)),
+    8: ((1, False, 1, 1, 0), (1, False, 1, 2, 0), (1, False, 2, 1, 0), (1, False, 3, 1, 0),
+        (2, False, 1, 1, 0), (1, False, 2, 1, 2), (1, False, 1, 2, 3)),
+}
+LAYOUT_KEYS = ("depth", "prefetch", "tiles", "min_blocks", "x_stages")
+
+
+def _layout_dict(layout: tuple) -> dict:
+    return dict(zip(LAYOUT_KEYS, layout, strict=True))
 SWEEP_RULES = [dict(warps_per_sm=w, min_chunks_per_warp=c, max_kw=8)
                for w in (4, 8, 16, 32, 64, 128) for c in (2, 4, 8)]
 SCORED_M = (1, 16, 32)  # the M kw is chosen on (the bars); 64 only picks its layout
 
 
 def _measure(layer: Layer, m: int, runs: dict) -> tuple[float, dict]:
-    """cuBLAS time and {label: (time, error over cuBLAS's error)} for thunk makers ``runs``."""
+    """cuBLAS time and {label: (time, error over cuBLAS's error)} for thunk makers ``runs``,
+    all timed in alternation (``time_graphs``), the errors checked afterwards."""
     x = torch.randn(m, layer.k, device="cuda").to(torch.bfloat16)
     order = [i % layer.copies for i in range(layer.copies * 4)]
-    t_ref = graph_time_us([lambda i=i: torch.nn.functional.linear(x, layer.bf16[i])
-                           for i in order])
+    ok = {}
+    for label, run in runs.items():
+        try:
+            run(x, layer.w12[0])
+            ok[label] = run
+        except Exception as exc:  # a candidate that does not compile or fit is skipped
+            print(f"  {label}: failed ({type(exc).__name__}: {str(exc)[:100]})", flush=True)
+    times = time_graphs([[lambda i=i: torch.nn.functional.linear(x, layer.bf16[i])
+                          for i in order]]
+                        + [[lambda i=i, r=run: r(x, layer.w12[i]) for i in order]
+                           for run in ok.values()])
     ref = x.double() @ layer.bf16[0].double().T
     err_bf16 = float((torch.nn.functional.linear(x, layer.bf16[0]).double() - ref).norm()
                      / ref.norm())
     out = {}
-    for label, run in runs.items():
-        try:
-            err = float((run(x, layer.w12[0]).double() - ref).norm() / ref.norm()) / err_bf16
-            t = graph_time_us([lambda i=i, r=run: r(x, layer.w12[i]) for i in order])
-        except Exception as exc:  # a candidate that does not compile or fit is skipped
-            print(f"  {label}: failed ({type(exc).__name__}: {str(exc)[:100]})", flush=True)
-            continue
+    for (label, run), t in zip(ok.items(), times[1:], strict=True):
+        err = float((run(x, layer.w12[0]).double() - ref).norm() / ref.norm()) / err_bf16
         out[label] = (t, err)
-    return t_ref, out
+    return times[0], out
 
 
-def _small_runner(kw: int, depth: int, prefetch: bool):
+def _small_runner(kw: int, layout: tuple):
     def run(x, pw):
         return cuda.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta,
-                               None, pw.n, pw.k, kw=kw, depth=depth, prefetch=prefetch)
+                               None, pw.n, pw.k, kw=kw, **_layout_dict(layout))
     return run
 
 
@@ -227,17 +262,18 @@ def _speedup(r: dict | None) -> float:
 
 
 def _best_layouts(rows: list[dict], kw_of, points) -> tuple[dict, float]:
-    """Per NT class, the (depth, prefetch) with the best summed log speedup when each shape
-    uses ``kw_of(n, k)``; returns the layouts and the summed score over ``SCORED_M``."""
-    table = {(r["n"], r["k"], r["m"], r["kw"], r["depth"], r["prefetch"]): r for r in rows}
+    """Per NT class, the schedule with the best summed log speedup when each shape uses
+    ``kw_of(n, k)``; returns the schedules and the summed score over ``SCORED_M``."""
+    table = {(r["n"], r["k"], r["m"], r["kw"], *(r[key] for key in LAYOUT_KEYS)): r
+             for r in rows}
     by_nt, score = {}, 0.0
     for cls in sorted({_nt_class(m) for _, _, m in points}):
         mine = [p for p in points if _nt_class(p[2]) == cls]
         options = {lay: sum(_speedup(table.get((n, k, m, kw_of(n, k), *lay)))
-                            for n, k, m in mine) for lay in SWEEP_LAYOUTS}
-        (depth, prefetch), val = max(options.items(), key=lambda kv: kv[1])
-        by_nt[str(cls)] = dict(depth=depth, prefetch=prefetch)
-        score += sum(_speedup(table.get((n, k, m, kw_of(n, k), depth, prefetch)))
+                            for n, k, m in mine) for lay in SWEEP_LAYOUTS[cls]}
+        lay, val = max(options.items(), key=lambda kv: kv[1])
+        by_nt[str(cls)] = _layout_dict(lay)
+        score += sum(_speedup(table.get((n, k, m, kw_of(n, k), *lay)))
                      for n, k, m in mine if m in SCORED_M)
     return by_nt, score
 
@@ -268,7 +304,7 @@ def choose_rule(rows: list[dict], sms: int) -> tuple[dict, float]:
 
 
 def run_sweep(m_values) -> tuple[list[dict], dict]:
-    """Time every (kw, depth, prefetch) per shape and M; return the rows and the table."""
+    """Time every kw and schedule per shape and M; return the rows and the table."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for n, k in SWEEP_SHAPES:
@@ -279,10 +315,12 @@ def run_sweep(m_values) -> tuple[list[dict], dict]:
             for kw in SWEEP_KW:
                 if chunks // kw < 2:
                     continue
-                for depth, prefetch in SWEEP_LAYOUTS:
-                    label = f"kw{kw}_d{depth}{'_xpf' if prefetch else ''}"
-                    runs[label] = _small_runner(kw, depth, prefetch)
-                    meta[label] = dict(kw=kw, depth=depth, prefetch=prefetch)
+                for lay in SWEEP_LAYOUTS[_nt_class(m)]:
+                    depth, prefetch, tiles, min_blocks, x_stages = lay
+                    label = (f"kw{kw}_d{depth}{'_xpf' if prefetch else ''}_t{tiles}"
+                             f"_b{min_blocks}_xs{x_stages}")
+                    runs[label] = _small_runner(kw, lay)
+                    meta[label] = dict(kw=kw, **_layout_dict(lay))
             t_ref, results = _measure(layer, m, runs)
             ranked = sorted(results.items(), key=lambda kv: kv[1][0])
             print(f"{n}x{k} M={m}: cublas {t_ref:.2f} us; " + ", ".join(
