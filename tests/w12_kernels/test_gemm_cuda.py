@@ -176,3 +176,16 @@ def test_compile_and_cuda_graph():
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(static_y.view(torch.int16), eager.view(torch.int16))
+
+
+@needs_cupy
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_tensors_on_another_gpu_than_the_current_one():
+    """The kernels run on the GPU that holds the tensors, not on CuPy's or torch's current one."""
+    t, x = _inputs(1000, 3000, 17, seed=31)
+    pw = prepare_weight(encoded(t))
+    want = w12_linear(x, pw)
+    with torch.cuda.device(0):
+        got = w12_linear(x.to("cuda:1"), pw.to("cuda:1"))
+    assert got.device == torch.device("cuda:1")
+    assert torch.equal(got.cpu().view(torch.int16), want.cpu().view(torch.int16))

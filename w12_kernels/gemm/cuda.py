@@ -12,6 +12,7 @@ exact BF16 weight for the large-M path (decode, then cuBLAS).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from pathlib import Path
@@ -66,19 +67,31 @@ def _kernel(device_index: int, name: str):
         return module.get_function(name)
 
 
-_STREAMS: dict[int, object] = {}
+_STREAMS: dict[tuple[int, int], object] = {}
 
 
 def _stream(device: torch.device):
-    """CuPy's handle on PyTorch's current stream (one per stream, kept: creating it per call
-    costs more than the launch)."""
+    """CuPy's handle on PyTorch's current stream of ``device`` (one per device and stream,
+    kept: creating it per call costs more than the launch; the default stream has the same
+    handle, 0, on every device)."""
     import cupy
 
-    ptr = torch.cuda.current_stream(device).cuda_stream
-    stream = _STREAMS.get(ptr)
+    index = _index(device)
+    ptr = torch.cuda.current_stream(index).cuda_stream
+    stream = _STREAMS.get((index, ptr))
     if stream is None:
-        stream = _STREAMS[ptr] = cupy.cuda.ExternalStream(ptr, _index(device))
+        stream = _STREAMS[(index, ptr)] = cupy.cuda.ExternalStream(ptr, index)
     return stream
+
+
+@contextlib.contextmanager
+def _on(device: torch.device):
+    """Launch on ``device`` (CuPy's current device, whatever it was) and PyTorch's current
+    stream there."""
+    import cupy
+
+    with cupy.cuda.Device(_index(device)), _stream(device):
+        yield
 
 
 def _ptr(t: torch.Tensor | None) -> np.uint64:
@@ -136,12 +149,12 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     # the kw partial tiles (at most 32 KiB), then each warp's activation stages (1 KiB per
     # n-tile and stage)
     smem = kw * nt * 4 * 32 * 4 + kw * x_stages * nt * 1024
-    if smem > 48 * 1024 and func.max_dynamic_shared_size_bytes < smem:
-        func.max_dynamic_shared_size_bytes = smem
     args = (_ptr(chunks), _ptr(xp), _ptr(out), _ptr(scale), _ptr(esc_rowptr), _ptr(esc_col),
             _ptr(esc_delta), _ptr(bias), np.int32(m), np.int32(n), np.int32(ntiles),
             np.int32(nchunks), np.int32(xp.stride(0)), np.int32(kw))
-    with _stream(device):
+    with _on(device):
+        if smem > 48 * 1024 and func.max_dynamic_shared_size_bytes < smem:
+            func.max_dynamic_shared_size_bytes = smem
         func((math.ceil(ntiles / tiles),), (kw * 32,), args, shared_mem=smem)
     return out
 
@@ -159,7 +172,7 @@ def decode(chunks: torch.Tensor, scale: torch.Tensor, esc_row: torch.Tensor,
         kernel = _kernel(_index(device), "w12_decode")
         args = (_ptr(chunks), _ptr(scale), _ptr(out), np.int32(n), np.int32(k),
                 np.int32(nchunks), np.int64(total))
-        with _stream(device):
+        with _on(device):
             kernel((blocks,), (256,), args)
     if esc_col.numel():
         # positions are unique, so the scatter is deterministic
