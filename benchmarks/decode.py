@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-compile", action="store_true",
                         help="Eager elementwise ops (default: torch.compile on CUDA).")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--attention", choices=("torch", "triton"), default="torch",
+                        help="decode attention: torch ops, or one Triton kernel per layer")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
 
@@ -74,12 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     compile_ops = args.device.startswith("cuda") and not args.no_compile
     report = {"environment": _environment(args.device), "settings": vars(args) | {
         "json": str(args.json), "compile": compile_ops}, "models": {}}
-    print(f"# {report['environment']}  compile={compile_ops}", flush=True)
+    print(f"# {report['environment']}  compile={compile_ops}  attention={args.attention}",
+          flush=True)
     for model in args.models.split(","):
         results = bench_decode(
             model, batches=batches, tokens=args.tokens, modes=tuple(args.modes.split(",")),
             device=args.device, compile=compile_ops, prompt_len=args.prompt_len,
             warmup=args.warmup, seed=args.seed, log=lambda line: print(line, flush=True),
+            attention=args.attention,
         )
         lines = summary(results)
         report["models"][model] = {"results": as_dicts(results), "summary": lines}

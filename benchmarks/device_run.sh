@@ -29,6 +29,7 @@ if [[ $MODE == bench || $MODE == all ]]; then
 fi
 if [[ -n ${DECODE_MODELS:-} ]]; then
   timeout "${DECODE_LIMIT:-240}" python3 benchmarks/decode.py --models "$DECODE_MODELS" \
-    --batch "${DECODE_BATCH:-1,32}" --tokens "${DECODE_TOKENS:-256}" --json "$OUT/decode.json" \
+    --batch "${DECODE_BATCH:-1,32}" --tokens "${DECODE_TOKENS:-256}" \
+    --attention "${DECODE_ATTENTION:-torch}" --json "$OUT/decode.json" \
     2>&1 | tee "$OUT/decode.txt"
 fi

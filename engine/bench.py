@@ -36,6 +36,7 @@ class DecodeTiming:
     kv_bytes_per_token: int  # of a BF16 cache, all layers
     cuda_graph: bool  # the decode step ran as a captured graph
     compiled: bool  # the elementwise ops ran through torch.compile
+    attention: str = "torch"  # decode attention: torch ops or the Triton kernel
 
 
 def streamed_bytes(model: Transformer) -> int:
@@ -59,10 +60,11 @@ def _sync(device: torch.device) -> None:
 def time_decode(
     model: Transformer, *, batch: int, tokens: int, prompt_len: int = 32, warmup: int = 8,
     compile: bool = False, cuda_graph: bool | None = None, seed: int = 0,
+    attention: str = "torch",
 ) -> tuple[float, Engine]:
     """Seconds for ``tokens`` greedy steps of ``batch`` rows after prefill and warmup."""
     engine = Engine(model, batch=batch, max_seq_len=prompt_len + warmup + tokens + 1,
-                    cuda_graph=cuda_graph, compile=compile)
+                    cuda_graph=cuda_graph, compile=compile, attention=attention)
     gen = torch.Generator().manual_seed(seed)
     prompts = torch.randint(0, model.args.vocab_size, (batch, prompt_len), generator=gen)
     next_tokens = engine.prefill(prompts.tolist()).argmax(-1)
@@ -79,7 +81,7 @@ def time_decode(
 def bench_decode(
     spec: str, *, batches: list[int], tokens: int, modes: tuple[str, ...] = ("bf16", "w12"),
     device: str = "cuda", compile: bool = False, prompt_len: int = 32, warmup: int = 8,
-    seed: int = 0, log=print,
+    seed: int = 0, log=print, attention: str = "torch",
 ) -> list[DecodeTiming]:
     device = torch.device(device)
     results = []
@@ -91,7 +93,7 @@ def bench_decode(
         for batch in batches:
             seconds, engine = time_decode(
                 loaded.model, batch=batch, tokens=tokens, prompt_len=prompt_len, warmup=warmup,
-                compile=compile, seed=seed,
+                compile=compile, seed=seed, attention=attention,
             )
             steps, step_s = tokens, seconds / tokens
             timing = DecodeTiming(
@@ -101,6 +103,7 @@ def bench_decode(
                 weight_gbps=streamed / step_s / 1e9, gpu_weight_bytes=gpu_bytes,
                 kv_bytes_per_token=kv_bytes_per_token(loaded.args),
                 cuda_graph=engine.graph is not None, compiled=engine.compiled,
+                attention=engine.attention,
             )
             del engine
             log(format_row(timing))

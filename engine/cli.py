@@ -117,11 +117,14 @@ def bench_group() -> None:
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="torch.compile the elementwise ops (default: on for CUDA).")
 @click.option("--seed", default=0, show_default=True, help="Seed of synthetic weights/prompts.")
+@click.option("--attention", type=click.Choice(["torch", "triton"]), default="torch",
+              show_default=True,
+              help="Decode attention: torch ops, or one Triton kernel per layer (CUDA only).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
               help="Also write the results here.")
 @_one_line_errors
 def bench_decode_command(model, batches, tokens, prompt_len, warmup, modes, device, compile_,
-                         seed, json_path):
+                         seed, attention, json_path):
     """Time greedy decoding of MODEL with BF16 and W12 weights in the same run.
 
     MODEL is a BF16 or W12 folder, or synthetic:PRESET with PRESET one of qwen3-8b, qwen3-32b,
@@ -134,7 +137,7 @@ def bench_decode_command(model, batches, tokens, prompt_len, warmup, modes, devi
     results = bench_decode(
         model, batches=batches, tokens=tokens, modes=mode_list, device=device,
         compile=device.startswith("cuda") if compile_ is None else compile_,
-        prompt_len=prompt_len, warmup=warmup, seed=seed, log=click.echo,
+        prompt_len=prompt_len, warmup=warmup, seed=seed, log=click.echo, attention=attention,
     )
     for line in summary(results):
         click.echo(line)

@@ -44,6 +44,9 @@ def sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator 
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+ATTENTION_KINDS = ("torch", "triton")  # how a decode step attends over the cache (ops.py)
+
+
 class Engine:
     """A model bound to a static cache of ``batch`` rows x ``max_seq_len`` positions.
 
@@ -53,11 +56,18 @@ class Engine:
 
     def __init__(
         self, model: Transformer, *, batch: int, max_seq_len: int,
-        cuda_graph: bool | None = None, compile: bool = False,
+        cuda_graph: bool | None = None, compile: bool = False, attention: str = "torch",
     ) -> None:
         self.model, self.batch, self.max_seq_len = model, batch, max_seq_len
         device = model.device
+        if attention not in ATTENTION_KINDS:
+            raise W12Error(f"attention must be one of {', '.join(ATTENTION_KINDS)}, "
+                           f"got {attention!r}")
+        if attention == "triton" and device.type != "cuda":
+            raise W12Error(f"attention 'triton' needs a CUDA device; the model is on {device}")
         ops.use_compiled(compile)
+        ops.use_triton_attention(attention == "triton")
+        self.attention = attention
         model.setup_caches(batch, max_seq_len)
         self.tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.pos = torch.zeros(batch, 1, dtype=torch.long, device=device)

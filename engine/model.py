@@ -231,7 +231,7 @@ class Attention(nn.Module):
         self.cache.write(pos, k, v)
         if visible is None:
             return self.wo(ops.causal_attention(q, k, v))
-        return self.wo(ops.cached_attention(q, self.cache.k, self.cache.v, visible))
+        return self.wo(ops.cached_attention(q, self.cache.k, self.cache.v, visible, pos))
 
 
 class Block(nn.Module):

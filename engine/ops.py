@@ -58,15 +58,33 @@ def masked_softmax(scores: torch.Tensor, visible: torch.Tensor, scale: float) ->
     return torch.softmax(scores.float(), dim=-1).to(scores.dtype)
 
 
+_triton_attention = False
+
+
+def use_triton_attention(enabled: bool) -> None:
+    """Route ``cached_attention`` through the one-launch Triton kernel (``attention_triton``)
+    when the caller passes positions, or through the torch ops below (default)."""
+    global _triton_attention
+    _triton_attention = enabled
+
+
 def cached_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, visible: torch.Tensor
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, visible: torch.Tensor,
+    pos: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of queries ``q`` [B, T, Hq, D] over a cache [B, Hkv, S, D].
 
     ``visible`` [B, T, S] says which cache slots each query sees. Grouped-query heads are
     folded into the query rows ([B, Hkv, G*T, D]), so the cache is read once per KV head and
-    never expanded to Hq heads.
+    never expanded to Hq heads. With ``use_triton_attention(True)``, ``pos`` [B, T] given
+    (``visible`` must then be ``slots <= pos``) and at most ``MAX_ROWS`` query rows per KV
+    head (decode and short verification steps), one Triton kernel does it all.
     """
+    if _triton_attention and pos is not None:
+        from engine.attention_triton import MAX_ROWS, decode_attention
+
+        if q.shape[1] * (q.shape[2] // k_cache.shape[1]) <= MAX_ROWS:
+            return decode_attention(q, k_cache, v_cache, pos)
     b, t, hq, d = q.shape
     hkv, s = k_cache.shape[1], k_cache.shape[2]
     g = hq // hkv

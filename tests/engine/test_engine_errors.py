@@ -111,6 +111,14 @@ def test_w12_mode_needs_bf16_activations(tiny_folder):
         load_model(tiny_folder("llama"), mode="w12", dtype=torch.float32)
 
 
+def test_attention_kind_is_checked(tiny_folder):
+    model = load_model(tiny_folder("llama"), dtype=torch.float32).model
+    with pytest.raises(W12Error, match="attention must be one of torch, triton, got 'flash'"):
+        Engine(model, batch=1, max_seq_len=16, attention="flash")
+    with pytest.raises(W12Error, match="attention 'triton' needs a CUDA device; the model is on"):
+        Engine(model, batch=1, max_seq_len=16, attention="triton")
+
+
 def test_cli_maps_errors_to_exit_2(tiny_folder, tmp_path):
     runner = CliRunner()
     result = runner.invoke(generate_command, [str(tmp_path / "missing"), "--prompt", "hi"])
@@ -122,3 +130,6 @@ def test_cli_maps_errors_to_exit_2(tiny_folder, tmp_path):
     assert result.exit_code == 2 and "unknown model preset" in result.output
     result = runner.invoke(bench_group, ["decode", "synthetic:tiny-qwen3", "--batch", "0"])
     assert result.exit_code == 2 and "positive integers" in result.output
+    result = runner.invoke(bench_group, ["decode", "synthetic:tiny-qwen3", "--device", "cpu",
+                                         "--attention", "triton", "--tokens", "1"])
+    assert result.exit_code == 2 and "needs a CUDA device" in result.output
