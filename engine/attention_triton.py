@@ -111,7 +111,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if q.stride(3) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
         raise ValueError("decode_attention: the head dimension must be contiguous")
     out = torch.empty((b, t, hq * d), dtype=q.dtype, device=q.device)
-    pos = pos.to(torch.int32).contiguous()
+    pos = pos.contiguous()  # int64 as the model keeps it: no conversion kernel per layer
     on_gpu = q.device.type == "cuda"
     block_r = max(16, triton.next_power_of_2(g * t))
     (kernel or _decode_attention_kernel)[(b, hkv)](
