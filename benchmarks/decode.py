@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-compile", action="store_true",
                         help="Eager elementwise ops (default: torch.compile on CUDA).")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--attention", choices=("torch", "triton"), default="torch",
-                        help="decode attention: torch ops, or one Triton kernel per layer")
+    parser.add_argument("--attention", default="torch",
+                        help="decode attention: torch, triton (one kernel per layer), or "
+                             "torch,triton to time both on the same loaded model")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
 
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             model, batches=batches, tokens=args.tokens, modes=tuple(args.modes.split(",")),
             device=args.device, compile=compile_ops, prompt_len=args.prompt_len,
             warmup=args.warmup, seed=args.seed, log=lambda line: print(line, flush=True),
-            attention=args.attention,
+            attention=tuple(args.attention.split(",")),
         )
         lines = summary(results)
         report["models"][model] = {"results": as_dicts(results), "summary": lines}

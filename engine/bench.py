@@ -81,19 +81,22 @@ def time_decode(
 def bench_decode(
     spec: str, *, batches: list[int], tokens: int, modes: tuple[str, ...] = ("bf16", "w12"),
     device: str = "cuda", compile: bool = False, prompt_len: int = 32, warmup: int = 8,
-    seed: int = 0, log=print, attention: str = "torch",
+    seed: int = 0, log=print, attention: str | tuple[str, ...] = "torch",
 ) -> list[DecodeTiming]:
+    """Time every mode x batch x attention kind (``attention``: one kind or several, timed
+    back to back on the same loaded model)."""
     device = torch.device(device)
+    kinds = (attention,) if isinstance(attention, str) else tuple(attention)
     results = []
     for mode in modes:
         gpu_before = _allocated(device)
         loaded = load_model(spec, mode=mode, device=device, seed=seed)
         gpu_bytes = None if gpu_before is None else _allocated(device) - gpu_before
         streamed = streamed_bytes(loaded.model)
-        for batch in batches:
+        for batch, kind in ((b, k) for b in batches for k in kinds):
             seconds, engine = time_decode(
                 loaded.model, batch=batch, tokens=tokens, prompt_len=prompt_len, warmup=warmup,
-                compile=compile, seed=seed, attention=attention,
+                compile=compile, seed=seed, attention=kind,
             )
             steps, step_s = tokens, seconds / tokens
             timing = DecodeTiming(
@@ -126,19 +129,28 @@ def _allocated(device: torch.device) -> int | None:
 def format_row(t: DecodeTiming) -> str:
     return (f"{t.model:<24} {t.mode:<5} batch {t.batch:>3}  {t.tokens_per_s:>10.1f} tok/s  "
             f"{t.ms_per_step:>8.3f} ms/step  {t.streamed_bytes / 1e9:>7.3f} GB/step  "
-            f"{t.weight_gbps:>8.1f} GB/s")
+            f"{t.weight_gbps:>8.1f} GB/s" + ("" if t.attention == "torch" else
+                                            f"  [{t.attention} attention]"))
 
 
 def summary(results: list[DecodeTiming]) -> list[str]:
-    """Last lines of a report: W12 over BF16 speed-up per batch, and the memory W12 frees."""
-    by_key = {(r.model, r.mode, r.batch): r for r in results}
+    """Last lines of a report: W12 over BF16 speed-up per batch (and attention kind), the
+    Triton attention over the torch one where both ran, and the memory W12 frees."""
+    by_key = {(r.model, r.mode, r.batch, r.attention): r for r in results}
     lines = []
     for r in results:
-        base = by_key.get((r.model, "bf16", r.batch))
+        base = by_key.get((r.model, "bf16", r.batch, r.attention))
+        tag = "" if r.attention == "torch" else f" [{r.attention} attention]"
         if r.mode == "w12" and base is not None:
             speedup = r.tokens_per_s / base.tokens_per_s
-            lines.append(f"{r.model} batch {r.batch}: W12 {r.tokens_per_s:.1f} tok/s vs BF16 "
-                         f"{base.tokens_per_s:.1f} tok/s -> speedup {speedup:.3f}x")
+            lines.append(f"{r.model} batch {r.batch}{tag}: W12 {r.tokens_per_s:.1f} tok/s vs "
+                         f"BF16 {base.tokens_per_s:.1f} tok/s -> speedup {speedup:.3f}x")
+    for r in results:
+        plain = by_key.get((r.model, r.mode, r.batch, "torch"))
+        if r.attention != "torch" and plain is not None:
+            lines.append(f"{r.model} {r.mode} batch {r.batch}: {r.attention} attention "
+                         f"{r.ms_per_step:.3f} ms/step vs torch {plain.ms_per_step:.3f} -> "
+                         f"x{plain.ms_per_step / r.ms_per_step:.3f}")
     memory = {r.mode: r for r in results}
     if "bf16" in memory and "w12" in memory:
         bf16, w12 = memory["bf16"], memory["w12"]

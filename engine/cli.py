@@ -99,6 +99,16 @@ def generate_command(model, prompts, max_new_tokens, bf16, chat, system, tempera
         click.echo(text)
 
 
+def _attention_kinds(ctx, param, value: str) -> tuple[str, ...]:
+    from engine.generate import ATTENTION_KINDS
+
+    kinds = tuple(k.strip() for k in value.split(",") if k.strip())
+    if not kinds or any(k not in ATTENTION_KINDS for k in kinds):
+        raise click.BadParameter(f"a comma-separated list of {', '.join(ATTENTION_KINDS)}, "
+                                 f"got {value!r}")
+    return kinds
+
+
 @click.group("bench")
 def bench_group() -> None:
     """Timing commands."""
@@ -117,9 +127,9 @@ def bench_group() -> None:
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="torch.compile the elementwise ops (default: on for CUDA).")
 @click.option("--seed", default=0, show_default=True, help="Seed of synthetic weights/prompts.")
-@click.option("--attention", type=click.Choice(["torch", "triton"]), default="torch",
-              show_default=True,
-              help="Decode attention: torch ops, or one Triton kernel per layer (CUDA only).")
+@click.option("--attention", default="torch", show_default=True, callback=_attention_kinds,
+              help="Decode attention: torch, triton (one kernel per layer, CUDA only), or "
+                   "torch,triton to time both.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
               help="Also write the results here.")
 @_one_line_errors

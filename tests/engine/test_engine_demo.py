@@ -85,3 +85,22 @@ def test_transformers_model_runs_w12_linears(demo_bf16, demo_w12):
         assert torch.equal(model(tokens).logits, expected)
         assert torch.equal(model.generate(tokens, max_new_tokens=2, do_sample=False), reference)
         assert torch.equal(load_w12_for_transformers(demo_w12)(tokens).logits, expected)
+
+
+def test_summary_pairs_modes_and_attention_kinds():
+    from engine.bench import DecodeTiming, summary
+
+    def row(mode, attention, ms):
+        return DecodeTiming(model="m", mode=mode, batch=1, steps=10, seconds=ms / 100,
+                            ms_per_step=ms, tokens_per_s=1e3 / ms, weight_bytes=100,
+                            streamed_bytes=100, weight_gbps=1.0, gpu_weight_bytes=None,
+                            kv_bytes_per_token=10, cuda_graph=True, compiled=True,
+                            attention=attention)
+
+    lines = summary([row("bf16", "torch", 5.0), row("bf16", "triton", 4.0),
+                     row("w12", "torch", 4.0), row("w12", "triton", 3.0)])
+    assert "m batch 1: W12 250.0 tok/s vs BF16 200.0 tok/s -> speedup 1.250x" in lines
+    assert ("m batch 1 [triton attention]: W12 333.3 tok/s vs BF16 250.0 tok/s -> "
+            "speedup 1.333x") in lines
+    assert "m bf16 batch 1: triton attention 4.000 ms/step vs torch 5.000 -> x1.250" in lines
+    assert "m w12 batch 1: triton attention 3.000 ms/step vs torch 4.000 -> x1.333" in lines

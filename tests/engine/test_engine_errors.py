@@ -133,3 +133,6 @@ def test_cli_maps_errors_to_exit_2(tiny_folder, tmp_path):
     result = runner.invoke(bench_group, ["decode", "synthetic:tiny-qwen3", "--device", "cpu",
                                          "--attention", "triton", "--tokens", "1"])
     assert result.exit_code == 2 and "needs a CUDA device" in result.output
+    result = runner.invoke(bench_group, ["decode", "synthetic:tiny-qwen3", "--attention",
+                                         "torch,flash"])
+    assert result.exit_code == 2 and "comma-separated list of torch, triton" in result.output
