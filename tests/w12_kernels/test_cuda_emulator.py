@@ -105,3 +105,36 @@ def test_ptx_integer_ops():
     x, y, z = (np.array([v], np.uint32) for v in (0xF0, 0xCC, 0xAA))
     for lut in (0x00, 0xEA, 0x96, 0xFE, 0x80):
         assert emu.lop3(x, y, z, lut)[0] == lut
+
+
+@pytest.mark.parametrize("m,n,k,kw,n_block", [(1, 70, 300, 1, 16), (17, 37, 200, 2, 32),
+                                              (40, 100, 640, 2, 16), (5, 20, 64, 1, 48)])
+def test_wgmma_emulator_within_budget(m, n, k, kw, n_block):
+    """The experimental warpgroup-MMA kernel's staging, descriptor and split, emulated
+    (wgmma_emulator.py), against float64 on the exact weights, escapes and bias included."""
+    import wgmma_emulator
+
+    w = make_weight(n, k, seed=m + n + k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)
+    y = wgmma_emulator.gemm_wg(x, prepare_weight(encoded(w)), bias, kw=kw, n_block=n_block)
+    assert_within_budget(y, x, w, reference_linear(x, encoded(w), bias), bias)
+
+
+def test_wgmma_emulator_catches_a_wrong_stage_order():
+    """The check above fails when the staged K order does not match the A fragments."""
+    import wgmma_emulator
+
+    w = make_weight(40, 256, seed=1)
+    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    good = wgmma_emulator.gemm_wg(x, prepare_weight(encoded(w)), kw=1, n_block=16)
+    ref = reference_linear(x, encoded(w))
+    assert_within_budget(good, x, w, ref)
+    original = wgmma_emulator.LBO
+    try:
+        wgmma_emulator.LBO = 0  # both K halves of a step read the same core matrix
+        bad = wgmma_emulator.gemm_wg(x, prepare_weight(encoded(w)), kw=1, n_block=16)
+    finally:
+        wgmma_emulator.LBO = original
+    with pytest.raises(AssertionError):
+        assert_within_budget(bad, x, w, ref)
