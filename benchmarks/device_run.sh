@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The one script a GPU run of the GEMM work executes: the GPU tests, the launch-rule sweep
 # (writes w12_kernels/gemm/tuned.json), then the full benchmark with that rule.
-#   bash benchmarks/device_run.sh [sweep|bench|all|tests] [extra benchmark args...]
+#   bash benchmarks/device_run.sh [sweep|bench|all|tests|experimental] [extra benchmark args...]
+# experimental: GPU tests of the warpgroup-MMA GEMM and the Triton decode attention, then
+# benchmarks/wgmma_probe.py (set DECODE_MODELS and DECODE_ATTENTION=torch,triton to time the
+# attention too).
 # Logs and JSON go to $OUT (default ./out). Each stage has its own time limit; TESTS=0 skips the
 # GPU tests.
 set -uo pipefail
@@ -17,6 +20,13 @@ triton.__version__, "cupy", cupy.__version__)'
 if [[ ${TESTS:-1} == 1 ]]; then
   timeout "${TEST_LIMIT:-180}" python3 -m pytest tests/w12_kernels/test_gemm_cuda.py -q -x \
     -p no:cacheprovider -W ignore::DeprecationWarning 2>&1 | tail -30 | tee "$OUT/tests.txt"
+fi
+if [[ $MODE == experimental ]]; then
+  timeout "${TEST_LIMIT:-180}" python3 -m pytest tests/w12_kernels/test_gemm_wgmma.py \
+    tests/engine/test_attention_triton.py tests/engine/test_engine_cuda.py -q \
+    -p no:cacheprovider -W ignore::DeprecationWarning 2>&1 | tail -30 | tee "$OUT/tests_exp.txt"
+  timeout "${PROBE_LIMIT:-240}" python3 benchmarks/wgmma_probe.py --json "$OUT/wgmma_probe.json" \
+    2>&1 | tee "$OUT/wgmma_probe.txt"
 fi
 if [[ $MODE == sweep || $MODE == all ]]; then
   timeout "${SWEEP_LIMIT:-240}" python3 benchmarks/gemm.py --sweep --write-table \
