@@ -101,3 +101,42 @@ def interpreter_verdicts():
 @pytest.mark.parametrize("case", interp_runner.CASE_IDS)
 def test_interpreted_kernels(interpreter_verdicts, case):
     assert interpreter_verdicts[case] == "ok", interpreter_verdicts[case]
+
+
+def test_cuda_path_runs_up_to_128_rows_as_passes_of_64(monkeypatch):
+    """The launcher's routing (a GPU is not needed to check it): with the CUDA kernels, 65..128
+    rows go to the small kernel in blocks of at most 64 rows written into the right rows of one
+    output; more rows go to decode + matmul."""
+    from w12_kernels.gemm import cuda, launcher
+    from w12_kernels.gemm.layout import decode_packed
+
+    t = make_weight(40, 130, seed=3)
+    pw = prepare_weight(encoded(t))
+    weight = decode_packed(pw.chunks, pw.e0, pw.esc_rowptr, pw.esc_col, pw.esc_val, 40, 130)
+    calls = []
+
+    def fake_small(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k, *, out=None,
+                   **schedule):
+        calls.append((x.shape[0], out.data_ptr()))
+        out.copy_(torch.nn.functional.linear(x, weight, bias))
+        return out
+
+    monkeypatch.setattr(launcher, "backend", lambda: "cuda")
+    monkeypatch.setattr(launcher, "small_config",
+                        lambda n, k, device: launcher.cfgs.small_config(n, k, 132))
+    monkeypatch.setattr(cuda, "gemm_small", fake_small)
+    args = (pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row, pw.esc_col, pw.esc_val,
+            pw.esc_delta, None, 40, 130)
+    for m, parts in ((1, [1]), (64, [64]), (65, [64, 1]), (128, [64, 64])):
+        calls.clear()
+        x = torch.randn(m, 130, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+        y = launcher.linear(x, *args)
+        assert [rows for rows, _ in calls] == parts, f"M={m}"
+        assert calls[-1][1] == y.data_ptr() + 2 * 40 * 64 * (len(parts) - 1)
+        want = torch.cat([torch.nn.functional.linear(x[s : s + 64], weight)
+                          for s in range(0, m, 64)])
+        assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"M={m}"
+    calls.clear()
+    monkeypatch.setattr(launcher, "decode", lambda *a: weight)
+    launcher.linear(torch.randn(129, 130).to(torch.bfloat16), *args)
+    assert calls == []

@@ -11,10 +11,11 @@ Usage::
 CUDA-graph capture; call it once before capturing, so the kernels compile outside the graph).
 On a GPU, up to 64 rows of ``x`` run a decode-GEMM straight from the packed chunks with one
 configuration for every such M (batch invariant): CUDA C kernels compiled with NVRTC when CuPy
-is installed, Triton kernels otherwise. Above 64 rows the weight is decoded to BF16 and cuBLAS
-multiplies. Without a GPU it decodes with numba and calls ``torch.nn.functional.linear``.
-``decode_weight`` gives the exact BF16 weight back; ``reference.reference_linear`` is the
-readable float64 reference.
+is installed, Triton kernels otherwise. With the CUDA kernels 65..128 rows run as two passes of
+at most 64 (still batch invariant). Above that (above 64 rows with Triton) the weight is
+decoded to BF16 and cuBLAS multiplies. Without a GPU it decodes with numba and calls
+``torch.nn.functional.linear``. ``decode_weight`` gives the exact BF16 weight back;
+``reference.reference_linear`` is the readable float64 reference.
 """
 
 from w12_kernels.gemm.launcher import backend

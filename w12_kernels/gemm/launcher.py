@@ -2,8 +2,11 @@
 
 Up to ``SMALL_M_MAX`` rows the decode-GEMM runs straight from the chunks (CUDA C kernels when
 CuPy can compile them, the Triton kernels otherwise), with one configuration per weight shape.
-Above that the weight is decoded to BF16 and cuBLAS multiplies (docs/PERF_GEMM.md: a fused
-large-M kernel is future work).
+With the CUDA kernels, up to ``SMALL_PASSES * SMALL_M_MAX`` rows run as consecutive passes of
+at most ``SMALL_M_MAX`` rows, so every row's bits are those it gets alone (batch invariance up
+to 128 rows) and, by the H200 times of each part, two passes beat decode + cuBLAS at 128 rows
+on every shape of the benchmark (docs/PERF_GEMM.md). Above that the weight is decoded to BF16
+and cuBLAS multiplies (a fused large-M kernel is future work).
 """
 
 from __future__ import annotations
@@ -51,18 +54,32 @@ def decode(chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, n, k) -> to
     return decode_packed(chunks, e0, esc_rowptr, esc_col, esc_val, n, k)
 
 
+SMALL_PASSES = 2
+
+
+def _small_passes(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k, cfg):
+    """The CUDA small-M kernel over consecutive blocks of at most ``SMALL_M_MAX`` rows."""
+    m = x.shape[0]
+    out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    for start in range(0, m, cfgs.SMALL_M_MAX):
+        part = x[start : start + cfgs.SMALL_M_MAX]
+        lay = cfg.layout(part.shape[0])
+        cuda.gemm_small(part, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k,
+                        kw=cfg.kw, depth=lay.depth, prefetch=lay.prefetch, tiles=lay.tiles,
+                        min_blocks=lay.min_blocks, x_stages=lay.x_stages,
+                        out=out[start : start + part.shape[0]])
+    return out
+
+
 def linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delta, bias, n, k):
     """``x @ W.T (+ bias)`` for a CUDA ``x`` [M, K] (see module docstring)."""
     m = x.shape[0]
     kind = backend()
-    if m <= cfgs.SMALL_M_MAX and kind != "torch":
+    if kind == "cuda" and m <= SMALL_PASSES * cfgs.SMALL_M_MAX:
         cfg = small_config(n, k, x.device)
-        if kind == "cuda":
-            lay = cfg.layout(m)
-            return cuda.gemm_small(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k,
-                                   kw=cfg.kw, depth=lay.depth, prefetch=lay.prefetch,
-                                   tiles=lay.tiles, min_blocks=lay.min_blocks,
-                                   x_stages=lay.x_stages)
+        return _small_passes(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k, cfg)
+    if m <= cfgs.SMALL_M_MAX and kind == "triton":
+        cfg = small_config(n, k, x.device)
         from w12_kernels.gemm import triton_path
 
         return triton_path.gemm(x, chunks, scale, esc_rowptr, esc_row, esc_col, esc_delta, bias,

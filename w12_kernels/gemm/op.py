@@ -73,8 +73,8 @@ def w12_linear(
 ) -> torch.Tensor:
     """``y = x @ W.T (+ bias)`` for BF16 ``x [..., K]`` and a packed W12 weight ``W [N, K]``.
 
-    Returns BF16 ``[..., N]``. Deterministic; for up to 64 rows of ``x`` the bits of each output
-    row do not depend on the other rows.
+    Returns BF16 ``[..., N]``. Deterministic; for up to 64 rows of ``x`` (128 with the CUDA
+    kernels) the bits of each output row do not depend on the other rows.
     """
     _check(x, w, bias)
     rows = x.reshape(-1, w.k)
