@@ -82,6 +82,20 @@ __device__ __forceinline__ bf16_t float_to_bf16(float v) {
   return r;
 }
 
+// The epilogue of one output: scale the row's sum ``v`` by 2^(e0 - 112), add the row's escape
+// corrections in list order and the bias, round to BF16 and store y[tok, row].
+__device__ __forceinline__ void store_output(float v, int row, int tok, const bf16_t* x,
+                                             bf16_t* y, const float* scale, const int* rowptr,
+                                             const int* esc_col, const float* esc_delta,
+                                             const bf16_t* bias, int n_rows, int ldx) {
+  float out = v * scale[row];
+  const bf16_t* xt = x + (size_t)tok * ldx;
+  for (int e = rowptr[row]; e < rowptr[row + 1]; ++e)
+    out += bf16_to_float(xt[esc_col[e]]) * esc_delta[e];
+  if (bias != nullptr) out += bf16_to_float(bias[row]);
+  y[(size_t)tok * n_rows + row] = float_to_bf16(out);
+}
+
 template <int NT>
 __device__ __forceinline__ void chunk_mma(const Words4& w0, const Words4& w1, const Words4& w2,
                                           const u32 (&xv)[NT][8], float (&acc)[NT][4]) {
@@ -277,12 +291,7 @@ __global__ void __launch_bounds__(256, MINB) w12_gemm_small(
       if (row >= N || tok >= M) continue;
       float v = partial[item * 32 + ln];
       for (int w = 1; w < kw; ++w) v += partial[(w * NT * 4 + item) * 32 + ln];  // fixed order
-      float out = v * scale[row];
-      const bf16_t* xt = x + (size_t)tok * ldx;
-      for (int e = rowptr[row]; e < rowptr[row + 1]; ++e)
-        out += bf16_to_float(xt[esc_col[e]]) * esc_delta[e];
-      if (bias != nullptr) out += bf16_to_float(bias[row]);
-      y[(size_t)tok * N + row] = float_to_bf16(out);
+      store_output(v, row, tok, x, y, scale, rowptr, esc_col, esc_delta, bias, N, ldx);
     }
   }
 }

@@ -155,11 +155,6 @@ __global__ void __launch_bounds__(256) w12_gemm_wg(
     if (row >= n_rows || tok >= M) continue;
     float v = partial[idx];
     for (int q = 1; q < kw; ++q) v += partial[(size_t)q * 64 * N + idx];  // fixed order
-    float out = v * scale[row];
-    const bf16_t* xt = x + (size_t)tok * ldx;
-    for (int e = rowptr[row]; e < rowptr[row + 1]; ++e)
-      out += bf16_to_float(xt[esc_col[e]]) * esc_delta[e];
-    if (bias != nullptr) out += bf16_to_float(bias[row]);
-    y[(size_t)tok * n_rows + row] = float_to_bf16(out);
+    store_output(v, row, tok, x, y, scale, rowptr, esc_col, esc_delta, bias, n_rows, ldx);
   }
 }
