@@ -5,9 +5,6 @@ failure. ``test_attention_triton.py`` starts it as a script and imports the case
 
 from __future__ import annotations
 
-import json
-import traceback
-
 # id: (batch, steps T, query heads, KV heads, head dim, cache slots S, positions per row)
 CASES = {
     "decode_g4_d64_s100_two_rows": (2, 1, 8, 2, 64, 100, [[37], [99]]),
@@ -66,17 +63,9 @@ def check_case(b, t, hq, hkv, d, s, positions, kernel=None):
 
 
 def main() -> None:
-    import warnings
+    from interp_harness import report
 
-    warnings.filterwarnings("ignore", category=RuntimeWarning)  # exp(-inf) in masked rows
-    verdicts = {}
-    for cid, case in CASES.items():
-        try:
-            check_case(*case)
-            verdicts[cid] = "ok"
-        except Exception:  # report every case, not just the first failure
-            verdicts[cid] = traceback.format_exc(limit=3)[-1500:]
-    print(json.dumps(verdicts))
+    report({cid: (lambda c=c: check_case(*c)) for cid, c in CASES.items()})
 
 
 if __name__ == "__main__":

@@ -4,12 +4,10 @@ block, several steps per row as in verification), and on a GPU when there is one
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import attention_interp_runner as runner
+import interp_harness
 import pytest
 import torch
 
@@ -17,13 +15,8 @@ import torch
 @pytest.fixture(scope="module")
 def interpreter_verdicts():
     pytest.importorskip("triton")
-    here = os.path.dirname(__file__)
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(os.path.dirname(here)), here, os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, os.path.join(here, "attention_interp_runner.py")],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return interp_harness.verdicts(
+        os.path.join(os.path.dirname(__file__), "attention_interp_runner.py"))
 
 
 @pytest.mark.parametrize("case", list(runner.CASES))

@@ -1,13 +1,11 @@
 """Runs the Triton kernels under ``TRITON_INTERPRET=1`` at small awkward shapes (a fresh process:
 Triton reads the variable when imported). Prints one JSON line: case id -> "ok" or the failure.
 
-Importing this module only defines the cases; ``test_gemm.py`` starts it as a script.
+Importing this module only defines the cases; ``test_gemm.py`` starts it as a script through
+``interp_harness``.
 """
 
 from __future__ import annotations
-
-import json
-import traceback
 
 GEMM_CASES = {  # id: (m, n, k, kw, tiles_per_program, escapes)
     "m1_n1_k100_kw1": (1, 1, 100, 1, 1, True),
@@ -80,21 +78,12 @@ def _decode_case():
 
 
 def main() -> None:
-    import warnings
+    from interp_harness import report
 
-    # inf * 0 in rows and columns that are masked out afterwards
-    warnings.filterwarnings("ignore", category=RuntimeWarning)
-    verdicts = {}
     jobs = {cid: (lambda c=c: _gemm_case(*c)) for cid, c in GEMM_CASES.items()}
     jobs["batch_invariant_m1_m17"] = _batch_invariance_case
     jobs["decode_kernel_exact"] = _decode_case
-    for cid, job in jobs.items():
-        try:
-            job()
-            verdicts[cid] = "ok"
-        except Exception:  # report every case, not just the first failure
-            verdicts[cid] = traceback.format_exc(limit=3)[-1500:]
-    print(json.dumps(verdicts))
+    report(jobs)
 
 
 if __name__ == "__main__":

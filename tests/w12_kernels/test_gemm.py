@@ -3,11 +3,9 @@ and the Triton kernels under the interpreter at small awkward shapes."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
+import interp_harness
 import interp_runner
 import pytest
 import torch
@@ -89,13 +87,7 @@ def test_triton_path_rejects_bad_arguments():
 @pytest.fixture(scope="module")
 def interpreter_verdicts():
     pytest.importorskip("triton")
-    here = os.path.dirname(__file__)
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(os.path.dirname(here)), here, os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, os.path.join(here, "interp_runner.py")], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return interp_harness.verdicts(os.path.join(os.path.dirname(__file__), "interp_runner.py"))
 
 
 @pytest.mark.parametrize("case", interp_runner.CASE_IDS)
