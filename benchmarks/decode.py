@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-compile", action="store_true",
                         help="Eager elementwise ops (default: torch.compile on CUDA).")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--attention", default="torch",
-                        help="decode attention: torch, triton (one kernel per layer), or "
+    parser.add_argument("--attention", default="auto",
+                        help="decode attention: auto (triton on CUDA), torch, triton (one kernel "
+                             "per layer), or "
                              "torch,triton to time both on the same loaded model")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)

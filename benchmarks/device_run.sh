@@ -40,6 +40,6 @@ fi
 if [[ -n ${DECODE_MODELS:-} ]]; then
   timeout "${DECODE_LIMIT:-240}" python3 benchmarks/decode.py --models "$DECODE_MODELS" \
     --batch "${DECODE_BATCH:-1,32}" --tokens "${DECODE_TOKENS:-256}" \
-    --attention "${DECODE_ATTENTION:-torch}" --json "$OUT/decode.json" \
+    --attention "${DECODE_ATTENTION:-auto}" --json "$OUT/decode.json" \
     2>&1 | tee "$OUT/decode.txt"
 fi

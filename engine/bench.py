@@ -60,7 +60,7 @@ def _sync(device: torch.device) -> None:
 def time_decode(
     model: Transformer, *, batch: int, tokens: int, prompt_len: int = 32, warmup: int = 8,
     compile: bool = False, cuda_graph: bool | None = None, seed: int = 0,
-    attention: str = "torch",
+    attention: str = "auto",
 ) -> tuple[float, Engine]:
     """Seconds for ``tokens`` greedy steps of ``batch`` rows after prefill and warmup."""
     engine = Engine(model, batch=batch, max_seq_len=prompt_len + warmup + tokens + 1,
@@ -81,7 +81,7 @@ def time_decode(
 def bench_decode(
     spec: str, *, batches: list[int], tokens: int, modes: tuple[str, ...] = ("bf16", "w12"),
     device: str = "cuda", compile: bool = False, prompt_len: int = 32, warmup: int = 8,
-    seed: int = 0, log=print, attention: str | tuple[str, ...] = "torch",
+    seed: int = 0, log=print, attention: str | tuple[str, ...] = "auto",
 ) -> list[DecodeTiming]:
     """Time every mode x batch x attention kind (``attention``: one kind or several, timed
     back to back on the same loaded model)."""

@@ -127,8 +127,9 @@ def bench_group() -> None:
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="torch.compile the elementwise ops (default: on for CUDA).")
 @click.option("--seed", default=0, show_default=True, help="Seed of synthetic weights/prompts.")
-@click.option("--attention", default="torch", show_default=True, callback=_attention_kinds,
-              help="Decode attention: torch, triton (one kernel per layer, CUDA only), or "
+@click.option("--attention", default="auto", show_default=True, callback=_attention_kinds,
+              help="Decode attention: auto (triton on CUDA), torch, triton (one kernel per "
+                   "layer, CUDA only), or "
                    "torch,triton to time both.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
               help="Also write the results here.")

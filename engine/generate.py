@@ -44,7 +44,28 @@ def sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator 
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-ATTENTION_KINDS = ("torch", "triton")  # how a decode step attends over the cache (ops.py)
+# how a decode step attends over the cache (ops.py); "auto" is the Triton kernel on a CUDA device
+# where Triton imports (faster than the torch ops at every size timed on the H200,
+# docs/PERF_ENGINE.md), the torch ops otherwise
+ATTENTION_KINDS = ("auto", "torch", "triton")
+
+
+def resolve_attention(attention: str, device: torch.device) -> str:
+    """``attention`` with ``"auto"`` made concrete for ``device``; a clear error if unknown."""
+    if attention not in ATTENTION_KINDS:
+        raise W12Error(f"attention must be one of {', '.join(ATTENTION_KINDS)}, "
+                       f"got {attention!r}")
+    if attention == "auto":
+        if device.type != "cuda":
+            return "torch"
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return "torch"
+        return "triton"
+    if attention == "triton" and device.type != "cuda":
+        raise W12Error(f"attention 'triton' needs a CUDA device; the model is on {device}")
+    return attention
 
 
 class Engine:
@@ -56,15 +77,11 @@ class Engine:
 
     def __init__(
         self, model: Transformer, *, batch: int, max_seq_len: int,
-        cuda_graph: bool | None = None, compile: bool = False, attention: str = "torch",
+        cuda_graph: bool | None = None, compile: bool = False, attention: str = "auto",
     ) -> None:
         self.model, self.batch, self.max_seq_len = model, batch, max_seq_len
         device = model.device
-        if attention not in ATTENTION_KINDS:
-            raise W12Error(f"attention must be one of {', '.join(ATTENTION_KINDS)}, "
-                           f"got {attention!r}")
-        if attention == "triton" and device.type != "cuda":
-            raise W12Error(f"attention 'triton' needs a CUDA device; the model is on {device}")
+        attention = resolve_attention(attention, device)
         ops.use_compiled(compile)
         ops.use_triton_attention(attention == "triton")
         self.attention = attention

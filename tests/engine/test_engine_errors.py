@@ -113,10 +113,11 @@ def test_w12_mode_needs_bf16_activations(tiny_folder):
 
 def test_attention_kind_is_checked(tiny_folder):
     model = load_model(tiny_folder("llama"), dtype=torch.float32).model
-    with pytest.raises(W12Error, match="attention must be one of torch, triton, got 'flash'"):
+    with pytest.raises(W12Error, match="attention must be one of auto, torch, triton, got 'flash'"):
         Engine(model, batch=1, max_seq_len=16, attention="flash")
     with pytest.raises(W12Error, match="attention 'triton' needs a CUDA device; the model is on"):
         Engine(model, batch=1, max_seq_len=16, attention="triton")
+    assert Engine(model, batch=1, max_seq_len=16).attention == "torch"  # "auto" on the CPU
 
 
 def test_cli_maps_errors_to_exit_2(tiny_folder, tmp_path):
@@ -135,4 +136,4 @@ def test_cli_maps_errors_to_exit_2(tiny_folder, tmp_path):
     assert result.exit_code == 2 and "needs a CUDA device" in result.output
     result = runner.invoke(bench_group, ["decode", "synthetic:tiny-qwen3", "--attention",
                                          "torch,flash"])
-    assert result.exit_code == 2 and "comma-separated list of torch, triton" in result.output
+    assert result.exit_code == 2 and "comma-separated list of auto, torch, triton" in result.output
