@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import w12  # noqa: E402
 from w12_kernels.gemm import config as cfgs  # noqa: E402
-from w12_kernels.gemm import cuda, launcher  # noqa: E402
+from w12_kernels.gemm import cuda, launcher, triton_path  # noqa: E402
 from w12_kernels.gemm.layout import PackedW12, prepare_weight  # noqa: E402
 
 MODELS = {
@@ -336,12 +336,86 @@ def run_sweep(m_values) -> tuple[list[dict], dict]:
     return rows, {"small_m": table}
 
 
+# candidate block shapes of the fused large-M kernel: (tiles, block_m, num_warps, num_stages)
+LARGE_CANDIDATES = ((4, 64, 4, 3), (4, 128, 4, 3), (4, 128, 8, 3), (4, 256, 8, 3),
+                    (8, 64, 4, 3), (8, 64, 8, 3), (8, 128, 8, 3), (8, 128, 8, 4),
+                    (8, 256, 8, 3), (16, 128, 8, 3))
+LARGE_KEYS = ("tiles", "block_m", "num_warps", "num_stages")
+
+
+def _large_runner(cand: tuple | None):
+    """The fused kernel with block shape ``cand``, or decode + cuBLAS for ``None``."""
+    def run(x, pw):
+        if cand is None:
+            weight = launcher.decode(pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row,
+                                     pw.esc_col, pw.esc_val, pw.n, pw.k)
+            return torch.nn.functional.linear(x, weight)
+        return triton_path.gemm_large(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col,
+                                      pw.esc_delta, None, pw.n, pw.k,
+                                      **dict(zip(LARGE_KEYS, cand, strict=True)))
+    return run
+
+
+def _large_label(cand: tuple | None) -> str:
+    return "decode" if cand is None else "fused_t{}_m{}_w{}_s{}".format(*cand)
+
+
+def run_sweep_large(m_values) -> tuple[list[dict], dict]:
+    """Time decode + cuBLAS and every fused block shape per shape and M (and, up to 128 rows,
+    the small-kernel passes the launcher uses there, for reference); return the rows and the
+    ``large`` table: per shape and M the fastest choice within the error budget, and as the
+    default the choice with the best geometric-mean speedup over all swept points."""
+    cands = (None, *LARGE_CANDIDATES)
+    rows = []
+    for n, k in SWEEP_SHAPES:
+        layer = Layer(n, k, seed=n + k)
+        for m in m_values:
+            runs = {_large_label(c): _large_runner(c) for c in cands}
+            if m <= launcher.SMALL_PASSES * cfgs.SMALL_M_MAX:
+                runs["small_passes"] = default_run
+            t_ref, results = _measure(layer, m, runs)
+            ranked = sorted(results.items(), key=lambda kv: kv[1][0])
+            print(f"{n}x{k} M={m}: cublas {t_ref:.2f} us; " + ", ".join(
+                f"{lbl} {t:.2f} (x{t_ref / t:.2f}{'' if e <= 2 else f' ERR x{e:.0f}'})"
+                for lbl, (t, e) in ranked), flush=True)
+            for label, (t, e) in results.items():
+                rows.append(dict(n=n, k=k, m=m, label=label, us=t, err_ratio=e,
+                                 cublas_us=t_ref))
+        del layer
+        torch.cuda.empty_cache()
+    return rows, choose_large(rows)
+
+
+def choose_large(rows: list[dict]) -> dict:
+    def entry(label: str) -> dict:
+        if label == "decode":
+            return {"kind": "decode"}
+        cand = next(c for c in LARGE_CANDIDATES if _large_label(c) == label)
+        return {"kind": "fused", **dict(zip(LARGE_KEYS, cand, strict=True))}
+
+    labels = [_large_label(c) for c in (None, *LARGE_CANDIDATES)]
+    table = {(r["n"], r["k"], r["m"], r["label"]): r for r in rows}
+    points = sorted({(r["n"], r["k"], r["m"]) for r in rows})
+    scores = {lbl: sum(_speedup(table.get((*p, lbl))) for p in points) for lbl in labels}
+    default = max(scores, key=scores.get)
+    shapes: dict = {}
+    for n, k, m in points:
+        best = max(labels, key=lambda lbl: _speedup(table.get((n, k, m, lbl))))
+        if math.isfinite(_speedup(table.get((n, k, m, best)))):
+            shapes.setdefault(f"{n}x{k}", {})[str(m)] = entry(best)
+    mean = math.exp(scores[default] / max(1, len(points)))
+    print(f"large-M default {default}: geomean x{mean:.3f} over the swept points", flush=True)
+    return {"default": entry(default), "shapes": shapes}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--m", default=",".join(map(str, M_VALUES)))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--sweep", action="store_true", help="time candidate configurations")
+    parser.add_argument("--sweep-large", action="store_true",
+                        help="time the large-M choices (fused block shapes, decode + cuBLAS)")
     parser.add_argument("--write-table", action="store_true",
                         help="with --sweep: write the winners to w12_kernels/gemm/tuned.json")
     args = parser.parse_args()
@@ -352,11 +426,16 @@ def main() -> None:
     print(f"device {props.name}, {props.multi_processor_count} SMs; "
           f"copy bandwidth {ceiling:.2f} TB/s (read + write)", flush=True)
     start = time.time()
-    if args.sweep:
-        rows, table = run_sweep([m for m in m_values if m <= 64])
+    if args.sweep or args.sweep_large:
+        if args.sweep:
+            rows, table = run_sweep([m for m in m_values if m <= 64])
+        else:
+            rows, large = run_sweep_large([m for m in m_values if m > 64])
+            table = {"large": large}
         result = dict(device=props.name, copy_tbs=ceiling, sweep=rows, table=table)
-        if args.write_table:
-            cfgs.TUNED_PATH.write_text(json.dumps(table, indent=1) + "\n")
+        if args.write_table:  # the other entries of the table stay as they are
+            old = json.loads(cfgs.TUNED_PATH.read_text()) if cfgs.TUNED_PATH.exists() else {}
+            cfgs.TUNED_PATH.write_text(json.dumps(old | table, indent=1) + "\n")
             print(f"wrote {cfgs.TUNED_PATH}: {json.dumps(table)}")
     else:
         rows = run_benchmark(args.models.split(","), m_values, ceiling)

@@ -98,7 +98,7 @@ def test_interpreted_kernels(interpreter_verdicts, case):
 def test_cuda_path_runs_up_to_128_rows_as_passes_of_64(monkeypatch):
     """The launcher's routing (a GPU is not needed to check it): with the CUDA kernels, 65..128
     rows go to the small kernel in blocks of at most 64 rows written into the right rows of one
-    output; more rows go to decode + matmul."""
+    output; more rows go where the large-M table says (fused kernel or decode + matmul)."""
     from w12_kernels.gemm import cuda, launcher
     from w12_kernels.gemm.layout import decode_packed
 
@@ -129,6 +129,18 @@ def test_cuda_path_runs_up_to_128_rows_as_passes_of_64(monkeypatch):
                           for s in range(0, m, 64)])
         assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"M={m}"
     calls.clear()
+    from w12_kernels.gemm import triton_path
+
+    fused = []
+    monkeypatch.setattr(triton_path, "gemm_large",
+                        lambda x, *a, **cfg: fused.append((x.shape[0], cfg)) or x.new_zeros(1))
     monkeypatch.setattr(launcher, "decode", lambda *a: weight)
-    launcher.linear(torch.randn(129, 130).to(torch.bfloat16), *args)
-    assert calls == []
+    x = torch.randn(129, 130).to(torch.bfloat16)
+    for kind in ("fused", "decode"):
+        monkeypatch.setattr(launcher.cfgs, "large_config",
+                            lambda n, k, m, kind=kind: launcher.cfgs.LargeConfig(kind=kind))
+        y = launcher.linear(x, *args)
+    assert calls == [] and [m for m, _ in fused] == [129]  # decode + matmul the second time
+    assert fused[0][1]["tiles"] == launcher.cfgs.LargeConfig().tiles
+    want = torch.nn.functional.linear(x, weight)
+    assert torch.equal(y.view(torch.int16), want.view(torch.int16))

@@ -42,3 +42,23 @@ def test_shipped_table_is_consistent():
         for m in (1, 16, 32, 64):
             lay = cfg.layout(m)
             assert lay.depth >= 1 and not (lay.prefetch and lay.depth % 2)
+
+
+def test_large_config_by_shape_and_m_class():
+    rule = {"default": dict(cfgs.DEFAULT_LARGE),
+            "shapes": {"4096x4096": {"128": {"kind": "decode"}, "256": {"block_m": 64}}}}
+    assert cfgs.large_config(4096, 4096, 100, rule).kind == "decode"
+    assert cfgs.large_config(4096, 4096, 129, rule) == cfgs.LargeConfig(block_m=64)
+    assert cfgs.large_config(4096, 4096, 4096, rule) == cfgs.LargeConfig(block_m=64)
+    assert cfgs.large_config(4096, 5120, 256, rule) == cfgs.LargeConfig(**cfgs.DEFAULT_LARGE)
+    with pytest.raises(ValueError, match="large-M kind"):
+        cfgs.large_config(1, 1, 300, {"default": {**cfgs.DEFAULT_LARGE, "kind": "x"},
+                                      "shapes": {}})
+
+
+def test_shipped_large_table_is_consistent():
+    rule = cfgs.large_rule()
+    for shape, by_m in rule["shapes"].items():
+        n, k = map(int, shape.split("x"))
+        for m in by_m:
+            assert cfgs.large_config(n, k, int(m)).kind in cfgs.LARGE_KINDS

@@ -130,6 +130,33 @@ def test_triton_fallback_on_the_gpu(m):
     assert torch.equal(d.view(torch.int16), t.view(torch.int16))
 
 
+LARGE_CONFIGS = [(4, 64, 4, 3), (8, 128, 8, 3), (8, 256, 8, 3), (2, 64, 4, 2), (16, 128, 8, 3),
+                 (4, 128, 4, 4)]
+
+
+@pytest.mark.parametrize("tiles,block_m,num_warps,num_stages", LARGE_CONFIGS,
+                         ids=[f"t{t}_m{b}_w{w}_s{s}" for t, b, w, s in LARGE_CONFIGS])
+def test_fused_large_kernel(tiles, block_m, num_warps, num_stages):
+    """The tensor-core kernel for many rows at awkward sizes and every block shape the sweep
+    tries: within budget (escapes, NaN/inf included), bit-identical when run again."""
+    pytest.importorskip("triton")
+    from w12_kernels.gemm import triton_path
+
+    for n, k, m in ((300, 1000, 129), (4096, 4096, 300), (130, 72, 1000), (1, 64, 70)):
+        t, x = _inputs(n, k, m, seed=n + m)
+        pw = prepare_weight(encoded(t))
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        outs = []
+        for _ in range(2):
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            triton_path.gemm_large(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col,
+                                   pw.esc_delta, bias, n, k, tiles=tiles, block_m=block_m,
+                                   num_warps=num_warps, num_stages=num_stages, out=out)
+            outs.append(out.view(torch.int16).clone())
+        assert_within_budget(out, x, t, _ref(x, t, bias), bias)
+        assert torch.equal(outs[0], outs[1]), f"{n}x{k} M={m}: not deterministic"
+
+
 def test_backend_is_reported():
     assert launcher.backend() in ("cuda", "triton", "torch")
 

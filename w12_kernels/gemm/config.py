@@ -10,6 +10,11 @@ for occupancy), per class of ``NT = ceil(M / 8)`` in (1, 2, 4, 8): that changes 
 constants come from ``tuned.json`` next to this file, written from the H200 sweep of
 ``benchmarks/gemm.py --sweep`` (docs/PERF_GEMM.md): a ``kw`` and layouts per measured weight
 shape, a rule for other shapes; without the file, built-in defaults.
+
+Beyond the small-M path (``large_config``), the table's ``large`` entry picks per weight shape
+and class of M (the smallest listed M class >= M, else the largest) between the fused
+tensor-core kernel (``kernel_large.py``, with its block shape) and decode + cuBLAS, from the
+sweep ``benchmarks/gemm.py --sweep-large``.
 """
 
 from __future__ import annotations
@@ -92,3 +97,41 @@ def small_config(n: int, k: int, num_sms: int, r: dict | None = None) -> SmallCo
                      min_chunks_per_warp=r["min_chunks_per_warp"], max_kw=r["max_kw"])
     by_nt = tuple((cls, Layout(**r["by_nt"][str(cls)])) for cls in NT_CLASSES)
     return SmallConfig(kw=kw, by_nt=by_nt)
+
+
+LARGE_KINDS = ("fused", "decode")
+DEFAULT_LARGE = {"kind": "fused", "tiles": 8, "block_m": 128, "num_warps": 8, "num_stages": 3}
+
+
+@dataclass(frozen=True)
+class LargeConfig:
+    kind: str = "fused"  # "fused": kernel_large.py; "decode": decode to BF16, then cuBLAS
+    tiles: int = 8  # 16-row weight tiles per program
+    block_m: int = 128  # activation rows per program
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+@functools.cache
+def large_rule() -> dict:
+    """The ``large`` entry of ``tuned.json``: ``{"default": {...}, "shapes": {"NxK": {"M":
+    {...}}}}`` (built-in defaults without it)."""
+    table = json.loads(TUNED_PATH.read_text()) if TUNED_PATH.exists() else {}
+    entry = table.get("large", {})
+    return {"default": {**DEFAULT_LARGE, **entry.get("default", {})},
+            "shapes": entry.get("shapes", {})}
+
+
+def large_config(n: int, k: int, m: int, r: dict | None = None) -> LargeConfig:
+    """How ``m`` rows beyond the small-M path multiply an (N, K) weight."""
+    r = r or large_rule()
+    by_m = r["shapes"].get(f"{n}x{k}", {})
+    chosen = r["default"]
+    if by_m:
+        classes = sorted(int(c) for c in by_m)
+        cls = next((c for c in classes if m <= c), classes[-1])
+        chosen = {**r["default"], **by_m[str(cls)]}
+    cfg = LargeConfig(**chosen)
+    if cfg.kind not in LARGE_KINDS:
+        raise ValueError(f"large-M kind must be one of {LARGE_KINDS}, got {cfg.kind!r}")
+    return cfg

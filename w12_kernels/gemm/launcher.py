@@ -5,8 +5,9 @@ CuPy can compile them, the Triton kernels otherwise), with one configuration per
 With the CUDA kernels, up to ``SMALL_PASSES * SMALL_M_MAX`` rows run as consecutive passes of
 at most ``SMALL_M_MAX`` rows, so every row's bits are those it gets alone (batch invariance up
 to 128 rows) and, by the H200 times of each part, two passes beat decode + cuBLAS at 128 rows
-on every shape of the benchmark (docs/PERF_GEMM.md). Above that the weight is decoded to BF16
-and cuBLAS multiplies (a fused large-M kernel is future work).
+on every shape of the benchmark (docs/PERF_GEMM.md). Above that (above ``SMALL_M_MAX`` with
+the Triton kernels) the tuned table (``config.large_config``) picks, per weight shape and M,
+the fused tensor-core kernel of ``kernel_large.py`` or decode to BF16 + cuBLAS.
 """
 
 from __future__ import annotations
@@ -71,6 +72,15 @@ def _small_passes(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k, 
     return out
 
 
+@functools.cache
+def _has_triton() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delta, bias, n, k):
     """``x @ W.T (+ bias)`` for a CUDA ``x`` [M, K] (see module docstring)."""
     m = x.shape[0]
@@ -84,5 +94,12 @@ def linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delt
 
         return triton_path.gemm(x, chunks, scale, esc_rowptr, esc_row, esc_col, esc_delta, bias,
                                 n, k, kw=cfg.kw)
+    large = cfgs.large_config(n, k, m)
+    if large.kind == "fused" and kind != "torch" and _has_triton():
+        from w12_kernels.gemm import triton_path
+
+        return triton_path.gemm_large(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n,
+                                      k, tiles=large.tiles, block_m=large.block_m,
+                                      num_warps=large.num_warps, num_stages=large.num_stages)
     weight = decode(chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, n, k)
     return torch.nn.functional.linear(x, weight, bias)

@@ -90,6 +90,43 @@ def gemm(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor, esc_rowptr:
     return out
 
 
+def gemm_large(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
+               esc_rowptr: torch.Tensor, esc_col: torch.Tensor, esc_delta: torch.Tensor,
+               bias: torch.Tensor | None, n: int, k: int, *, tiles: int = 8, block_m: int = 128,
+               num_warps: int = 8, num_stages: int = 3, on_gpu: bool = True,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W.T (+ bias)`` by the tensor-core kernel of ``kernel_large.py``: ``tiles`` 16-row
+    weight tiles and ``block_m`` rows of ``x`` per program. Deterministic, but the bits of a
+    row may depend on M (for the rows beyond the batch-invariant path)."""
+    from w12_kernels.gemm import kernel_large
+
+    ntiles, nchunks = _check_chunks(chunks, n, k)
+    if tiles not in (1, 2, 4, 8, 16) or block_m not in (16, 32, 64, 128, 256):
+        raise W12Error(f"gemm_large: tiles must be 1, 2, 4, 8 or 16 and block_m 16..256 (a "
+                       f"power of two), got tiles={tiles}, block_m={block_m}")
+    if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.bfloat16:
+        raise W12Error(f"gemm_large: x must be bfloat16 [M, {k}], got {x.dtype} "
+                       f"{tuple(x.shape)}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    m = x.shape[0]
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    grid = (_cdiv(ntiles, tiles) * _cdiv(m, block_m),)
+    extra = {"num_warps": num_warps, "num_stages": num_stages} if on_gpu else {}
+    kernel_large.w12_gemm_large_kernel[grid](
+        x, chunks, scale, esc_rowptr, esc_col, esc_delta,
+        bias if bias is not None else scale, out,
+        m, n, k, ntiles, nchunks, x.stride(0), out.stride(0),
+        CN=tiles, BLOCK_M=block_m, HAS_BIAS=bias is not None, ON_GPU=on_gpu,
+        CHUNK_ITERS=0 if on_gpu else nchunks,
+        ESC_ITERS=0 if on_gpu else _max_row_escapes(esc_rowptr), **extra,
+    )
+    return out
+
+
 def decode(chunks: torch.Tensor, scale: torch.Tensor, esc_row: torch.Tensor,
            esc_col: torch.Tensor, esc_val: torch.Tensor, n: int, k: int, *,
            on_gpu: bool = True, kernels=None, tiles_per_program: int = 1) -> torch.Tensor:

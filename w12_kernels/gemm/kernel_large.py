@@ -1,0 +1,102 @@
+"""Triton tensor-core kernel of the W12 GEMM for many activation rows (prefill, large verify
+batches): the weight is decoded in registers tile by tile and fed to ``tl.dot``, never written
+out as BF16.
+
+One program computes ``out[ms, rows]`` for ``BLOCK_M`` activation rows and ``CN`` 16-row tiles
+of the weight (``16 CN`` rows), looping over the 64-column chunks of K with one float32
+accumulator. Programs are numbered with the M blocks fastest, so the programs that read the same
+weight rows run side by side and share them through L2.
+
+**Decode without gathers.** Each chunk's three word planes are read as whole ``[8, 16]`` word
+blocks (lane ``4 g + t`` and step ``j`` of ``layout.py``: word ``16 g + 4 t + j``, contiguous),
+and the eight weights of each word triple are spread over new axes by broadcasting: weight
+``i = 4 p + 2 h + e`` of lane ``(g, t)``, step ``j`` is row ``g + 8 h`` and column
+``16 t + 4 j + 2 p + e`` of the chunk. The decoded block is laid out ``[(tile, g, h), (t, j, p,
+e)]``: its column index is the true column, its row index a fixed permutation of the true rows
+(``tile * 16 + g + 8 h``), which only the epilogue (scales, escapes, bias, store) needs to know.
+The bits are those of ``kernel._decode`` (the same ``w * 2^(DECODE_BIAS - e0)``).
+
+The dot products sum in whatever order ``tl.dot`` takes, so the bits of a row may depend on M
+and the block shape: this kernel is for the rows beyond the batch-invariant small-M path. It is
+deterministic (no atomics, no split of K across programs). Under ``TRITON_INTERPRET=1``
+(``ON_GPU = False``) the chunk loop's trip count comes in as the constant ``CHUNK_ITERS`` and
+``tl.dot`` multiplies float32 copies of the BF16 operands (see ``kernel.py``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from w12_kernels.gemm.kernel import CHUNK_WORDS, _add_escapes, _mma, _to_bf16
+
+
+@triton.jit
+def _decoded_block(chunks_ptr, tile0, c, ntiles, nchunks, CN: tl.constexpr):
+    """The decoded chunks of column ``c`` of tiles ``tile0 .. tile0 + CN - 1`` as BF16
+    ``[16 CN, 64]`` (rows in the order of the module docstring; missing tiles read as 0)."""
+    tn = tl.arange(0, CN)[:, None, None, None, None, None]
+    g = tl.arange(0, 8)[None, :, None, None, None, None]
+    h = tl.arange(0, 2)[None, None, :, None, None, None]
+    tj = tl.arange(0, 16)[None, None, None, :, None, None]
+    p = tl.arange(0, 2)[None, None, None, None, :, None]
+    e = tl.arange(0, 2)[None, None, None, None, None, :]
+    tile = tile0 + tn
+    base = chunks_ptr + (tile.to(tl.int64) * nchunks + c) * CHUNK_WORDS + 16 * g + tj
+    ok = tile < ntiles
+    low_words = tl.load(base + 128 * p, mask=ok, other=0)  # [CN, 8, 1, 16, 2, 1]
+    top_words = tl.load(base + 256, mask=ok, other=0)  # [CN, 8, 1, 16, 1, 1]
+    low = (low_words.to(tl.uint32, bitcast=True) >> (8 * (2 * h + e)).to(tl.uint32)) & 0xFF
+    top = top_words.to(tl.uint32, bitcast=True)
+    pair = 2 * p + h  # which shift the sign/exponent bits of the pair (h, p) carry
+    aligned = tl.where(pair == 0, top, tl.where(pair == 1, top << 4, tl.where(
+        pair == 2, top << 8, (top >> 4) | (top << 28))))
+    high = (aligned >> (16 * e).to(tl.uint32)) & 0x8700
+    bits = (high | 0x3800 | low).to(tl.int32).to(tl.int16)
+    return tl.reshape(bits, (16 * CN, 64)).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _chunk_step(acc, c, chunks_ptr, tile0, ntiles, nchunks, x_ptr, stride_xm, ms, M, K,
+                CN: tl.constexpr, ON_GPU: tl.constexpr):
+    w = _decoded_block(chunks_ptr, tile0, c, ntiles, nchunks, CN)
+    cols = c * 64 + tl.arange(0, 64)
+    xt = tl.load(x_ptr + ms[None, :].to(tl.int64) * stride_xm + cols[:, None],
+                 mask=(ms[None, :] < M) & (cols[:, None] < K), other=0.0)
+    return _mma(w, xt, acc, ON_GPU)
+
+
+@triton.jit(do_not_specialize=["M"])
+def w12_gemm_large_kernel(
+    x_ptr, chunks_ptr, scale_ptr, rowptr_ptr, esc_col_ptr, esc_delta_ptr, bias_ptr, out_ptr,
+    M, N, K, ntiles, nchunks, stride_xm, stride_om,
+    CN: tl.constexpr, BLOCK_M: tl.constexpr, HAS_BIAS: tl.constexpr, ON_GPU: tl.constexpr,
+    CHUNK_ITERS: tl.constexpr, ESC_ITERS: tl.constexpr,
+):
+    """out[M, N] = x[M, K] @ W^T (+ bias), BF16 (module docstring). ``CHUNK_ITERS`` and
+    ``ESC_ITERS`` are the interpreter's trip counts (unused on the GPU)."""
+    m_blocks = tl.cdiv(M, BLOCK_M)
+    pid = tl.program_id(0)
+    tile0 = (pid // m_blocks) * CN
+    ms = (pid % m_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    v = tl.arange(0, 16 * CN)
+    rows = (tile0 + v // 16) * 16 + (v % 16) // 2 + 8 * (v % 2)  # true row of block row v
+
+    acc = tl.zeros((16 * CN, BLOCK_M), dtype=tl.float32)
+    if ON_GPU:
+        for c in range(0, nchunks):
+            acc = _chunk_step(acc, c, chunks_ptr, tile0, ntiles, nchunks, x_ptr, stride_xm, ms,
+                              M, K, CN, ON_GPU)
+    else:
+        for c in range(0, CHUNK_ITERS):
+            acc = _chunk_step(acc, c, chunks_ptr, tile0, ntiles, nchunks, x_ptr, stride_xm, ms,
+                              M, K, CN, ON_GPU)
+
+    y = acc * tl.load(scale_ptr + rows, mask=rows < N, other=1.0)[:, None]
+    y = _add_escapes(y, rows, ms, M, N, x_ptr, stride_xm, rowptr_ptr, esc_col_ptr,
+                     esc_delta_ptr, ESC_ITERS, ON_GPU)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)[:, None]
+    ptrs = out_ptr + ms[None, :].to(tl.int64) * stride_om + rows[:, None]
+    tl.store(ptrs, _to_bf16(y, ON_GPU), mask=(ms[None, :] < M) & (rows[:, None] < N))
+
