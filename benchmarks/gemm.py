@@ -336,11 +336,12 @@ def run_sweep(m_values) -> tuple[list[dict], dict]:
     return rows, {"small_m": table}
 
 
-# candidate block shapes of the fused large-M kernel: (tiles, block_m, num_warps, num_stages)
-LARGE_CANDIDATES = ((4, 64, 4, 3), (4, 128, 4, 3), (4, 128, 8, 3), (4, 256, 8, 3),
-                    (8, 64, 4, 3), (8, 64, 8, 3), (8, 128, 8, 3), (8, 128, 8, 4),
-                    (8, 256, 8, 3), (16, 128, 8, 3))
-LARGE_KEYS = ("tiles", "block_m", "num_warps", "num_stages")
+# candidate block shapes of the fused large-M kernel:
+# (tiles, block_m, num_warps, num_stages, weights_b)
+LARGE_CANDIDATES = ((4, 64, 4, 3, False), (4, 128, 4, 3, False), (8, 128, 8, 3, False),
+                    (4, 64, 4, 3, True), (4, 128, 4, 3, True), (8, 128, 8, 3, True),
+                    (8, 128, 4, 3, True), (8, 256, 8, 3, True), (16, 128, 8, 3, True))
+LARGE_KEYS = ("tiles", "block_m", "num_warps", "num_stages", "weights_b")
 
 
 def _large_runner(cand: tuple | None):
@@ -357,7 +358,9 @@ def _large_runner(cand: tuple | None):
 
 
 def _large_label(cand: tuple | None) -> str:
-    return "decode" if cand is None else "fused_t{}_m{}_w{}_s{}".format(*cand)
+    if cand is None:
+        return "decode"
+    return "fused_t{}_m{}_w{}_s{}".format(*cand[:4]) + ("_wb" if cand[4] else "")
 
 
 def run_sweep_large(m_values) -> tuple[list[dict], dict]:

@@ -130,13 +130,15 @@ def test_triton_fallback_on_the_gpu(m):
     assert torch.equal(d.view(torch.int16), t.view(torch.int16))
 
 
-LARGE_CONFIGS = [(4, 64, 4, 3), (8, 128, 8, 3), (8, 256, 8, 3), (2, 64, 4, 2), (16, 128, 8, 3),
-                 (4, 128, 4, 4)]
+LARGE_CONFIGS = [(4, 64, 4, 3, False), (8, 128, 8, 3, False), (2, 64, 4, 2, False),
+                 (4, 128, 4, 4, False), (4, 64, 4, 3, True), (8, 128, 4, 3, True),
+                 (8, 256, 8, 3, True), (16, 128, 8, 3, True)]
 
 
-@pytest.mark.parametrize("tiles,block_m,num_warps,num_stages", LARGE_CONFIGS,
-                         ids=[f"t{t}_m{b}_w{w}_s{s}" for t, b, w, s in LARGE_CONFIGS])
-def test_fused_large_kernel(tiles, block_m, num_warps, num_stages):
+@pytest.mark.parametrize("tiles,block_m,num_warps,num_stages,weights_b", LARGE_CONFIGS,
+                         ids=[f"t{t}_m{b}_w{w}_s{s}{'_wb' if wb else ''}"
+                              for t, b, w, s, wb in LARGE_CONFIGS])
+def test_fused_large_kernel(tiles, block_m, num_warps, num_stages, weights_b):
     """The tensor-core kernel for many rows at awkward sizes and every block shape the sweep
     tries: within budget (escapes, NaN/inf included), bit-identical when run again."""
     pytest.importorskip("triton")
@@ -151,7 +153,8 @@ def test_fused_large_kernel(tiles, block_m, num_warps, num_stages):
             out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
             triton_path.gemm_large(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col,
                                    pw.esc_delta, bias, n, k, tiles=tiles, block_m=block_m,
-                                   num_warps=num_warps, num_stages=num_stages, out=out)
+                                   num_warps=num_warps, num_stages=num_stages,
+                                   weights_b=weights_b, out=out)
             outs.append(out.view(torch.int16).clone())
         assert_within_budget(out, x, t, _ref(x, t, bias), bias)
         assert torch.equal(outs[0], outs[1]), f"{n}x{k} M={m}: not deterministic"

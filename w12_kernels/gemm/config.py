@@ -110,6 +110,7 @@ class LargeConfig:
     block_m: int = 128  # activation rows per program
     num_warps: int = 8
     num_stages: int = 3
+    weights_b: bool = False  # decoded weights as tl.dot's second operand
 
 
 @functools.cache

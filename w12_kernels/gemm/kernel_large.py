@@ -32,20 +32,27 @@ from w12_kernels.gemm.kernel import CHUNK_WORDS, _add_escapes, _mma, _to_bf16
 
 
 @triton.jit
-def _decoded_block(chunks_ptr, tile0, c, ntiles, nchunks, CN: tl.constexpr):
-    """The decoded chunks of column ``c`` of tiles ``tile0 .. tile0 + CN - 1`` as BF16
-    ``[16 CN, 64]`` (rows in the order of the module docstring; missing tiles read as 0)."""
+def _block_words(chunks_ptr, tile0, c, ntiles, nchunks, CN: tl.constexpr):
+    """The low-byte words ``[CN, 8, 1, 16, 2, 1]`` and sign/exponent words ``[CN, 8, 1, 16, 1,
+    1]`` of chunk column ``c`` of tiles ``tile0 ..`` (axes: tile, g, h, 4 t + j, p, e; missing
+    tiles read as 0)."""
     tn = tl.arange(0, CN)[:, None, None, None, None, None]
     g = tl.arange(0, 8)[None, :, None, None, None, None]
-    h = tl.arange(0, 2)[None, None, :, None, None, None]
     tj = tl.arange(0, 16)[None, None, None, :, None, None]
     p = tl.arange(0, 2)[None, None, None, None, :, None]
-    e = tl.arange(0, 2)[None, None, None, None, None, :]
     tile = tile0 + tn
     base = chunks_ptr + (tile.to(tl.int64) * nchunks + c) * CHUNK_WORDS + 16 * g + tj
     ok = tile < ntiles
-    low_words = tl.load(base + 128 * p, mask=ok, other=0)  # [CN, 8, 1, 16, 2, 1]
-    top_words = tl.load(base + 256, mask=ok, other=0)  # [CN, 8, 1, 16, 1, 1]
+    return tl.load(base + 128 * p, mask=ok, other=0), tl.load(base + 256, mask=ok, other=0)
+
+
+@triton.jit
+def _decode_words(low_words, top_words, CN: tl.constexpr):
+    """The words of ``_block_words`` as the BF16 block ``[16 CN, 64]`` (rows in the order of the
+    module docstring)."""
+    h = tl.arange(0, 2)[None, None, :, None, None, None]
+    p = tl.arange(0, 2)[None, None, None, None, :, None]
+    e = tl.arange(0, 2)[None, None, None, None, None, :]
     low = (low_words.to(tl.uint32, bitcast=True) >> (8 * (2 * h + e)).to(tl.uint32)) & 0xFF
     top = top_words.to(tl.uint32, bitcast=True)
     pair = 2 * p + h  # which shift the sign/exponent bits of the pair (h, p) carry
@@ -57,21 +64,38 @@ def _decoded_block(chunks_ptr, tile0, c, ntiles, nchunks, CN: tl.constexpr):
 
 
 @triton.jit
-def _chunk_step(acc, c, chunks_ptr, tile0, ntiles, nchunks, x_ptr, stride_xm, ms, M, K,
-                CN: tl.constexpr, ON_GPU: tl.constexpr):
-    w = _decoded_block(chunks_ptr, tile0, c, ntiles, nchunks, CN)
-    cols = c * 64 + tl.arange(0, 64)
-    xt = tl.load(x_ptr + ms[None, :].to(tl.int64) * stride_xm + cols[:, None],
-                 mask=(ms[None, :] < M) & (cols[:, None] < K), other=0.0)
-    return _mma(w, xt, acc, ON_GPU)
+def _chunk_loop(acc, trips, chunks_ptr, tile0, ntiles, nchunks, x_ptr, stride_xm, ms, M, K,
+                CN: tl.constexpr, W_AS_B: tl.constexpr, ON_GPU: tl.constexpr):
+    """acc += the decoded chunk columns 0 .. trips - 1 times x. The words of column c + 1 are
+    loaded before column c is decoded and multiplied, so their memory latency overlaps that
+    work (Triton pipelines only the loads that feed ``tl.dot`` directly, here the activations).
+    ``W_AS_B``: the weights are ``tl.dot``'s second operand and ``acc`` is [BLOCK_M, 16 CN]
+    (else its first, ``acc`` [16 CN, BLOCK_M]).
+    """
+    low_words, top_words = _block_words(chunks_ptr, tile0, 0, ntiles, nchunks, CN)
+    for c in range(0, trips):
+        next_low, next_top = _block_words(chunks_ptr, tile0, tl.minimum(c + 1, nchunks - 1),
+                                          ntiles, nchunks, CN)
+        w = _decode_words(low_words, top_words, CN)
+        cols = c * 64 + tl.arange(0, 64)
+        if W_AS_B:
+            xs = tl.load(x_ptr + ms[:, None].to(tl.int64) * stride_xm + cols[None, :],
+                         mask=(ms[:, None] < M) & (cols[None, :] < K), other=0.0)
+            acc = _mma(xs, tl.trans(w), acc, ON_GPU)
+        else:
+            xt = tl.load(x_ptr + ms[None, :].to(tl.int64) * stride_xm + cols[:, None],
+                         mask=(ms[None, :] < M) & (cols[:, None] < K), other=0.0)
+            acc = _mma(w, xt, acc, ON_GPU)
+        low_words, top_words = next_low, next_top
+    return acc
 
 
 @triton.jit(do_not_specialize=["M"])
 def w12_gemm_large_kernel(
     x_ptr, chunks_ptr, scale_ptr, rowptr_ptr, esc_col_ptr, esc_delta_ptr, bias_ptr, out_ptr,
     M, N, K, ntiles, nchunks, stride_xm, stride_om,
-    CN: tl.constexpr, BLOCK_M: tl.constexpr, HAS_BIAS: tl.constexpr, ON_GPU: tl.constexpr,
-    CHUNK_ITERS: tl.constexpr, ESC_ITERS: tl.constexpr,
+    CN: tl.constexpr, BLOCK_M: tl.constexpr, W_AS_B: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ON_GPU: tl.constexpr, CHUNK_ITERS: tl.constexpr, ESC_ITERS: tl.constexpr,
 ):
     """out[M, N] = x[M, K] @ W^T (+ bias), BF16 (module docstring). ``CHUNK_ITERS`` and
     ``ESC_ITERS`` are the interpreter's trip counts (unused on the GPU)."""
@@ -82,15 +106,18 @@ def w12_gemm_large_kernel(
     v = tl.arange(0, 16 * CN)
     rows = (tile0 + v // 16) * 16 + (v % 16) // 2 + 8 * (v % 2)  # true row of block row v
 
-    acc = tl.zeros((16 * CN, BLOCK_M), dtype=tl.float32)
-    if ON_GPU:
-        for c in range(0, nchunks):
-            acc = _chunk_step(acc, c, chunks_ptr, tile0, ntiles, nchunks, x_ptr, stride_xm, ms,
-                              M, K, CN, ON_GPU)
+    if W_AS_B:
+        acc = tl.zeros((BLOCK_M, 16 * CN), dtype=tl.float32)
     else:
-        for c in range(0, CHUNK_ITERS):
-            acc = _chunk_step(acc, c, chunks_ptr, tile0, ntiles, nchunks, x_ptr, stride_xm, ms,
-                              M, K, CN, ON_GPU)
+        acc = tl.zeros((16 * CN, BLOCK_M), dtype=tl.float32)
+    if ON_GPU:
+        acc = _chunk_loop(acc, nchunks, chunks_ptr, tile0, ntiles, nchunks, x_ptr, stride_xm, ms,
+                          M, K, CN, W_AS_B, ON_GPU)
+    else:
+        acc = _chunk_loop(acc, CHUNK_ITERS, chunks_ptr, tile0, ntiles, nchunks, x_ptr, stride_xm,
+                          ms, M, K, CN, W_AS_B, ON_GPU)
+    if W_AS_B:
+        acc = tl.trans(acc)
 
     y = acc * tl.load(scale_ptr + rows, mask=rows < N, other=1.0)[:, None]
     y = _add_escapes(y, rows, ms, M, N, x_ptr, stride_xm, rowptr_ptr, esc_col_ptr,

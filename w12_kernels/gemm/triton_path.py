@@ -93,11 +93,13 @@ def gemm(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor, esc_rowptr:
 def gemm_large(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                esc_rowptr: torch.Tensor, esc_col: torch.Tensor, esc_delta: torch.Tensor,
                bias: torch.Tensor | None, n: int, k: int, *, tiles: int = 8, block_m: int = 128,
-               num_warps: int = 8, num_stages: int = 3, on_gpu: bool = True,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+               num_warps: int = 8, num_stages: int = 3, weights_b: bool = False,
+               on_gpu: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` by the tensor-core kernel of ``kernel_large.py``: ``tiles`` 16-row
-    weight tiles and ``block_m`` rows of ``x`` per program. Deterministic, but the bits of a
-    row may depend on M (for the rows beyond the batch-invariant path)."""
+    weight tiles and ``block_m`` rows of ``x`` per program; ``weights_b`` puts the decoded
+    weights second in ``tl.dot`` (staged through shared memory) instead of first.
+    Deterministic, but the bits of a row may depend on M (for the rows beyond the
+    batch-invariant path)."""
     from w12_kernels.gemm import kernel_large
 
     ntiles, nchunks = _check_chunks(chunks, n, k)
@@ -120,7 +122,7 @@ def gemm_large(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
         x, chunks, scale, esc_rowptr, esc_col, esc_delta,
         bias if bias is not None else scale, out,
         m, n, k, ntiles, nchunks, x.stride(0), out.stride(0),
-        CN=tiles, BLOCK_M=block_m, HAS_BIAS=bias is not None, ON_GPU=on_gpu,
+        CN=tiles, BLOCK_M=block_m, W_AS_B=weights_b, HAS_BIAS=bias is not None, ON_GPU=on_gpu,
         CHUNK_ITERS=0 if on_gpu else nchunks,
         ESC_ITERS=0 if on_gpu else _max_row_escapes(esc_rowptr), **extra,
     )
