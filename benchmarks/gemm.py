@@ -339,8 +339,8 @@ def run_sweep(m_values) -> tuple[list[dict], dict]:
 # candidate block shapes of the fused large-M kernel:
 # (tiles, block_m, num_warps, num_stages, weights_b)
 LARGE_CANDIDATES = ((4, 64, 4, 3, False), (4, 128, 4, 3, False), (8, 128, 8, 3, False),
-                    (4, 64, 4, 3, True), (4, 128, 4, 3, True), (8, 128, 8, 3, True),
-                    (8, 128, 4, 3, True), (8, 256, 8, 3, True), (16, 128, 8, 3, True))
+                    (4, 128, 8, 3, False), (8, 64, 4, 3, False), (4, 256, 8, 3, False),
+                    (4, 128, 4, 3, True))
 LARGE_KEYS = ("tiles", "block_m", "num_warps", "num_stages", "weights_b")
 
 

@@ -33,33 +33,38 @@ from w12_kernels.gemm.kernel import CHUNK_WORDS, _add_escapes, _mma, _to_bf16
 
 @triton.jit
 def _block_words(chunks_ptr, tile0, c, ntiles, nchunks, CN: tl.constexpr):
-    """The low-byte words ``[CN, 8, 1, 16, 2, 1]`` and sign/exponent words ``[CN, 8, 1, 16, 1,
-    1]`` of chunk column ``c`` of tiles ``tile0 ..`` (axes: tile, g, h, 4 t + j, p, e; missing
-    tiles read as 0)."""
-    tn = tl.arange(0, CN)[:, None, None, None, None, None]
-    g = tl.arange(0, 8)[None, :, None, None, None, None]
-    tj = tl.arange(0, 16)[None, None, None, :, None, None]
-    p = tl.arange(0, 2)[None, None, None, None, :, None]
+    """The three word planes ``[CN, 8, 16]`` of chunk column ``c`` of tiles ``tile0 ..`` (axes:
+    tile, g, 4 t + j; missing tiles read as 0): low bytes of weights 0..3, of 4..7, and the
+    sign/exponent word."""
+    tn = tl.arange(0, CN)[:, None, None]
     tile = tile0 + tn
-    base = chunks_ptr + (tile.to(tl.int64) * nchunks + c) * CHUNK_WORDS + 16 * g + tj
+    base = (chunks_ptr + (tile.to(tl.int64) * nchunks + c) * CHUNK_WORDS
+            + 16 * tl.arange(0, 8)[None, :, None] + tl.arange(0, 16)[None, None, :])
     ok = tile < ntiles
-    return tl.load(base + 128 * p, mask=ok, other=0), tl.load(base + 256, mask=ok, other=0)
+    return (tl.load(base, mask=ok, other=0), tl.load(base + 128, mask=ok, other=0),
+            tl.load(base + 256, mask=ok, other=0))
 
 
 @triton.jit
-def _decode_words(low_words, top_words, CN: tl.constexpr):
+def _pair_bits(low_words, aligned, H: tl.constexpr):
+    """BF16 bits of the weights (h = H, e = 0) and (h = H, e = 1) of every word: int16 pairs
+    [..., 2] (e last). ``aligned``: the sign/exponent word shifted for this pair."""
+    t = low_words.to(tl.uint32, bitcast=True) >> (16 * H)  # bytes 2 H and 2 H + 1 at 0 and 8
+    word = (aligned & 0x87008700) | 0x38003800 | (t & 0xFF) | ((t << 8) & 0xFF0000)
+    return tl.join(word.to(tl.int16), (word >> 16).to(tl.int16))
+
+
+@triton.jit
+def _decode_words(low0, low1, top, CN: tl.constexpr):
     """The words of ``_block_words`` as the BF16 block ``[16 CN, 64]`` (rows in the order of the
-    module docstring)."""
-    h = tl.arange(0, 2)[None, None, :, None, None, None]
-    p = tl.arange(0, 2)[None, None, None, None, :, None]
-    e = tl.arange(0, 2)[None, None, None, None, None, :]
-    low = (low_words.to(tl.uint32, bitcast=True) >> (8 * (2 * h + e)).to(tl.uint32)) & 0xFF
-    top = top_words.to(tl.uint32, bitcast=True)
-    pair = 2 * p + h  # which shift the sign/exponent bits of the pair (h, p) carry
-    aligned = tl.where(pair == 0, top, tl.where(pair == 1, top << 4, tl.where(
-        pair == 2, top << 8, (top >> 4) | (top << 28))))
-    high = (aligned >> (16 * e).to(tl.uint32)) & 0x8700
-    bits = (high | 0x3800 | low).to(tl.int32).to(tl.int16)
+    module docstring). Each of the four (h, p) pairs of a word triple is decoded with its own
+    constant shifts, two weights per 32-bit operation (e = 0 in the low half, e = 1 in the high
+    half, as ``B_POSITIONS`` places them)."""
+    top = top.to(tl.uint32, bitcast=True)
+    p0 = tl.join(_pair_bits(low0, top, 0), _pair_bits(low0, top << 4, 1))  # [..., e, h]
+    p1 = tl.join(_pair_bits(low1, top << 8, 0), _pair_bits(low1, (top >> 4) | (top << 28), 1))
+    bits = tl.join(p0, p1)  # [CN, 8, 16, e, h, p]
+    bits = tl.permute(bits, (0, 1, 4, 2, 5, 3))  # [CN, 8, h, 16, p, e]
     return tl.reshape(bits, (16 * CN, 64)).to(tl.bfloat16, bitcast=True)
 
 
@@ -72,21 +77,19 @@ def _chunk_loop(acc, trips, chunks_ptr, tile0, ntiles, nchunks, x_ptr, stride_xm
     ``W_AS_B``: the weights are ``tl.dot``'s second operand and ``acc`` is [BLOCK_M, 16 CN]
     (else its first, ``acc`` [16 CN, BLOCK_M]).
     """
-    low_words, top_words = _block_words(chunks_ptr, tile0, 0, ntiles, nchunks, CN)
+    low0, low1, top = _block_words(chunks_ptr, tile0, 0, ntiles, nchunks, CN)
     for c in range(0, trips):
-        next_low, next_top = _block_words(chunks_ptr, tile0, tl.minimum(c + 1, nchunks - 1),
-                                          ntiles, nchunks, CN)
-        w = _decode_words(low_words, top_words, CN)
+        next0, next1, next_top = _block_words(chunks_ptr, tile0, tl.minimum(c + 1, nchunks - 1),
+                                              ntiles, nchunks, CN)
+        w = _decode_words(low0, low1, top, CN)
         cols = c * 64 + tl.arange(0, 64)
+        xs = tl.load(x_ptr + ms[:, None].to(tl.int64) * stride_xm + cols[None, :],
+                     mask=(ms[:, None] < M) & (cols[None, :] < K), other=0.0)  # [BLOCK_M, 64]
         if W_AS_B:
-            xs = tl.load(x_ptr + ms[:, None].to(tl.int64) * stride_xm + cols[None, :],
-                         mask=(ms[:, None] < M) & (cols[None, :] < K), other=0.0)
             acc = _mma(xs, tl.trans(w), acc, ON_GPU)
         else:
-            xt = tl.load(x_ptr + ms[None, :].to(tl.int64) * stride_xm + cols[:, None],
-                         mask=(ms[None, :] < M) & (cols[:, None] < K), other=0.0)
-            acc = _mma(w, xt, acc, ON_GPU)
-        low_words, top_words = next_low, next_top
+            acc = _mma(w, tl.trans(xs), acc, ON_GPU)
+        low0, low1, top = next0, next1, next_top
     return acc
 
 
