@@ -8,13 +8,15 @@ accumulator. Programs are numbered with the M blocks fastest, so the programs th
 weight rows run side by side and share them through L2.
 
 **Decode without gathers.** Each chunk's three word planes are read as whole ``[8, 16]`` word
-blocks (lane ``4 g + t`` and step ``j`` of ``layout.py``: word ``16 g + 4 t + j``, contiguous),
-and the eight weights of each word triple are spread over new axes by broadcasting: weight
+blocks (lane ``4 g + t`` and step ``j`` of ``layout.py``: word ``16 g + 4 t + j``, contiguous;
+the loads of the next chunk column are issued before the current one is decoded). Weight
 ``i = 4 p + 2 h + e`` of lane ``(g, t)``, step ``j`` is row ``g + 8 h`` and column
-``16 t + 4 j + 2 p + e`` of the chunk. The decoded block is laid out ``[(tile, g, h), (t, j, p,
-e)]``: its column index is the true column, its row index a fixed permutation of the true rows
-(``tile * 16 + g + 8 h``), which only the epilogue (scales, escapes, bias, store) needs to know.
-The bits are those of ``kernel._decode`` (the same ``w * 2^(DECODE_BIAS - e0)``).
+``16 t + 4 j + 2 p + e`` of the chunk; each of the four (h, p) pairs of a word triple is decoded
+with its own constant shifts, two weights (e = 0, 1) per 32-bit operation, and the pairs are
+joined into a block laid out ``[(tile, g, h), (t, j, p, e)]``: its column index is the true
+column, its row index a fixed permutation of the true rows (``tile * 16 + g + 8 h``), which only
+the epilogue (scales, escapes, bias, store) needs to know. The bits are those of
+``kernel._decode`` (the same ``w * 2^(DECODE_BIAS - e0)``).
 
 The dot products sum in whatever order ``tl.dot`` takes, so the bits of a row may depend on M
 and the block shape: this kernel is for the rows beyond the batch-invariant small-M path. It is
