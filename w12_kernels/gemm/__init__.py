@@ -12,8 +12,10 @@ CUDA-graph capture; call it once before capturing, so the kernels compile outsid
 On a GPU, up to 64 rows of ``x`` run a decode-GEMM straight from the packed chunks with one
 configuration for every such M (batch invariant): CUDA C kernels compiled with NVRTC when CuPy
 is installed, Triton kernels otherwise. With the CUDA kernels 65..128 rows run as two passes of
-at most 64 (still batch invariant). Above that (above 64 rows with Triton) the weight is
-decoded to BF16 and cuBLAS multiplies. Without a GPU it decodes with numba and calls
+at most 64 (still batch invariant). Above that (above 64 rows with Triton) a Triton
+tensor-core kernel decodes the weight tile by tile into ``tl.dot`` (``kernel_large.py``), or
+the weight is decoded to BF16 and cuBLAS multiplies, whichever the tuned table says is faster
+for the shape. Without a GPU it decodes with numba and calls
 ``torch.nn.functional.linear``. ``decode_weight`` gives the exact BF16 weight back;
 ``reference.reference_linear`` is the readable float64 reference.
 """
