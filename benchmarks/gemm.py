@@ -337,11 +337,12 @@ def run_sweep(m_values) -> tuple[list[dict], dict]:
 
 
 # candidate block shapes of the fused large-M kernel:
-# (tiles, block_m, num_warps, num_stages, weights_b)
-LARGE_CANDIDATES = ((4, 64, 4, 3, False), (4, 128, 4, 3, False), (8, 128, 8, 3, False),
-                    (4, 128, 8, 3, False), (8, 64, 4, 3, False), (4, 256, 8, 3, False),
-                    (4, 128, 4, 3, True))
-LARGE_KEYS = ("tiles", "block_m", "num_warps", "num_stages", "weights_b")
+# (tiles, block_m, num_warps, num_stages, weights_b, maxnreg)
+LARGE_CANDIDATES = ((4, 64, 4, 3, False, 0), (4, 128, 4, 3, False, 0), (4, 128, 4, 3, False, 168),
+                    (4, 128, 4, 3, False, 128), (4, 128, 8, 3, False, 0),
+                    (4, 256, 8, 3, False, 0), (4, 256, 8, 3, False, 168),
+                    (8, 128, 8, 3, False, 168), (8, 64, 4, 3, False, 0))
+LARGE_KEYS = ("tiles", "block_m", "num_warps", "num_stages", "weights_b", "maxnreg")
 
 
 def _large_runner(cand: tuple | None):
@@ -360,17 +361,18 @@ def _large_runner(cand: tuple | None):
 def _large_label(cand: tuple | None) -> str:
     if cand is None:
         return "decode"
-    return "fused_t{}_m{}_w{}_s{}".format(*cand[:4]) + ("_wb" if cand[4] else "")
+    return ("fused_t{}_m{}_w{}_s{}".format(*cand[:4]) + ("_wb" if cand[4] else "")
+            + (f"_r{cand[5]}" if cand[5] else ""))
 
 
-def run_sweep_large(m_values) -> tuple[list[dict], dict]:
+def run_sweep_large(m_values, shapes=None) -> tuple[list[dict], dict]:
     """Time decode + cuBLAS and every fused block shape per shape and M (and, up to 128 rows,
     the small-kernel passes the launcher uses there, for reference); return the rows and the
     ``large`` table: per shape and M the fastest choice within the error budget, and as the
     default the choice with the best geometric-mean speedup over all swept points."""
     cands = (None, *LARGE_CANDIDATES)
     rows = []
-    for n, k in SWEEP_SHAPES:
+    for n, k in shapes or SWEEP_SHAPES:
         layer = Layer(n, k, seed=n + k)
         for m in m_values:
             runs = {_large_label(c): _large_runner(c) for c in cands}
@@ -417,6 +419,8 @@ def main() -> None:
     parser.add_argument("--m", default=",".join(map(str, M_VALUES)))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--sweep", action="store_true", help="time candidate configurations")
+    parser.add_argument("--shapes", default=None,
+                        help="with --sweep-large: only these NxK shapes, comma-separated")
     parser.add_argument("--sweep-large", action="store_true",
                         help="time the large-M choices (fused block shapes, decode + cuBLAS)")
     parser.add_argument("--write-table", action="store_true",
@@ -433,13 +437,15 @@ def main() -> None:
         if args.sweep:
             rows, table = run_sweep([m for m in m_values if m <= 64])
         else:
-            rows, large = run_sweep_large([m for m in m_values if m > 64])
+            shapes = [tuple(map(int, v.split("x"))) for v in args.shapes.split(",")] \
+                if args.shapes else None
+            rows, large = run_sweep_large([m for m in m_values if m > 64], shapes)
             table = {"large": large}
         result = dict(device=props.name, copy_tbs=ceiling, sweep=rows, table=table)
         if args.write_table:  # the other entries of the table stay as they are
             old = json.loads(cfgs.TUNED_PATH.read_text()) if cfgs.TUNED_PATH.exists() else {}
             cfgs.TUNED_PATH.write_text(json.dumps(old | table, indent=1) + "\n")
-            print(f"wrote {cfgs.TUNED_PATH}: {json.dumps(table)}")
+            print(f"wrote w12_kernels/gemm/{cfgs.TUNED_PATH.name}: {json.dumps(table)}")
     else:
         rows = run_benchmark(args.models.split(","), m_values, ceiling)
         means = geomeans(rows)

@@ -111,6 +111,7 @@ class LargeConfig:
     num_warps: int = 8
     num_stages: int = 3
     weights_b: bool = False  # decoded weights as tl.dot's second operand
+    maxnreg: int = 0  # register cap per thread (0: the compiler's choice)
 
 
 @functools.cache

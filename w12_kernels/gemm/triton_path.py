@@ -94,10 +94,13 @@ def gemm_large(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                esc_rowptr: torch.Tensor, esc_col: torch.Tensor, esc_delta: torch.Tensor,
                bias: torch.Tensor | None, n: int, k: int, *, tiles: int = 8, block_m: int = 128,
                num_warps: int = 8, num_stages: int = 3, weights_b: bool = False,
-               on_gpu: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
+               maxnreg: int = 0, on_gpu: bool = True,
+               out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` by the tensor-core kernel of ``kernel_large.py``: ``tiles`` 16-row
     weight tiles and ``block_m`` rows of ``x`` per program; ``weights_b`` puts the decoded
-    weights second in ``tl.dot`` (staged through shared memory) instead of first.
+    weights second in ``tl.dot`` (staged through shared memory) instead of first; ``maxnreg``
+    > 0 caps the registers per thread (more programs per multiprocessor, the rare escape
+    epilogue spilling instead).
     Deterministic, but the bits of a row may depend on M (for the rows beyond the
     batch-invariant path)."""
     from w12_kernels.gemm import kernel_large
@@ -118,6 +121,8 @@ def gemm_large(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
         return out
     grid = (_cdiv(ntiles, tiles) * _cdiv(m, block_m),)
     extra = {"num_warps": num_warps, "num_stages": num_stages} if on_gpu else {}
+    if on_gpu and maxnreg:
+        extra["maxnreg"] = maxnreg
     kernel_large.w12_gemm_large_kernel[grid](
         x, chunks, scale, esc_rowptr, esc_col, esc_delta,
         bias if bias is not None else scale, out,
