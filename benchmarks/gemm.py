@@ -337,24 +337,28 @@ def run_sweep(m_values) -> tuple[list[dict], dict]:
 
 
 # candidate block shapes of the fused large-M kernel:
-# (tiles, block_m, num_warps, num_stages, weights_b, maxnreg)
-LARGE_CANDIDATES = ((4, 64, 4, 3, False, 0), (4, 128, 4, 3, False, 0), (4, 128, 4, 3, False, 168),
-                    (4, 128, 4, 3, False, 128), (4, 128, 8, 3, False, 0),
-                    (4, 256, 8, 3, False, 0), (4, 256, 8, 3, False, 168),
-                    (8, 128, 8, 3, False, 168), (8, 64, 4, 3, False, 0))
-LARGE_KEYS = ("tiles", "block_m", "num_warps", "num_stages", "weights_b", "maxnreg")
+# (tiles, block_m, num_warps, num_stages, weights_b, maxnreg, splits)
+LARGE_CANDIDATES = ((4, 64, 4, 3, False, 0, 1), (4, 128, 4, 3, False, 0, 1),
+                    (4, 128, 4, 3, False, 168, 1), (4, 128, 4, 3, False, 128, 1),
+                    (4, 128, 8, 3, False, 0, 1), (4, 256, 8, 3, False, 0, 1),
+                    (4, 256, 8, 3, False, 168, 1), (8, 128, 8, 3, False, 168, 1),
+                    (8, 64, 4, 3, False, 0, 1), (4, 128, 4, 3, False, 168, 2),
+                    (4, 128, 4, 3, False, 168, 4), (4, 64, 4, 3, False, 0, 4))
+LARGE_KEYS = ("tiles", "block_m", "num_warps", "num_stages", "weights_b", "maxnreg", "splits")
 
 
 def _large_runner(cand: tuple | None):
-    """The fused kernel with block shape ``cand``, or decode + cuBLAS for ``None``."""
+    """The fused kernel with block shape ``cand`` (its K split lowered as the launcher lowers
+    it), or decode + cuBLAS for ``None``."""
     def run(x, pw):
         if cand is None:
             weight = launcher.decode(pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row,
                                      pw.esc_col, pw.esc_val, pw.n, pw.k)
             return torch.nn.functional.linear(x, weight)
+        cfg = dict(zip(LARGE_KEYS, cand, strict=True))
+        cfg["splits"] = launcher.split_count(cfg["splits"], x.shape[0], pw.k)
         return triton_path.gemm_large(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col,
-                                      pw.esc_delta, None, pw.n, pw.k,
-                                      **dict(zip(LARGE_KEYS, cand, strict=True)))
+                                      pw.esc_delta, None, pw.n, pw.k, **cfg)
     return run
 
 
@@ -362,7 +366,7 @@ def _large_label(cand: tuple | None) -> str:
     if cand is None:
         return "decode"
     return ("fused_t{}_m{}_w{}_s{}".format(*cand[:4]) + ("_wb" if cand[4] else "")
-            + (f"_r{cand[5]}" if cand[5] else ""))
+            + (f"_r{cand[5]}" if cand[5] else "") + (f"_k{cand[6]}" if cand[6] > 1 else ""))
 
 
 def run_sweep_large(m_values, shapes=None) -> tuple[list[dict], dict]:

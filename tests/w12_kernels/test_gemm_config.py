@@ -62,3 +62,12 @@ def test_shipped_large_table_is_consistent():
         n, k = map(int, shape.split("x"))
         for m in by_m:
             assert cfgs.large_config(n, k, int(m)).kind in cfgs.LARGE_KINDS
+
+
+def test_split_count_keeps_the_workspace_below_the_weight_bytes():
+    from w12_kernels.gemm.launcher import split_count
+
+    assert split_count(4, 256, 4096) == 4  # 4 x 256 x N x 4 B <= N x 4096 x 1.5 B
+    assert split_count(4, 512, 4096) == 3
+    assert split_count(4, 4096, 4096) == 1  # prefill: no split
+    assert split_count(1, 1, 4096) == 1

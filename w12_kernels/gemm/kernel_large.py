@@ -20,9 +20,12 @@ the epilogue (scales, escapes, bias, store) needs to know. The bits are those of
 
 The dot products sum in whatever order ``tl.dot`` takes, so the bits of a row may depend on M
 and the block shape: this kernel is for the rows beyond the batch-invariant small-M path. It is
-deterministic (no atomics, no split of K across programs). Under ``TRITON_INTERPRET=1``
-(``ON_GPU = False``) the chunk loop's trip count comes in as the constant ``CHUNK_ITERS`` and
-``tl.dot`` multiplies float32 copies of the BF16 operands (see ``kernel.py``).
+deterministic: no atomics; with ``splits`` > 1 the K range is cut into that many contiguous
+ranges, each program writes its float32 sum to a workspace, and ``w12_splitk_finish_kernel``
+adds the ranges in order before the epilogue (more programs for weights with few rows).
+Under ``TRITON_INTERPRET=1`` (``ON_GPU = False``) the chunk loop's trip count comes in as the
+constant ``CHUNK_ITERS`` and ``tl.dot`` multiplies float32 copies of the BF16 operands (see
+``kernel.py``).
 """
 
 from __future__ import annotations
@@ -71,26 +74,33 @@ def _decode_words(low0, low1, top, CN: tl.constexpr):
 
 
 @triton.jit
-def _chunk_loop(acc, trips, chunks_ptr, tile0, ntiles, nchunks, x_ptr, stride_xm, ms, M, K,
-                CN: tl.constexpr, W_AS_B: tl.constexpr, ON_GPU: tl.constexpr):
-    """acc += the decoded chunk columns 0 .. trips - 1 times x. The words of column c + 1 are
-    loaded before column c is decoded and multiplied, so their memory latency overlaps that
-    work (Triton pipelines only the loads that feed ``tl.dot`` directly, here the activations).
-    ``W_AS_B``: the weights are ``tl.dot``'s second operand and ``acc`` is [BLOCK_M, 16 CN]
-    (else its first, ``acc`` [16 CN, BLOCK_M]).
+def _chunk_loop(acc, c0, c1, trips, chunks_ptr, tile0, ntiles, nchunks, x_ptr, stride_xm, ms, M,
+                K, CN: tl.constexpr, W_AS_B: tl.constexpr, ON_GPU: tl.constexpr):
+    """acc += the decoded chunk columns c0 .. c1 - 1 times x (``trips`` = c1 - c0 on the GPU;
+    under the interpreter a constant upper bound, surplus steps dropped). The words of column
+    c + 1 are loaded before column c is decoded and multiplied, so their memory latency overlaps
+    that work (Triton pipelines only the loads that feed ``tl.dot`` directly, here the
+    activations). ``W_AS_B``: the weights are ``tl.dot``'s second operand and ``acc`` is
+    [BLOCK_M, 16 CN] (else its first, ``acc`` [16 CN, BLOCK_M]).
     """
-    low0, low1, top = _block_words(chunks_ptr, tile0, 0, ntiles, nchunks, CN)
-    for c in range(0, trips):
-        next0, next1, next_top = _block_words(chunks_ptr, tile0, tl.minimum(c + 1, nchunks - 1),
+    last = tl.maximum(c1 - 1, 0)
+    low0, low1, top = _block_words(chunks_ptr, tile0, tl.minimum(c0, last), ntiles, nchunks, CN)
+    for i in range(0, trips):
+        c = c0 + i
+        next0, next1, next_top = _block_words(chunks_ptr, tile0, tl.minimum(c + 1, last),
                                               ntiles, nchunks, CN)
         w = _decode_words(low0, low1, top, CN)
         cols = c * 64 + tl.arange(0, 64)
         xs = tl.load(x_ptr + ms[:, None].to(tl.int64) * stride_xm + cols[None, :],
                      mask=(ms[:, None] < M) & (cols[None, :] < K), other=0.0)  # [BLOCK_M, 64]
         if W_AS_B:
-            acc = _mma(xs, tl.trans(w), acc, ON_GPU)
+            step = _mma(xs, tl.trans(w), acc, ON_GPU)
         else:
-            acc = _mma(w, tl.trans(xs), acc, ON_GPU)
+            step = _mma(w, tl.trans(xs), acc, ON_GPU)
+        if ON_GPU:
+            acc = step
+        else:
+            acc = tl.where(c < c1, step, acc)
         low0, low1, top = next0, next1, next_top
     return acc
 
@@ -98,16 +108,29 @@ def _chunk_loop(acc, trips, chunks_ptr, tile0, ntiles, nchunks, x_ptr, stride_xm
 @triton.jit(do_not_specialize=["M"])
 def w12_gemm_large_kernel(
     x_ptr, chunks_ptr, scale_ptr, rowptr_ptr, esc_col_ptr, esc_delta_ptr, bias_ptr, out_ptr,
-    M, N, K, ntiles, nchunks, stride_xm, stride_om,
-    CN: tl.constexpr, BLOCK_M: tl.constexpr, W_AS_B: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ON_GPU: tl.constexpr, CHUNK_ITERS: tl.constexpr, ESC_ITERS: tl.constexpr,
+    ws_ptr, M, N, K, ntiles, nchunks, splits, stride_xm, stride_om,
+    CN: tl.constexpr, BLOCK_M: tl.constexpr, W_AS_B: tl.constexpr, SPLIT: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ON_GPU: tl.constexpr, CHUNK_ITERS: tl.constexpr,
+    ESC_ITERS: tl.constexpr,
 ):
-    """out[M, N] = x[M, K] @ W^T (+ bias), BF16 (module docstring). ``CHUNK_ITERS`` and
-    ``ESC_ITERS`` are the interpreter's trip counts (unused on the GPU)."""
+    """out[M, N] = x[M, K] @ W^T (+ bias), BF16 (module docstring). With ``SPLIT`` the chunk
+    columns are cut into ``splits`` contiguous ranges, one per program, and each program writes
+    its raw float32 sum to ``ws[split, m, n]`` for ``w12_splitk_finish_kernel``. ``CHUNK_ITERS``
+    and ``ESC_ITERS`` are the interpreter's trip counts (unused on the GPU)."""
     m_blocks = tl.cdiv(M, BLOCK_M)
     pid = tl.program_id(0)
-    tile0 = (pid // m_blocks) * CN
     ms = (pid % m_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    if SPLIT:
+        split = (pid // m_blocks) % splits
+        tile0 = (pid // m_blocks // splits) * CN
+        per = tl.cdiv(nchunks, splits)
+        c0 = split * per
+        c1 = tl.minimum(nchunks, c0 + per)
+    else:
+        split = 0
+        tile0 = (pid // m_blocks) * CN
+        c0 = 0
+        c1 = nchunks
     v = tl.arange(0, 16 * CN)
     rows = (tile0 + v // 16) * 16 + (v % 16) // 2 + 8 * (v % 2)  # true row of block row v
 
@@ -116,19 +139,54 @@ def w12_gemm_large_kernel(
     else:
         acc = tl.zeros((16 * CN, BLOCK_M), dtype=tl.float32)
     if ON_GPU:
-        acc = _chunk_loop(acc, nchunks, chunks_ptr, tile0, ntiles, nchunks, x_ptr, stride_xm, ms,
-                          M, K, CN, W_AS_B, ON_GPU)
+        acc = _chunk_loop(acc, c0, c1, tl.maximum(c1 - c0, 0), chunks_ptr, tile0, ntiles,
+                          nchunks, x_ptr, stride_xm, ms, M, K, CN, W_AS_B, ON_GPU)
     else:
-        acc = _chunk_loop(acc, CHUNK_ITERS, chunks_ptr, tile0, ntiles, nchunks, x_ptr, stride_xm,
-                          ms, M, K, CN, W_AS_B, ON_GPU)
+        acc = _chunk_loop(acc, c0, c1, CHUNK_ITERS, chunks_ptr, tile0, ntiles, nchunks, x_ptr,
+                          stride_xm, ms, M, K, CN, W_AS_B, ON_GPU)
     if W_AS_B:
         acc = tl.trans(acc)
 
-    y = acc * tl.load(scale_ptr + rows, mask=rows < N, other=1.0)[:, None]
+    ok = (ms[None, :] < M) & (rows[:, None] < N)
+    if SPLIT:
+        ws = ws_ptr + (split * M + ms[None, :]).to(tl.int64) * N + rows[:, None]
+        tl.store(ws, acc, mask=ok)
+    else:
+        y = acc * tl.load(scale_ptr + rows, mask=rows < N, other=1.0)[:, None]
+        y = _add_escapes(y, rows, ms, M, N, x_ptr, stride_xm, rowptr_ptr, esc_col_ptr,
+                         esc_delta_ptr, ESC_ITERS, ON_GPU)
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)[:, None]
+        ptrs = out_ptr + ms[None, :].to(tl.int64) * stride_om + rows[:, None]
+        tl.store(ptrs, _to_bf16(y, ON_GPU), mask=ok)
+
+
+@triton.jit(do_not_specialize=["M"])
+def w12_splitk_finish_kernel(
+    ws_ptr, x_ptr, scale_ptr, rowptr_ptr, esc_col_ptr, esc_delta_ptr, bias_ptr, out_ptr,
+    M, N, splits, stride_xm, stride_om,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HAS_BIAS: tl.constexpr, ON_GPU: tl.constexpr,
+    SPLIT_ITERS: tl.constexpr, ESC_ITERS: tl.constexpr,
+):
+    """out = (ws[0] + ws[1] + ... in this order) * scale + escapes (+ bias), BF16: the epilogue
+    of a split ``w12_gemm_large_kernel``, deterministic (a fixed order, no atomics).
+    ``SPLIT_ITERS`` is the interpreter's trip count (unused on the GPU)."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ms = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    ok = (ms[None, :] < M) & (rows[:, None] < N)
+    ws = ws_ptr + ms[None, :].to(tl.int64) * N + rows[:, None]
+    y = tl.load(ws, mask=ok, other=0.0)
+    plane = M.to(tl.int64) * N
+    if ON_GPU:
+        for s in range(1, splits):
+            y += tl.load(ws + s * plane, mask=ok, other=0.0)
+    else:
+        for s in range(1, SPLIT_ITERS):
+            y += tl.load(ws + s * plane, mask=ok, other=0.0)
+    y = y * tl.load(scale_ptr + rows, mask=rows < N, other=1.0)[:, None]
     y = _add_escapes(y, rows, ms, M, N, x_ptr, stride_xm, rowptr_ptr, esc_col_ptr,
                      esc_delta_ptr, ESC_ITERS, ON_GPU)
     if HAS_BIAS:
         y += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)[:, None]
     ptrs = out_ptr + ms[None, :].to(tl.int64) * stride_om + rows[:, None]
-    tl.store(ptrs, _to_bf16(y, ON_GPU), mask=(ms[None, :] < M) & (rows[:, None] < N))
-
+    tl.store(ptrs, _to_bf16(y, ON_GPU), mask=ok)

@@ -72,6 +72,14 @@ def _small_passes(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k, 
     return out
 
 
+def split_count(splits: int, m: int, k: int) -> int:
+    """The K split the launcher uses: the table's, lowered so that the float32 workspace
+    (``splits x M x N x 4`` bytes, written and read once) never moves more bytes than the
+    weight itself (``N x K x 1.5``): a table entry tuned at 256 rows also serves a 4096-row
+    prefill, where splitting K only adds traffic."""
+    return max(1, min(splits, (3 * k) // (8 * max(m, 1))))
+
+
 @functools.cache
 def _has_triton() -> bool:
     try:
@@ -101,6 +109,7 @@ def linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delt
         return triton_path.gemm_large(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n,
                                       k, tiles=large.tiles, block_m=large.block_m,
                                       num_warps=large.num_warps, num_stages=large.num_stages,
-                                      weights_b=large.weights_b, maxnreg=large.maxnreg)
+                                      weights_b=large.weights_b, maxnreg=large.maxnreg,
+                                      splits=split_count(large.splits, m, k))
     weight = decode(chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, n, k)
     return torch.nn.functional.linear(x, weight, bias)

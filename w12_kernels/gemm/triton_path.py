@@ -90,25 +90,30 @@ def gemm(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor, esc_rowptr:
     return out
 
 
+SPLIT_FINISH_BLOCK = 64  # rows and activation rows per program of the split-K epilogue
+
+
 def gemm_large(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                esc_rowptr: torch.Tensor, esc_col: torch.Tensor, esc_delta: torch.Tensor,
                bias: torch.Tensor | None, n: int, k: int, *, tiles: int = 8, block_m: int = 128,
                num_warps: int = 8, num_stages: int = 3, weights_b: bool = False,
-               maxnreg: int = 0, on_gpu: bool = True,
+               maxnreg: int = 0, splits: int = 1, on_gpu: bool = True,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` by the tensor-core kernel of ``kernel_large.py``: ``tiles`` 16-row
     weight tiles and ``block_m`` rows of ``x`` per program; ``weights_b`` puts the decoded
     weights second in ``tl.dot`` (staged through shared memory) instead of first; ``maxnreg``
     > 0 caps the registers per thread (more programs per multiprocessor, the rare escape
-    epilogue spilling instead).
-    Deterministic, but the bits of a row may depend on M (for the rows beyond the
-    batch-invariant path)."""
+    epilogue spilling instead); ``splits`` > 1 cuts K into that many ranges (programs) summed
+    in order by a second kernel through a float32 workspace of ``splits x M x N``.
+    Deterministic, but the bits of a row may depend on M and on the configuration (for the rows
+    beyond the batch-invariant path)."""
     from w12_kernels.gemm import kernel_large
 
     ntiles, nchunks = _check_chunks(chunks, n, k)
-    if tiles not in (1, 2, 4, 8, 16) or block_m not in (16, 32, 64, 128, 256):
-        raise W12Error(f"gemm_large: tiles must be 1, 2, 4, 8 or 16 and block_m 16..256 (a "
-                       f"power of two), got tiles={tiles}, block_m={block_m}")
+    if tiles not in (1, 2, 4, 8, 16) or block_m not in (16, 32, 64, 128, 256) or splits < 1:
+        raise W12Error(f"gemm_large: tiles must be 1, 2, 4, 8 or 16, block_m 16..256 (a power "
+                       f"of two) and splits >= 1, got tiles={tiles}, block_m={block_m}, "
+                       f"splits={splits}")
     if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.bfloat16:
         raise W12Error(f"gemm_large: x must be bfloat16 [M, {k}], got {x.dtype} "
                        f"{tuple(x.shape)}")
@@ -119,18 +124,32 @@ def gemm_large(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
         out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
     if m == 0 or n == 0:
         return out
-    grid = (_cdiv(ntiles, tiles) * _cdiv(m, block_m),)
+    splits = max(1, min(splits, nchunks))
+    per = _cdiv(nchunks, splits)
+    splits = _cdiv(nchunks, per)  # no empty range
+    ws = (torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1
+          else scale)
+    bias_arg = bias if bias is not None else scale
+    grid = (_cdiv(ntiles, tiles) * splits * _cdiv(m, block_m),)
     extra = {"num_warps": num_warps, "num_stages": num_stages} if on_gpu else {}
     if on_gpu and maxnreg:
         extra["maxnreg"] = maxnreg
+    esc_iters = 0 if on_gpu else _max_row_escapes(esc_rowptr)
     kernel_large.w12_gemm_large_kernel[grid](
-        x, chunks, scale, esc_rowptr, esc_col, esc_delta,
-        bias if bias is not None else scale, out,
-        m, n, k, ntiles, nchunks, x.stride(0), out.stride(0),
-        CN=tiles, BLOCK_M=block_m, W_AS_B=weights_b, HAS_BIAS=bias is not None, ON_GPU=on_gpu,
-        CHUNK_ITERS=0 if on_gpu else nchunks,
-        ESC_ITERS=0 if on_gpu else _max_row_escapes(esc_rowptr), **extra,
+        x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias_arg, out, ws,
+        m, n, k, ntiles, nchunks, splits, x.stride(0), out.stride(0),
+        CN=tiles, BLOCK_M=block_m, W_AS_B=weights_b, SPLIT=splits > 1,
+        HAS_BIAS=bias is not None, ON_GPU=on_gpu, CHUNK_ITERS=0 if on_gpu else per,
+        ESC_ITERS=esc_iters, **extra,
     )
+    if splits > 1:
+        block = SPLIT_FINISH_BLOCK
+        kernel_large.w12_splitk_finish_kernel[(_cdiv(n, block), _cdiv(m, block))](
+            ws, x, scale, esc_rowptr, esc_col, esc_delta, bias_arg, out,
+            m, n, splits, x.stride(0), out.stride(0),
+            BLOCK_N=block, BLOCK_M=block, HAS_BIAS=bias is not None, ON_GPU=on_gpu,
+            SPLIT_ITERS=0 if on_gpu else splits, ESC_ITERS=esc_iters,
+        )
     return out
 
 
