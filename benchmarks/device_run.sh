@@ -3,7 +3,7 @@
 # (writes w12_kernels/gemm/tuned.json), then the full benchmark with that rule.
 #   bash benchmarks/device_run.sh [sweep|large|bench|all|tests|experimental] [extra benchmark args...]
 # large: the large-M sweep (fused block shapes vs decode + cuBLAS at SWEEP_LARGE_M, default
-# 128,256), written into the "large" entry of tuned.json.
+# 128,256,1024), written into the "large" entry of tuned.json.
 # experimental: GPU tests of the warpgroup-MMA GEMM and the Triton decode attention, then
 # benchmarks/wgmma_probe.py (set DECODE_MODELS and DECODE_ATTENTION=torch,triton to time the
 # attention too).
@@ -37,7 +37,7 @@ if [[ $MODE == sweep || $MODE == all ]]; then
 fi
 if [[ $MODE == large || $MODE == all ]]; then
   timeout "${SWEEP_LARGE_LIMIT:-330}" python3 benchmarks/gemm.py --sweep-large --write-table \
-    --m "${SWEEP_LARGE_M:-128,256}" --json "$OUT/sweep_large.json" 2>&1 | tee "$OUT/sweep_large.txt"
+    --m "${SWEEP_LARGE_M:-128,256,1024}" --json "$OUT/sweep_large.json" 2>&1 | tee "$OUT/sweep_large.txt"
   cp w12_kernels/gemm/tuned.json "$OUT/" 2>/dev/null || true
 fi
 if [[ $MODE == bench || $MODE == all ]]; then

@@ -414,7 +414,7 @@ def choose_large(rows: list[dict]) -> dict:
             shapes.setdefault(f"{n}x{k}", {})[str(m)] = entry(best)
     mean = math.exp(scores[default] / max(1, len(points)))
     print(f"large-M default {default}: geomean x{mean:.3f} over the swept points", flush=True)
-    return {"default": entry(default), "shapes": shapes}
+    return {"default": entry(default), "max_m": max(p[2] for p in points), "shapes": shapes}
 
 
 def main() -> None:

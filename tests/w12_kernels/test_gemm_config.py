@@ -45,14 +45,17 @@ def test_shipped_table_is_consistent():
 
 
 def test_large_config_by_shape_and_m_class():
-    rule = {"default": dict(cfgs.DEFAULT_LARGE),
+    rule = {"default": dict(cfgs.DEFAULT_LARGE), "max_m": 256,
             "shapes": {"4096x4096": {"128": {"kind": "decode"}, "256": {"block_m": 64}}}}
     assert cfgs.large_config(4096, 4096, 100, rule).kind == "decode"
     assert cfgs.large_config(4096, 4096, 129, rule) == cfgs.LargeConfig(block_m=64)
-    assert cfgs.large_config(4096, 4096, 4096, rule) == cfgs.LargeConfig(block_m=64)
+    assert cfgs.large_config(4096, 4096, 256, rule) == cfgs.LargeConfig(block_m=64)
+    # beyond the measured rows: decode + cuBLAS, for a tuned shape and for the default
+    assert cfgs.large_config(4096, 4096, 257, rule).kind == "decode"
     assert cfgs.large_config(4096, 5120, 256, rule) == cfgs.LargeConfig(**cfgs.DEFAULT_LARGE)
+    assert cfgs.large_config(4096, 5120, 4096, rule).kind == "decode"
     with pytest.raises(ValueError, match="large-M kind"):
-        cfgs.large_config(1, 1, 300, {"default": {**cfgs.DEFAULT_LARGE, "kind": "x"},
+        cfgs.large_config(1, 1, 200, {"default": {**cfgs.DEFAULT_LARGE, "kind": "x"},
                                       "shapes": {}})
 
 

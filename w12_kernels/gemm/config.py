@@ -14,7 +14,7 @@ shape, a rule for other shapes; without the file, built-in defaults.
 Beyond the small-M path (``large_config``), the table's ``large`` entry picks per weight shape
 and class of M (the smallest listed M class >= M, else the largest) between the fused
 tensor-core kernel (``kernel_large.py``, with its block shape) and decode + cuBLAS, from the
-sweep ``benchmarks/gemm.py --sweep-large``.
+sweep ``benchmarks/gemm.py --sweep-large``; above the largest M it measured, decode + cuBLAS.
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ def small_config(n: int, k: int, num_sms: int, r: dict | None = None) -> SmallCo
 
 LARGE_KINDS = ("fused", "decode")
 DEFAULT_LARGE = {"kind": "fused", "tiles": 8, "block_m": 128, "num_warps": 8, "num_stages": 3}
+DEFAULT_LARGE_MAX_M = 256  # rows up to which the default fused entry applies (the sweep's M)
 
 
 @dataclass(frozen=True)
@@ -117,23 +118,29 @@ class LargeConfig:
 
 @functools.cache
 def large_rule() -> dict:
-    """The ``large`` entry of ``tuned.json``: ``{"default": {...}, "shapes": {"NxK": {"M":
-    {...}}}}`` (built-in defaults without it)."""
+    """The ``large`` entry of ``tuned.json``: ``{"default": {...}, "max_m": rows, "shapes":
+    {"NxK": {"M": {...}}}}`` (built-in defaults without it)."""
     table = json.loads(TUNED_PATH.read_text()) if TUNED_PATH.exists() else {}
     entry = table.get("large", {})
     return {"default": {**DEFAULT_LARGE, **entry.get("default", {})},
+            "max_m": int(entry.get("max_m", DEFAULT_LARGE_MAX_M)),
             "shapes": entry.get("shapes", {})}
 
 
 def large_config(n: int, k: int, m: int, r: dict | None = None) -> LargeConfig:
-    """How ``m`` rows beyond the small-M path multiply an (N, K) weight."""
+    """How ``m`` rows beyond the small-M path multiply an (N, K) weight: the entry of the
+    smallest measured M class >= ``m`` of the shape (or the default up to ``max_m``). Beyond
+    what was measured, decode + cuBLAS: the fused kernel's time grows with M while the decode
+    is paid once, so extrapolating a win at 256 rows to a 4096-row prefill would be a guess (an
+    estimate from run 24's times puts the crossover near 300-500 rows, docs/PERF_GEMM.md)."""
     r = r or large_rule()
     by_m = r["shapes"].get(f"{n}x{k}", {})
-    chosen = r["default"]
-    if by_m:
-        classes = sorted(int(c) for c in by_m)
-        cls = next((c for c in classes if m <= c), classes[-1])
-        chosen = {**r["default"], **by_m[str(cls)]}
+    classes = sorted(int(c) for c in by_m)
+    if classes:
+        cls = next((c for c in classes if m <= c), None)
+        chosen = {**r["default"], **by_m[str(cls)]} if cls is not None else {"kind": "decode"}
+    else:
+        chosen = r["default"] if m <= r.get("max_m", DEFAULT_LARGE_MAX_M) else {"kind": "decode"}
     cfg = LargeConfig(**chosen)
     if cfg.kind not in LARGE_KINDS:
         raise ValueError(f"large-M kind must be one of {LARGE_KINDS}, got {cfg.kind!r}")
