@@ -75,8 +75,8 @@ def _small_passes(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k, 
 def split_count(splits: int, m: int, k: int) -> int:
     """The K split the launcher uses: the table's, lowered so that the float32 workspace
     (``splits x M x N x 4`` bytes, written and read once) never moves more bytes than the
-    weight itself (``N x K x 1.5``): a table entry tuned at 256 rows also serves a 4096-row
-    prefill, where splitting K only adds traffic."""
+    weight itself (``N x K x 1.5``): an M class covers a range of rows, and at its top a split
+    chosen for its bottom could cost more traffic than it saves."""
     return max(1, min(splits, (3 * k) // (8 * max(m, 1))))
 
 
