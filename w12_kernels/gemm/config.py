@@ -12,7 +12,8 @@ constants come from ``tuned.json`` next to this file, written from the H200 swee
 shape, a rule for other shapes; without the file, built-in defaults.
 
 Beyond the small-M path (``large_config``), the table's ``large`` entry picks per weight shape
-and class of M (the smallest listed M class >= M) between the fused tensor-core kernel (``kernel_large.py``, with its block shape) and decode + cuBLAS, from the sweep
+and class of M (the smallest listed M class >= M) between the fused tensor-core kernel
+(``kernel_large.py``, with its block shape) and decode + cuBLAS, from the sweep
 ``benchmarks/gemm.py --sweep-large``; above the largest M it measured, decode + cuBLAS.
 """
 
