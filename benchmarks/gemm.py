@@ -219,7 +219,7 @@ SWEEP_RULES = [dict(warps_per_sm=w, min_chunks_per_warp=c, max_kw=8)
 SCORED_M = (1, 16, 32)  # the M kw is chosen on (the bars); 64 only picks its layout
 
 
-def _measure(layer: Layer, m: int, runs: dict) -> tuple[float, dict]:
+def _time_candidates(layer: Layer, m: int, runs: dict) -> tuple[float, dict]:
     """cuBLAS time and {label: (time, error over cuBLAS's error)} for thunk makers ``runs``,
     all timed in alternation (``time_graphs``), the errors checked afterwards."""
     x = torch.randn(m, layer.k, device="cuda").to(torch.bfloat16)
@@ -243,6 +243,17 @@ def _measure(layer: Layer, m: int, runs: dict) -> tuple[float, dict]:
         err = float((run(x, layer.w12[0]).double() - ref).norm() / ref.norm()) / err_bf16
         out[label] = (t, err)
     return times[0], out
+
+
+def _measure(layer: Layer, m: int, runs: dict) -> tuple[float, dict]:
+    """``_time_candidates``, then one line: cuBLAS's time and every candidate's, fastest first
+    (with its speedup, and ERR where its error is over twice cuBLAS's)."""
+    t_ref, results = _time_candidates(layer, m, runs)
+    ranked = sorted(results.items(), key=lambda kv: kv[1][0])
+    print(f"{layer.n}x{layer.k} M={m}: cublas {t_ref:.2f} us; " + ", ".join(
+        f"{lbl} {t:.2f} (x{t_ref / t:.2f}{'' if e <= 2 else f' ERR x{e:.0f}'})"
+        for lbl, (t, e) in ranked), flush=True)
+    return t_ref, results
 
 
 def _small_runner(kw: int, layout: tuple):
@@ -322,10 +333,6 @@ def run_sweep(m_values) -> tuple[list[dict], dict]:
                     runs[label] = _small_runner(kw, lay)
                     meta[label] = dict(kw=kw, **_layout_dict(lay))
             t_ref, results = _measure(layer, m, runs)
-            ranked = sorted(results.items(), key=lambda kv: kv[1][0])
-            print(f"{n}x{k} M={m}: cublas {t_ref:.2f} us; " + ", ".join(
-                f"{lbl} {t:.2f} (x{t_ref / t:.2f}{'' if e <= 2 else f' ERR x{e:.0f}'})"
-                for lbl, (t, e) in ranked), flush=True)
             for label, (t, e) in results.items():
                 rows.append(dict(n=n, k=k, m=m, **meta[label], us=t, err_ratio=e,
                                  cublas_us=t_ref))
@@ -337,14 +344,12 @@ def run_sweep(m_values) -> tuple[list[dict], dict]:
 
 
 # candidate block shapes of the fused large-M kernel:
-# (tiles, block_m, num_warps, num_stages, weights_b, maxnreg, splits)
-LARGE_CANDIDATES = ((4, 64, 4, 3, False, 0, 1), (4, 128, 4, 3, False, 0, 1),
-                    (4, 128, 4, 3, False, 168, 1), (4, 128, 4, 3, False, 128, 1),
-                    (4, 128, 8, 3, False, 0, 1), (4, 256, 8, 3, False, 0, 1),
-                    (4, 256, 8, 3, False, 168, 1), (8, 128, 8, 3, False, 168, 1),
-                    (8, 64, 4, 3, False, 0, 1), (4, 128, 4, 3, False, 168, 2),
-                    (4, 128, 4, 3, False, 168, 4), (4, 64, 4, 3, False, 0, 4))
-LARGE_KEYS = ("tiles", "block_m", "num_warps", "num_stages", "weights_b", "maxnreg", "splits")
+# (tiles, block_m, num_warps, num_stages, maxnreg, splits)
+LARGE_CANDIDATES = ((4, 64, 4, 3, 0, 1), (4, 128, 4, 3, 0, 1), (4, 128, 4, 3, 168, 1),
+                    (4, 128, 4, 3, 128, 1), (4, 128, 8, 3, 0, 1), (4, 256, 8, 3, 0, 1),
+                    (4, 256, 8, 3, 168, 1), (8, 128, 8, 3, 168, 1), (8, 64, 4, 3, 0, 1),
+                    (4, 128, 4, 3, 168, 2), (4, 128, 4, 3, 168, 4), (4, 64, 4, 3, 0, 4))
+LARGE_KEYS = ("tiles", "block_m", "num_warps", "num_stages", "maxnreg", "splits")
 
 
 def _large_runner(cand: tuple | None):
@@ -365,8 +370,8 @@ def _large_runner(cand: tuple | None):
 def _large_label(cand: tuple | None) -> str:
     if cand is None:
         return "decode"
-    return ("fused_t{}_m{}_w{}_s{}".format(*cand[:4]) + ("_wb" if cand[4] else "")
-            + (f"_r{cand[5]}" if cand[5] else "") + (f"_k{cand[6]}" if cand[6] > 1 else ""))
+    return ("fused_t{}_m{}_w{}_s{}".format(*cand[:4]) + (f"_r{cand[4]}" if cand[4] else "")
+            + (f"_k{cand[5]}" if cand[5] > 1 else ""))
 
 
 def run_sweep_large(m_values, shapes=None) -> tuple[list[dict], dict]:
@@ -383,10 +388,6 @@ def run_sweep_large(m_values, shapes=None) -> tuple[list[dict], dict]:
             if m <= launcher.SMALL_PASSES * cfgs.SMALL_M_MAX:
                 runs["small_passes"] = default_run
             t_ref, results = _measure(layer, m, runs)
-            ranked = sorted(results.items(), key=lambda kv: kv[1][0])
-            print(f"{n}x{k} M={m}: cublas {t_ref:.2f} us; " + ", ".join(
-                f"{lbl} {t:.2f} (x{t_ref / t:.2f}{'' if e <= 2 else f' ERR x{e:.0f}'})"
-                for lbl, (t, e) in ranked), flush=True)
             for label, (t, e) in results.items():
                 rows.append(dict(n=n, k=k, m=m, label=label, us=t, err_ratio=e,
                                  cublas_us=t_ref))

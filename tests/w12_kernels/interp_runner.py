@@ -15,15 +15,13 @@ GEMM_CASES = {  # id: (m, n, k, kw, tiles_per_program, escapes)
     "m17_n20_k64_kw3_no_escapes": (17, 20, 64, 3, 1, False),
     "m70_n33_k200_kw3_wide_block": (70, 33, 200, 3, 1, True),
 }
-LARGE_CASES = {  # id: (m, n, k, tiles, block_m, weights_b, splits, escapes)
-    "large_m1_n1_k100": (1, 1, 100, 1, 16, False, 1, True),
-    "large_m40_n37_k250_two_tiles": (40, 37, 250, 2, 16, False, 1, True),
-    "large_m33_n70_k130_block32": (33, 70, 130, 4, 32, False, 1, True),
-    "large_m17_n20_k64_no_escapes": (17, 20, 64, 2, 16, False, 1, False),
-    "large_m40_n37_k250_weights_b": (40, 37, 250, 2, 16, True, 1, True),
-    "large_m33_n70_k130_weights_b_block32": (33, 70, 130, 4, 32, True, 1, True),
-    "large_m40_n37_k250_split3_uneven": (40, 37, 250, 2, 16, False, 3, True),
-    "large_m70_n33_k300_split2": (70, 33, 300, 1, 32, False, 2, True),
+LARGE_CASES = {  # id: (m, n, k, tiles, block_m, splits, escapes)
+    "large_m1_n1_k100": (1, 1, 100, 1, 16, 1, True),
+    "large_m40_n37_k250_two_tiles": (40, 37, 250, 2, 16, 1, True),
+    "large_m33_n70_k130_block32": (33, 70, 130, 4, 32, 1, True),
+    "large_m17_n20_k64_no_escapes": (17, 20, 64, 2, 16, 1, False),
+    "large_m40_n37_k250_split3_uneven": (40, 37, 250, 2, 16, 3, True),
+    "large_m70_n33_k300_split2": (70, 33, 300, 1, 32, 2, True),
 }
 CASE_IDS = [*GEMM_CASES, *LARGE_CASES, "batch_invariant_m1_m17", "decode_kernel_exact"]
 
@@ -63,7 +61,7 @@ def _gemm_case(m, n, k, kw, tiles_per_program, escapes):
     assert_within_budget(out, x, t, reference_linear(x, w, bias), bias)
 
 
-def _large_case(m, n, k, tiles, block_m, weights_b, splits, escapes):
+def _large_case(m, n, k, tiles, block_m, splits, escapes):
     import torch
     from gemm_helpers import assert_within_budget
 
@@ -73,8 +71,8 @@ def _large_case(m, n, k, tiles, block_m, weights_b, splits, escapes):
     t, w, pw, x, bias = _inputs(m, n, k, escapes)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)  # poison
     triton_path.gemm_large(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, bias,
-                           n, k, tiles=tiles, block_m=block_m, weights_b=weights_b,
-                           splits=splits, on_gpu=False, out=out)
+                           n, k, tiles=tiles, block_m=block_m, splits=splits, on_gpu=False,
+                           out=out)
     assert_within_budget(out, x, t, reference_linear(x, w, bias), bias)
 
 

@@ -130,19 +130,16 @@ def test_triton_fallback_on_the_gpu(m):
     assert torch.equal(d.view(torch.int16), t.view(torch.int16))
 
 
-LARGE_CONFIGS = [(4, 64, 4, 3, False, 0, 1), (8, 128, 8, 3, False, 168, 1),
-                 (2, 64, 4, 2, False, 0, 1), (4, 128, 4, 4, False, 128, 1),
-                 (4, 64, 4, 3, True, 0, 1), (8, 128, 4, 3, True, 0, 1), (8, 256, 8, 3, True, 0, 1),
-                 (16, 128, 8, 3, True, 0, 1), (4, 128, 4, 3, False, 168, 3),
-                 (4, 64, 4, 3, True, 0, 2)]
+LARGE_CONFIGS = [(4, 64, 4, 3, 0, 1), (8, 128, 8, 3, 168, 1), (2, 64, 4, 2, 0, 1),
+                 (4, 128, 4, 4, 128, 1), (8, 128, 4, 3, 0, 1), (8, 256, 8, 3, 0, 1),
+                 (16, 128, 8, 3, 0, 1), (4, 128, 4, 3, 168, 3), (4, 64, 4, 3, 0, 2)]
 
 
-@pytest.mark.parametrize("tiles,block_m,num_warps,num_stages,weights_b,maxnreg,splits",
-                         LARGE_CONFIGS,
-                         ids=[f"t{t}_m{b}_w{w}_s{s}{'_wb' if wb else ''}{f'_r{r}' if r else ''}"
+@pytest.mark.parametrize("tiles,block_m,num_warps,num_stages,maxnreg,splits", LARGE_CONFIGS,
+                         ids=[f"t{t}_m{b}_w{w}_s{s}{f'_r{r}' if r else ''}"
                               f"{f'_k{k}' if k > 1 else ''}"
-                              for t, b, w, s, wb, r, k in LARGE_CONFIGS])
-def test_fused_large_kernel(tiles, block_m, num_warps, num_stages, weights_b, maxnreg, splits):
+                              for t, b, w, s, r, k in LARGE_CONFIGS])
+def test_fused_large_kernel(tiles, block_m, num_warps, num_stages, maxnreg, splits):
     """The tensor-core kernel for many rows at awkward sizes and every block shape the sweep
     tries (K splits included): within budget (escapes, NaN/inf included), bit-identical when
     run again."""
@@ -159,8 +156,7 @@ def test_fused_large_kernel(tiles, block_m, num_warps, num_stages, weights_b, ma
             triton_path.gemm_large(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col,
                                    pw.esc_delta, bias, n, k, tiles=tiles, block_m=block_m,
                                    num_warps=num_warps, num_stages=num_stages,
-                                   weights_b=weights_b, maxnreg=maxnreg, splits=splits,
-                                   out=out)
+                                   maxnreg=maxnreg, splits=splits, out=out)
             outs.append(out.view(torch.int16).clone())
         assert_within_budget(out, x, t, _ref(x, t, bias), bias)
         assert torch.equal(outs[0], outs[1]), f"{n}x{k} M={m}: not deterministic"

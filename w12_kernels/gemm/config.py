@@ -111,7 +111,6 @@ class LargeConfig:
     block_m: int = 128  # activation rows per program
     num_warps: int = 8
     num_stages: int = 3
-    weights_b: bool = False  # decoded weights as tl.dot's second operand
     maxnreg: int = 0  # register cap per thread (0: the compiler's choice)
     splits: int = 1  # K ranges summed through a workspace (the launcher may lower it)
 

@@ -164,6 +164,22 @@ def _add_escapes(y, rows, ms, M, N, x_ptr, stride_xm, rowptr_ptr, esc_col_ptr, e
     return y
 
 
+@triton.jit
+def store_output(acc, rows, ms, M, N, x_ptr, stride_xm, scale_ptr, rowptr_ptr, esc_col_ptr,
+                 esc_delta_ptr, bias_ptr, out_ptr, stride_om, HAS_BIAS: tl.constexpr,
+                 ESC_ITERS: tl.constexpr, ON_GPU: tl.constexpr):
+    """The epilogue of every Triton GEMM kernel: ``out[ms, rows]`` = BF16 of ``acc[rows, ms]``
+    (float32, in decoded units) times the row scales, plus the escape corrections of each row
+    in list order, plus the bias."""
+    y = acc * tl.load(scale_ptr + rows, mask=rows < N, other=1.0)[:, None]
+    y = _add_escapes(y, rows, ms, M, N, x_ptr, stride_xm, rowptr_ptr, esc_col_ptr,
+                     esc_delta_ptr, ESC_ITERS, ON_GPU)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)[:, None]
+    ptrs = out_ptr + ms[None, :].to(tl.int64) * stride_om + rows[:, None]
+    tl.store(ptrs, _to_bf16(y, ON_GPU), mask=(ms[None, :] < M) & (rows[:, None] < N))
+
+
 @triton.jit(do_not_specialize=["M", "nchunks"])
 def w12_gemm_kernel(
     x_ptr, chunks_ptr, scale_ptr, rowptr_ptr, esc_col_ptr, esc_delta_ptr, bias_ptr, out_ptr,
@@ -188,13 +204,8 @@ def w12_gemm_kernel(
         # part 0 as is, not 0 + part: a -0.0 partial keeps its sign, as in the CUDA kernel
         total = tl.where(w == 0, part, total + part)
 
-    y = total * tl.load(scale_ptr + rows, mask=rows < N, other=1.0)[:, None]
-    y = _add_escapes(y, rows, ms, M, N, x_ptr, stride_xm, rowptr_ptr, esc_col_ptr,
-                     esc_delta_ptr, ESC_ITERS, ON_GPU)
-    if HAS_BIAS:
-        y += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)[:, None]
-    ptrs = out_ptr + ms[None, :].to(tl.int64) * stride_om + rows[:, None]
-    tl.store(ptrs, _to_bf16(y, ON_GPU), mask=(ms[None, :] < M) & (rows[:, None] < N))
+    store_output(total, rows, ms, M, N, x_ptr, stride_xm, scale_ptr, rowptr_ptr, esc_col_ptr,
+                 esc_delta_ptr, bias_ptr, out_ptr, stride_om, HAS_BIAS, ESC_ITERS, ON_GPU)
 
 
 @triton.jit

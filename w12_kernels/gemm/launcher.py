@@ -109,7 +109,7 @@ def linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delt
         return triton_path.gemm_large(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n,
                                       k, tiles=large.tiles, block_m=large.block_m,
                                       num_warps=large.num_warps, num_stages=large.num_stages,
-                                      weights_b=large.weights_b, maxnreg=large.maxnreg,
+                                      maxnreg=large.maxnreg,
                                       splits=split_count(large.splits, m, k))
     weight = decode(chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, n, k)
     return torch.nn.functional.linear(x, weight, bias)

@@ -48,6 +48,18 @@ def _check_chunks(chunks: torch.Tensor, n: int, k: int) -> tuple[int, int]:
     return tiles, nchunks
 
 
+def _rows_and_output(x: torch.Tensor, out: torch.Tensor | None, n: int, k: int,
+                     name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` checked (BF16 [M, K]) with unit column stride, and the BF16 [M, N] output."""
+    if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.bfloat16:
+        raise W12Error(f"{name}: x must be bfloat16 [M, {k}], got {x.dtype} {tuple(x.shape)}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if out is None:
+        out = torch.empty((x.shape[0], n), dtype=torch.bfloat16, device=x.device)
+    return x, out
+
+
 def gemm(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor, esc_rowptr: torch.Tensor,
          esc_row: torch.Tensor, esc_col: torch.Tensor, esc_delta: torch.Tensor,
          bias: torch.Tensor | None, n: int, k: int, *, kw: int, on_gpu: bool = True,
@@ -67,13 +79,8 @@ def gemm(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor, esc_rowptr:
     if kw < 1 or tiles_per_program not in (1, 2, 4, 8):
         raise W12Error(f"gemm: kw must be >= 1 and tiles_per_program 1, 2, 4 or 8, got kw={kw}, "
                        f"tiles_per_program={tiles_per_program}")
-    if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.bfloat16:
-        raise W12Error(f"gemm: x must be bfloat16 [M, {k}], got {x.dtype} {tuple(x.shape)}")
-    if x.stride(1) != 1:
-        x = x.contiguous()
+    x, out = _rows_and_output(x, out, n, k, "gemm")
     m = x.shape[0]
-    if out is None:
-        out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
     if m == 0 or n == 0:
         return out
     block_m = SMALL_BLOCK_M if m <= SMALL_M_MAX else LARGE_BLOCK_M
@@ -96,14 +103,12 @@ SPLIT_FINISH_BLOCK = 64  # rows and activation rows per program of the split-K e
 def gemm_large(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                esc_rowptr: torch.Tensor, esc_col: torch.Tensor, esc_delta: torch.Tensor,
                bias: torch.Tensor | None, n: int, k: int, *, tiles: int = 8, block_m: int = 128,
-               num_warps: int = 8, num_stages: int = 3, weights_b: bool = False,
-               maxnreg: int = 0, splits: int = 1, on_gpu: bool = True,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+               num_warps: int = 8, num_stages: int = 3, maxnreg: int = 0, splits: int = 1,
+               on_gpu: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` by the tensor-core kernel of ``kernel_large.py``: ``tiles`` 16-row
-    weight tiles and ``block_m`` rows of ``x`` per program; ``weights_b`` puts the decoded
-    weights second in ``tl.dot`` (staged through shared memory) instead of first; ``maxnreg``
-    > 0 caps the registers per thread (more programs per multiprocessor, the rare escape
-    epilogue spilling instead); ``splits`` > 1 cuts K into that many ranges (programs) summed
+    weight tiles and ``block_m`` rows of ``x`` per program; ``maxnreg`` > 0 caps the registers
+    per thread (more programs per multiprocessor, the rare escape epilogue spilling instead);
+    ``splits`` > 1 cuts K into that many ranges (programs) summed
     in order by a second kernel through a float32 workspace of ``splits x M x N``.
     Deterministic, but the bits of a row may depend on M and on the configuration (for the rows
     beyond the batch-invariant path)."""
@@ -114,14 +119,8 @@ def gemm_large(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
         raise W12Error(f"gemm_large: tiles must be 1, 2, 4, 8 or 16, block_m 16..256 (a power "
                        f"of two) and splits >= 1, got tiles={tiles}, block_m={block_m}, "
                        f"splits={splits}")
-    if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.bfloat16:
-        raise W12Error(f"gemm_large: x must be bfloat16 [M, {k}], got {x.dtype} "
-                       f"{tuple(x.shape)}")
-    if x.stride(1) != 1:
-        x = x.contiguous()
+    x, out = _rows_and_output(x, out, n, k, "gemm_large")
     m = x.shape[0]
-    if out is None:
-        out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
     if m == 0 or n == 0:
         return out
     splits = max(1, min(splits, nchunks))
@@ -138,7 +137,7 @@ def gemm_large(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     kernel_large.w12_gemm_large_kernel[grid](
         x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias_arg, out, ws,
         m, n, k, ntiles, nchunks, splits, x.stride(0), out.stride(0),
-        CN=tiles, BLOCK_M=block_m, W_AS_B=weights_b, SPLIT=splits > 1,
+        CN=tiles, BLOCK_M=block_m, SPLIT=splits > 1,
         HAS_BIAS=bias is not None, ON_GPU=on_gpu, CHUNK_ITERS=0 if on_gpu else per,
         ESC_ITERS=esc_iters, **extra,
     )
