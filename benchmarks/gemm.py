@@ -179,6 +179,52 @@ def run_benchmark(models, m_values, ceiling: float) -> list[dict]:
     return rows
 
 
+def run_decode(models, ceiling: float) -> list[dict]:
+    """The decode-to-BF16 step of the large-M path alone, per distinct weight shape: every
+    decode kernel of ``cuda.py`` (escapes written in included) against a device copy of the
+    BF16 weight, timed in the same graphs. Bytes: the chunks read and the BF16 weight written
+    (1.5 + 2 per weight); the copy moves 2 + 2."""
+    rows = []
+    shapes = sorted({(n, k) for model in models for _, n, k in layer_shapes(model)})
+    for n, k in shapes:
+        layer = Layer(n, k, seed=n * 7 + k)
+        lists = _decode_calls(layer)
+        times = time_graphs(lists)
+        pw = layer.w12[0]
+        for kern in cuda.DECODE_KERNELS:
+            got = cuda.decode(pw.chunks, pw.scale, pw.esc_row, pw.esc_col, pw.esc_val, n, k,
+                              kernel=kern)
+            assert torch.equal(got.view(torch.int16), layer.bf16[0].view(torch.int16)), kern
+        moved = layer.w12_bytes(0) + 2 * n * k
+        row = dict(n=n, k=k, copy_us=times[-1], escapes=layer.escapes)
+        for kern, t in zip(cuda.DECODE_KERNELS, times, strict=False):
+            row[kern + "_us"] = t
+            row[kern + "_tbs"] = moved / t / 1e6
+        rows.append(row)
+        print(f"decode {n:>6}x{k:<6} copy {times[-1]:8.2f} us ({4 * n * k / times[-1] / 1e6:.2f}"
+              " TB/s)  " + "  ".join(f"{kern} {row[kern + '_us']:8.2f} us "
+                                      f"({row[kern + '_tbs']:.2f} TB/s, "
+                                      f"{100 * row[kern + '_tbs'] / ceiling:.0f}% of copy)"
+                                      for kern in cuda.DECODE_KERNELS), flush=True)
+        del layer, lists
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _decode_calls(layer: Layer) -> list[list]:
+    """Per decode kernel, then for the copy: the thunks of one timed graph (all copies)."""
+    order = [i % layer.copies for i in range(layer.copies * 4)]
+    dst = torch.empty_like(layer.bf16[0])
+
+    def dec(pw: PackedW12, kern: str):
+        return lambda: cuda.decode(pw.chunks, pw.scale, pw.esc_row, pw.esc_col, pw.esc_val,
+                                   pw.n, pw.k, kernel=kern)
+
+    lists = [[dec(layer.w12[i], kern) for i in order] for kern in cuda.DECODE_KERNELS]
+    lists.append([lambda w=layer.bf16[i]: dst.copy_(w) for i in order])
+    return lists
+
+
 def print_row(r: dict) -> None:
     print(f"{r['model']:>10} {r['layer']:>8} {r['n']:>6}x{r['k']:<6} M={r['m']:<4} "
           f"w12 {r['w12_us']:8.2f} us  cublas {r['cublas_us']:8.2f} us  "
@@ -428,6 +474,8 @@ def main() -> None:
                         help="with --sweep-large: only these NxK shapes, comma-separated")
     parser.add_argument("--sweep-large", action="store_true",
                         help="time the large-M choices (fused block shapes, decode + cuBLAS)")
+    parser.add_argument("--decode", action="store_true",
+                        help="time the decode-to-BF16 kernels alone against a weight copy")
     parser.add_argument("--write-table", action="store_true",
                         help="with --sweep: write the winners to w12_kernels/gemm/tuned.json")
     args = parser.parse_args()
@@ -438,7 +486,10 @@ def main() -> None:
     print(f"device {props.name}, {props.multi_processor_count} SMs; "
           f"copy bandwidth {ceiling:.2f} TB/s (read + write)", flush=True)
     start = time.time()
-    if args.sweep or args.sweep_large:
+    if args.decode:
+        rows = run_decode(args.models.split(","), ceiling)
+        result = dict(device=props.name, copy_tbs=ceiling, decode=rows)
+    elif args.sweep or args.sweep_large:
         if args.sweep:
             rows, table = run_sweep([m for m in m_values if m <= 64])
         else:

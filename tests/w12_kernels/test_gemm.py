@@ -77,6 +77,11 @@ def test_triton_path_rejects_bad_arguments():
         triton_path.gemm(x[:, :39], pw.chunks, pw.scale, *esc, None, 16, 40, kw=1)
     with pytest.raises(W12Error, match="fewer than the 17 x 40"):
         triton_path.decode(pw.chunks, pw.scale, pw.esc_row, pw.esc_col, pw.esc_val, 17, 40)
+    large = (pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, None, 16, 40)
+    with pytest.raises(W12Error, match=r"16 x tiles x block_m <= 16384"):
+        triton_path.gemm_large(x, *large, tiles=8, block_m=256, on_gpu=False)
+    with pytest.raises(W12Error, match="tiles must be 1, 2, 4, 8 or 16"):
+        triton_path.gemm_large(x, *large, tiles=3, block_m=64, on_gpu=False)
 
 
 # ------------------------------------------------------------------ interpreter

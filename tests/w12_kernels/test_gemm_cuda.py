@@ -80,16 +80,19 @@ def test_small_kernel_schedules_change_no_bits(tiles, min_blocks, depth, x_stage
 
 
 @needs_cupy
-def test_decode_kernel_is_exact():
-    for n, k in [(513, 1000), (37, 77), (16, 64)]:
+@pytest.mark.parametrize("kernel", cuda.DECODE_KERNELS)
+def test_decode_kernel_is_exact(kernel):
+    for n, k in [(513, 1000), (37, 77), (16, 64), (40, 4096)]:
         t = make_weight(n, k, seed=3, device="cuda")
         pw = prepare_weight(encoded(t))
-        d = cuda.decode(pw.chunks, pw.scale, pw.esc_row, pw.esc_col, pw.esc_val, n, k)
+        d = cuda.decode(pw.chunks, pw.scale, pw.esc_row, pw.esc_col, pw.esc_val, n, k,
+                        kernel=kernel)
         assert torch.equal(d.view(torch.int16), t.view(torch.int16)), f"{n}x{k}"
     every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
     t = every.reshape(256, 256).cuda()
     pw = prepare_weight(encoded(t))
-    d = cuda.decode(pw.chunks, pw.scale, pw.esc_row, pw.esc_col, pw.esc_val, 256, 256)
+    d = cuda.decode(pw.chunks, pw.scale, pw.esc_row, pw.esc_col, pw.esc_val, 256, 256,
+                    kernel=kernel)
     assert torch.equal(d.view(torch.int16), t.view(torch.int16))
 
 
@@ -131,8 +134,8 @@ def test_triton_fallback_on_the_gpu(m):
 
 
 LARGE_CONFIGS = [(4, 64, 4, 3, 0, 1), (8, 128, 8, 3, 168, 1), (2, 64, 4, 2, 0, 1),
-                 (4, 128, 4, 4, 128, 1), (8, 128, 4, 3, 0, 1), (8, 256, 8, 3, 0, 1),
-                 (16, 128, 8, 3, 0, 1), (4, 128, 4, 3, 168, 3), (4, 64, 4, 3, 0, 2)]
+                 (4, 128, 4, 4, 128, 1), (8, 128, 4, 3, 0, 1), (4, 256, 8, 3, 0, 1),
+                 (16, 64, 8, 3, 0, 1), (4, 128, 4, 3, 168, 3), (4, 64, 4, 3, 0, 2)]
 
 
 @pytest.mark.parametrize("tiles,block_m,num_warps,num_stages,maxnreg,splits", LARGE_CONFIGS,

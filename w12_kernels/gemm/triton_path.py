@@ -97,6 +97,11 @@ def gemm(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor, esc_rowptr:
     return out
 
 
+# The largest accumulator (16 x tiles x block_m float32) a program may hold: Triton 3.6 compiled
+# the 32768-element block of 8 tiles x 256 rows x 8 warps into a kernel that left 15% of the
+# outputs of a 4096x4096 weight unwritten on the H200 (docs/PERF_GEMM.md); every block the
+# sweep tries is within this.
+LARGE_ACC_MAX = 16384
 SPLIT_FINISH_BLOCK = 64  # rows and activation rows per program of the split-K epilogue
 
 
@@ -115,10 +120,11 @@ def gemm_large(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     from w12_kernels.gemm import kernel_large
 
     ntiles, nchunks = _check_chunks(chunks, n, k)
-    if tiles not in (1, 2, 4, 8, 16) or block_m not in (16, 32, 64, 128, 256) or splits < 1:
+    if (tiles not in (1, 2, 4, 8, 16) or block_m not in (16, 32, 64, 128, 256) or splits < 1
+            or 16 * tiles * block_m > LARGE_ACC_MAX):
         raise W12Error(f"gemm_large: tiles must be 1, 2, 4, 8 or 16, block_m 16..256 (a power "
-                       f"of two) and splits >= 1, got tiles={tiles}, block_m={block_m}, "
-                       f"splits={splits}")
+                       f"of two), 16 x tiles x block_m <= {LARGE_ACC_MAX} and splits >= 1, got "
+                       f"tiles={tiles}, block_m={block_m}, splits={splits}")
     x, out = _rows_and_output(x, out, n, k, "gemm_large")
     m = x.shape[0]
     if m == 0 or n == 0:
