@@ -180,49 +180,40 @@ def run_benchmark(models, m_values, ceiling: float) -> list[dict]:
 
 
 def run_decode(models, ceiling: float) -> list[dict]:
-    """The decode-to-BF16 step of the large-M path alone, per distinct weight shape: every
-    decode kernel of ``cuda.py`` (escapes written in included) against a device copy of the
-    BF16 weight, timed in the same graphs. Bytes: the chunks read and the BF16 weight written
-    (1.5 + 2 per weight); the copy moves 2 + 2."""
+    """The decode-to-BF16 step of the large-M path alone (``cuda.decode``, escapes written in),
+    per distinct weight shape, against a device copy of the BF16 weight timed in the same run.
+    Bytes: the chunks read and the BF16 weight written (1.5 + 2 per weight); the copy moves
+    2 + 2."""
     rows = []
     shapes = sorted({(n, k) for model in models for _, n, k in layer_shapes(model)})
     for n, k in shapes:
         layer = Layer(n, k, seed=n * 7 + k)
-        lists = _decode_calls(layer)
-        times = time_graphs(lists)
+        t_dec, t_copy = time_graphs(_decode_calls(layer))
         pw = layer.w12[0]
-        for kern in cuda.DECODE_KERNELS:
-            got = cuda.decode(pw.chunks, pw.scale, pw.esc_row, pw.esc_col, pw.esc_val, n, k,
-                              kernel=kern)
-            assert torch.equal(got.view(torch.int16), layer.bf16[0].view(torch.int16)), kern
-        moved = layer.w12_bytes(0) + 2 * n * k
-        row = dict(n=n, k=k, copy_us=times[-1], escapes=layer.escapes)
-        for kern, t in zip(cuda.DECODE_KERNELS, times, strict=False):
-            row[kern + "_us"] = t
-            row[kern + "_tbs"] = moved / t / 1e6
-        rows.append(row)
-        print(f"decode {n:>6}x{k:<6} copy {times[-1]:8.2f} us ({4 * n * k / times[-1] / 1e6:.2f}"
-              " TB/s)  " + "  ".join(f"{kern} {row[kern + '_us']:8.2f} us "
-                                      f"({row[kern + '_tbs']:.2f} TB/s, "
-                                      f"{100 * row[kern + '_tbs'] / ceiling:.0f}% of copy)"
-                                      for kern in cuda.DECODE_KERNELS), flush=True)
-        del layer, lists
+        got = cuda.decode(pw.chunks, pw.scale, pw.esc_row, pw.esc_col, pw.esc_val, n, k)
+        assert torch.equal(got.view(torch.int16), layer.bf16[0].view(torch.int16))
+        tbs = (layer.w12_bytes(0) + 2 * n * k) / t_dec / 1e6
+        rows.append(dict(n=n, k=k, decode_us=t_dec, decode_tbs=tbs, copy_us=t_copy,
+                         escapes=layer.escapes))
+        print(f"decode {n:>6}x{k:<6} {t_dec:8.2f} us {tbs:5.2f} TB/s ({100 * tbs / ceiling:3.0f}% "
+              f"of copy)   copy of the BF16 weight {t_copy:8.2f} us", flush=True)
+        del layer
         torch.cuda.empty_cache()
     return rows
 
 
 def _decode_calls(layer: Layer) -> list[list]:
-    """Per decode kernel, then for the copy: the thunks of one timed graph (all copies)."""
+    """The thunks of the two timed graphs: decode every copy of the weight, copy every BF16
+    copy."""
     order = [i % layer.copies for i in range(layer.copies * 4)]
     dst = torch.empty_like(layer.bf16[0])
 
-    def dec(pw: PackedW12, kern: str):
+    def dec(pw: PackedW12):
         return lambda: cuda.decode(pw.chunks, pw.scale, pw.esc_row, pw.esc_col, pw.esc_val,
-                                   pw.n, pw.k, kernel=kern)
+                                   pw.n, pw.k)
 
-    lists = [[dec(layer.w12[i], kern) for i in order] for kern in cuda.DECODE_KERNELS]
-    lists.append([lambda w=layer.bf16[i]: dst.copy_(w) for i in order])
-    return lists
+    return [[dec(layer.w12[i]) for i in order],
+            [lambda w=layer.bf16[i]: dst.copy_(w) for i in order]]
 
 
 def print_row(r: dict) -> None:

@@ -159,17 +159,10 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     return out
 
 
-DECODE_KERNELS = ("w12_decode_rows", "w12_decode")
-
-
 def decode(chunks: torch.Tensor, scale: torch.Tensor, esc_row: torch.Tensor,
-           esc_col: torch.Tensor, esc_val: torch.Tensor, n: int, k: int, *,
-           kernel: str = DECODE_KERNELS[0]) -> torch.Tensor:
+           esc_col: torch.Tensor, esc_val: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """The exact BF16 weight [N, K]: the decode kernel, then the escapes written in by a
-    second kernel. ``kernel`` picks the decode: ``w12_decode_rows`` (whole-row stores through
-    shared memory) or ``w12_decode`` (each lane stores its own fragment)."""
-    if kernel not in DECODE_KERNELS:
-        raise ValueError(f"decode: kernel must be one of {DECODE_KERNELS}, got {kernel!r}")
+    second kernel."""
     out = torch.empty((n, k), dtype=torch.bfloat16, device=chunks.device)
     tiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
     total = tiles * nchunks
@@ -181,7 +174,7 @@ def decode(chunks: torch.Tensor, scale: torch.Tensor, esc_row: torch.Tensor,
             blocks = max(1, min(math.ceil(total / 8), sms * 16))
             args = (_ptr(chunks), _ptr(scale), _ptr(out), np.int32(n), np.int32(k),
                     np.int32(nchunks), np.int64(total))
-            _kernel(_index(device), kernel)((blocks,), (256,), args)
+            _kernel(_index(device), "w12_decode")((blocks,), (256,), args)
         if count:
             args = (_ptr(out), _ptr(esc_row), _ptr(esc_col), _ptr(esc_val), np.int64(count),
                     np.int32(k))

@@ -304,60 +304,15 @@ __device__ __forceinline__ u32 scale_pair(u32 pair, float s) {
   return r;
 }
 
-// One warp per chunk (grid-stride). Lane (g, t) holds columns 16t..16t+15 of rows g and g+8.
-__global__ void __launch_bounds__(256) w12_decode(const Words4* __restrict__ chunks,
-                                                  const float* __restrict__ scale,
-                                                  bf16_t* __restrict__ out, int N, int K,
-                                                  int nchunks, long long total_chunks) {
-  const int lane = threadIdx.x & 31;
-  const int g = lane >> 2;
-  const int t = lane & 3;
-  const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
-  for (long long id = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-       id < total_chunks; id += warps) {
-    const Words4* p = chunks + id * 96 + lane;
-    const Words4 w0 = load_stream(p), w1 = load_stream(p + 32), w2 = load_stream(p + 64);
-    const u32 lo_a[4] = {w0.x, w0.y, w0.z, w0.w};
-    const u32 lo_b[4] = {w1.x, w1.y, w1.z, w1.w};
-    const u32 top[4] = {w2.x, w2.y, w2.z, w2.w};
-    const long long tile = id / nchunks;
-    const int c = (int)(id - tile * nchunks);
-    const int col = c * 64 + 16 * t;
-    u32 a[4][4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) decode8(lo_a[j], lo_b[j], top[j], a[j]);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const long long row = tile * 16 + g + 8 * half;
-      if (row >= N || col >= K) continue;
-      const float s = scale[row];
-      u32 v[8];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        v[2 * j] = scale_pair(a[j][half], s);
-        v[2 * j + 1] = scale_pair(a[j][2 + half], s);
-      }
-      bf16_t* dst = out + row * K + col;
-      if (col + 16 <= K && (K & 7) == 0) {
-        Words4* d = reinterpret_cast<Words4*>(dst);
-        d[0] = Words4{v[0], v[1], v[2], v[3]};
-        d[1] = Words4{v[4], v[5], v[6], v[7]};
-      } else {
-        for (int i = 0; i < 16 && col + i < K; ++i)
-          dst[i] = (bf16_t)((v[i >> 1] >> (16 * (i & 1))) & 0xFFFFu);
-      }
-    }
-  }
-}
-
-// The same decode with whole-line stores: each warp decodes its chunk into its own 16 x 64
-// tile of shared memory (rows padded by 16 bytes, so neither the lanes' 16-byte writes nor
-// the row reads collide on a bank), then writes the tile back as 4 stores of 4 full 128-byte
-// rows. A lane's own fragment (rows g and g + 8, 16 columns each) would otherwise cover only
-// half of every 32-byte sector per store.
+// The decode, one warp per chunk (grid-stride): lane (g, t) decodes columns 16t..16t+15 of rows
+// g and g + 8 into the warp's own 16 x 64 tile of shared memory (rows padded by 16 bytes, so
+// neither the lanes' 16-byte writes nor the row reads collide on a bank), then the warp writes
+// the tile back as 4 stores of 4 full 128-byte rows. Storing each lane's own fragment instead
+// covered half of every 32-byte sector per store and ran at 2.0-2.3 TB/s against 3.3-3.6 TB/s
+// on the H200 (docs/PERF_GEMM.md).
 constexpr int DECODE_ROW_WORDS = 36;  // 64 BF16 + 8 padding, in 32-bit words
 
-__global__ void __launch_bounds__(256) w12_decode_rows(const Words4* __restrict__ chunks,
+__global__ void __launch_bounds__(256) w12_decode(const Words4* __restrict__ chunks,
                                                        const float* __restrict__ scale,
                                                        bf16_t* __restrict__ out, int N, int K,
                                                        int nchunks, long long total_chunks) {
