@@ -466,7 +466,7 @@ def main() -> None:
     parser.add_argument("--sweep-large", action="store_true",
                         help="time the large-M choices (fused block shapes, decode + cuBLAS)")
     parser.add_argument("--decode", action="store_true",
-                        help="time the decode-to-BF16 kernels alone against a weight copy")
+                        help="time the decode-to-BF16 kernel alone against a weight copy")
     parser.add_argument("--write-table", action="store_true",
                         help="with --sweep: write the winners to w12_kernels/gemm/tuned.json")
     args = parser.parse_args()

@@ -313,9 +313,9 @@ __device__ __forceinline__ u32 scale_pair(u32 pair, float s) {
 constexpr int DECODE_ROW_WORDS = 36;  // 64 BF16 + 8 padding, in 32-bit words
 
 __global__ void __launch_bounds__(256) w12_decode(const Words4* __restrict__ chunks,
-                                                       const float* __restrict__ scale,
-                                                       bf16_t* __restrict__ out, int N, int K,
-                                                       int nchunks, long long total_chunks) {
+                                                  const float* __restrict__ scale,
+                                                  bf16_t* __restrict__ out, int N, int K,
+                                                  int nchunks, long long total_chunks) {
   __shared__ __align__(16) u32 tiles[8][16 * DECODE_ROW_WORDS];
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;

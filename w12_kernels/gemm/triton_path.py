@@ -98,9 +98,9 @@ def gemm(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor, esc_rowptr:
 
 
 # The largest accumulator (16 x tiles x block_m float32) a program may hold: Triton 3.6 compiled
-# the 32768-element block of 8 tiles x 256 rows x 8 warps into a kernel that left 15% of the
-# outputs of a 4096x4096 weight unwritten on the H200 (docs/PERF_GEMM.md); every block the
-# sweep tries is within this.
+# the 32768-element block of 8 tiles x 256 rows x 8 warps into a kernel that gave NaN for 15%
+# of the outputs of a 4096x4096 weight on the H200 (docs/PERF_GEMM.md); every block the sweep
+# tries is within this.
 LARGE_ACC_MAX = 16384
 SPLIT_FINISH_BLOCK = 64  # rows and activation rows per program of the split-K epilogue
 
