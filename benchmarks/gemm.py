@@ -329,7 +329,9 @@ def _best_layouts(rows: list[dict], kw_of, points) -> tuple[dict, float]:
 def choose_rule(rows: list[dict], sms: int) -> tuple[dict, float]:
     """The table ``tuned.json`` holds: per swept shape its best kw (summed log speedup over
     ``SCORED_M``, each M at its best layout) and layouts; for other shapes the kw rule and
-    layouts with the best geometric-mean speedup over the swept ones."""
+    layouts with the best geometric-mean speedup over the swept ones. NT classes the sweep did
+    not time keep the layouts of the table in use (a sweep of M = 1, 16, 32 alone once reset
+    the M = 64 layouts to the built-in defaults: 0.62x -> 0.44x)."""
     points = sorted({(r["n"], r["k"], r["m"]) for r in rows})
     scored = [p for p in points if p[2] in SCORED_M]
     best, best_score = None, -math.inf
@@ -339,15 +341,17 @@ def choose_rule(rows: list[dict], sms: int) -> tuple[dict, float]:
         by_nt, score = _best_layouts(rows, kw_of, points)
         if best is None or score > best_score:
             best, best_score = dict(rule, by_nt=by_nt), score
-    for cls in map(str, cfgs.NT_CLASSES):  # classes not swept keep the defaults
-        best["by_nt"].setdefault(cls, cfgs.DEFAULT_RULE["by_nt"][cls])
+    current = cfgs.rule()  # classes not swept keep the layouts of the table in use
+    for cls in map(str, cfgs.NT_CLASSES):
+        best["by_nt"].setdefault(cls, current["by_nt"].get(cls, cfgs.DEFAULT_RULE["by_nt"][cls]))
     best["shapes"] = {}
     for n, k in sorted({(p[0], p[1]) for p in points}):
         mine = [p for p in points if p[:2] == (n, k)]
         options = {kw: _best_layouts(rows, lambda *_, kw=kw: kw, mine) for kw in SWEEP_KW}
         kw, (by_nt, score) = max(options.items(), key=lambda kv: kv[1][1])
         if math.isfinite(score):
-            best["shapes"][f"{n}x{k}"] = dict(kw=kw, by_nt=by_nt)
+            kept = current.get("shapes", {}).get(f"{n}x{k}", {}).get("by_nt", {})
+            best["shapes"][f"{n}x{k}"] = dict(kw=kw, by_nt={**kept, **by_nt})
     return best, math.exp(best_score / max(1, len(scored)))
 
 

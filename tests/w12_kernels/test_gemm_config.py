@@ -74,3 +74,33 @@ def test_split_count_keeps_the_workspace_below_the_weight_bytes():
     assert split_count(4, 512, 4096) == 3
     assert split_count(4, 4096, 4096) == 1  # prefill: no split
     assert split_count(1, 1, 4096) == 1
+
+
+def test_sweep_keeps_the_layouts_of_classes_it_did_not_time(monkeypatch):
+    """A small-M sweep over some M classes only (here NT = 1) writes a table whose other
+    classes keep the layouts of the table in use, globally and per shape."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gemm.py"
+    spec = importlib.util.spec_from_file_location("gemm_benchmark", path)
+    gemm_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gemm_bench)
+    in_use = {"warps_per_sm": 16, "min_chunks_per_warp": 2, "max_kw": 8,
+              "by_nt": {c: {"depth": 1, "prefetch": False, "tiles": int(c) % 3 + 1}
+                        for c in ("1", "2", "4", "8")},
+              "shapes": {"4096x4096": {"kw": 8, "by_nt": {"8": {"depth": 3, "tiles": 2}}}}}
+    monkeypatch.setattr(cfgs, "rule", lambda: in_use)
+    rows = []
+    for kw in gemm_bench.SWEEP_KW:
+        for i, lay in enumerate(gemm_bench.SWEEP_LAYOUTS[1]):
+            rows.append(dict(n=4096, k=4096, m=1, kw=kw, **gemm_bench._layout_dict(lay),
+                             us=10.0 + i + kw, err_ratio=1.0, cublas_us=13.0))
+    table, _ = gemm_bench.choose_rule(rows, 132)
+    assert table["by_nt"]["1"] == gemm_bench._layout_dict(gemm_bench.SWEEP_LAYOUTS[1][0])
+    for cls in ("2", "4", "8"):
+        assert table["by_nt"][cls] == in_use["by_nt"][cls]
+    shape = table["shapes"]["4096x4096"]
+    assert shape["kw"] == min(gemm_bench.SWEEP_KW)
+    assert shape["by_nt"]["8"] == {"depth": 3, "tiles": 2}
+    assert shape["by_nt"]["1"] == gemm_bench._layout_dict(gemm_bench.SWEEP_LAYOUTS[1][0])
