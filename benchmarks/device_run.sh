@@ -2,6 +2,8 @@
 # The one script a GPU run of the GEMM work executes: the GPU tests, the launch-rule sweep
 # (writes w12_kernels/gemm/tuned.json), then the full benchmark with that rule.
 #   bash benchmarks/device_run.sh [sweep|large|bench|all|tests|experimental] [extra benchmark args...]
+# TEST_ARGS: more pytest arguments (-k ...) of the GPU tests.
+# SWEEP_ARGS: more arguments of the small-M sweep (--keep-kw: only the kw of the table in use).
 # large: the large-M sweep (fused block shapes vs decode + cuBLAS at SWEEP_LARGE_M, default
 # 128,256,1024), written into the "large" entry of tuned.json.
 # experimental: GPU tests of the warpgroup-MMA GEMM and the Triton decode attention, then
@@ -21,7 +23,12 @@ triton.__version__, "cupy", cupy.__version__)'
 } 2>&1 | tee "$OUT/env.txt"
 if [[ ${TESTS:-1} == 1 ]]; then
   timeout "${TEST_LIMIT:-180}" python3 -m pytest tests/w12_kernels/test_gemm_cuda.py -q -x \
-    -p no:cacheprovider -W ignore::DeprecationWarning 2>&1 | tail -30 | tee "$OUT/tests.txt"
+    -p no:cacheprovider -W ignore::DeprecationWarning ${TEST_ARGS:-} 2>&1 | tail -30 \
+    | tee "$OUT/tests.txt"
+  if ! grep -q " passed" "$OUT/tests.txt" || grep -q -E "failed|error" "$OUT/tests.txt"; then
+    echo "GPU tests did not pass: nothing timed" | tee -a "$OUT/tests.txt"
+    exit 1
+  fi
 fi
 if [[ $MODE == experimental ]]; then
   timeout "${TEST_LIMIT:-180}" python3 -m pytest tests/w12_kernels/test_gemm_wgmma.py \
@@ -32,7 +39,8 @@ if [[ $MODE == experimental ]]; then
 fi
 if [[ $MODE == sweep || $MODE == all ]]; then
   timeout "${SWEEP_LIMIT:-240}" python3 benchmarks/gemm.py --sweep --write-table \
-    --m "${SWEEP_M:-1,16,32}" --json "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.txt"
+    --m "${SWEEP_M:-1,16,32}" ${SWEEP_ARGS:-} --json "$OUT/sweep.json" 2>&1 \
+    | tee "$OUT/sweep.txt"
   cp w12_kernels/gemm/tuned.json "$OUT/" 2>/dev/null || true
 fi
 if [[ $MODE == large || $MODE == all ]]; then

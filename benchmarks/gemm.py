@@ -235,8 +235,10 @@ def geomeans(rows: list[dict]) -> dict[int, float]:
 
 SWEEP_SHAPES = sorted({(n, k) for model in MODELS for _, n, k in layer_shapes(model)})
 SWEEP_KW = (2, 4, 8)  # kw 1 never won a shape of the table
-# per NT class, the candidate schedules (depth, prefetch, tiles, min_blocks, x_stages)
-SWEEP_LAYOUTS = {
+# per NT class, the candidate schedules (depth, prefetch, tiles, min_blocks, x_stages, shared,
+# groups): w12_gemm_small's, then w12_gemm_shared's (tiles = 16-row tiles reading one activation
+# stage, groups = column groups per block; only where kw is a multiple of groups)
+_SMALL_LAYOUTS = {
     1: ((1, False, 1, 1, 0), (2, False, 1, 1, 0), (2, True, 1, 1, 0), (1, False, 1, 1, 2)),
     2: ((1, False, 1, 1, 0), (2, False, 1, 1, 0), (2, True, 1, 1, 0), (1, False, 2, 1, 0),
         (1, False, 1, 1, 3), (2, False, 1, 1, 3)),
@@ -246,7 +248,21 @@ SWEEP_LAYOUTS = {
     8: ((1, False, 1, 1, 0), (1, False, 1, 2, 0), (1, False, 2, 1, 0), (1, False, 3, 1, 0),
         (2, False, 1, 1, 0), (1, False, 2, 1, 2), (1, False, 1, 2, 3)),
 }
-LAYOUT_KEYS = ("depth", "prefetch", "tiles", "min_blocks", "x_stages")
+# (depth, tiles, groups, x_stages, min_blocks) of w12_gemm_shared
+_SHARED_LAYOUTS = {
+    1: (),
+    2: ((2, 8, 1, 3, 2), (4, 8, 1, 3, 2), (2, 4, 2, 3, 2), (2, 8, 2, 3, 1), (2, 2, 4, 3, 2),
+        (2, 8, 1, 4, 3)),
+    4: ((2, 8, 1, 3, 2), (1, 8, 1, 3, 2), (4, 8, 1, 3, 1), (2, 4, 2, 3, 2), (2, 8, 2, 3, 1),
+        (2, 4, 4, 3, 1), (2, 2, 4, 3, 2), (2, 8, 1, 4, 3)),
+    8: ((1, 8, 1, 3, 1), (2, 8, 1, 3, 1), (1, 4, 2, 3, 1), (2, 4, 2, 3, 1), (1, 8, 1, 3, 2)),
+}
+SWEEP_LAYOUTS = {
+    cls: tuple((*lay, False, 1) for lay in _SMALL_LAYOUTS[cls])
+    + tuple((d, False, t, b, xs, True, g) for d, t, g, xs, b in _SHARED_LAYOUTS[cls])
+    for cls in _SMALL_LAYOUTS
+}
+LAYOUT_KEYS = ("depth", "prefetch", "tiles", "min_blocks", "x_stages", "shared", "groups")
 
 
 def _layout_dict(layout: tuple) -> dict:
@@ -294,9 +310,17 @@ def _measure(layer: Layer, m: int, runs: dict) -> tuple[float, dict]:
 
 
 def _small_runner(kw: int, layout: tuple):
+    lay = _layout_dict(layout)
+    shared, groups = lay.pop("shared"), lay.pop("groups")
+
     def run(x, pw):
-        return cuda.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta,
-                               None, pw.n, pw.k, kw=kw, **_layout_dict(layout))
+        args = (x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, None, pw.n,
+                pw.k)
+        if shared:
+            return cuda.gemm_shared(*args, kw=kw, depth=lay["depth"], rows=lay["tiles"],
+                                    groups=groups, x_stages=lay["x_stages"],
+                                    min_blocks=lay["min_blocks"])
+        return cuda.gemm_small(*args, kw=kw, **lay)
     return run
 
 
@@ -312,8 +336,9 @@ def _speedup(r: dict | None) -> float:
 def _best_layouts(rows: list[dict], kw_of, points) -> tuple[dict, float]:
     """Per NT class, the schedule with the best summed log speedup when each shape uses
     ``kw_of(n, k)``; returns the schedules and the summed score over ``SCORED_M``."""
-    table = {(r["n"], r["k"], r["m"], r["kw"], *(r[key] for key in LAYOUT_KEYS)): r
-             for r in rows}
+    defaults = _layout_dict((1, False, 1, 1, 0, False, 1))
+    table = {(r["n"], r["k"], r["m"], r["kw"],
+              *(r.get(key, defaults[key]) for key in LAYOUT_KEYS)): r for r in rows}
     by_nt, score = {}, 0.0
     for cls in sorted({_nt_class(m) for _, _, m in points}):
         mine = [p for p in points if _nt_class(p[2]) == cls]
@@ -355,22 +380,28 @@ def choose_rule(rows: list[dict], sms: int) -> tuple[dict, float]:
     return best, math.exp(best_score / max(1, len(scored)))
 
 
-def run_sweep(m_values) -> tuple[list[dict], dict]:
-    """Time every kw and schedule per shape and M; return the rows and the table."""
+def run_sweep(m_values, keep_kw: bool = False) -> tuple[list[dict], dict]:
+    """Time every kw and schedule per shape and M (with ``keep_kw``, only the kw the table in
+    use gives the shape, so a sweep of some M classes cannot move the split the others were
+    tuned for); return the rows and the table."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for n, k in SWEEP_SHAPES:
         layer = Layer(n, k, seed=n + k)
         chunks = -(-k // 64)
+        kws = (cfgs.small_config(n, k, sms).kw,) if keep_kw else SWEEP_KW
         for m in m_values:
             runs, meta = {}, {}
-            for kw in SWEEP_KW:
+            for kw in kws:
                 if chunks // kw < 2:
                     continue
                 for lay in SWEEP_LAYOUTS[_nt_class(m)]:
-                    depth, prefetch, tiles, min_blocks, x_stages = lay
+                    depth, prefetch, tiles, min_blocks, x_stages, shared, groups = lay
+                    if shared and kw % groups:
+                        continue
                     label = (f"kw{kw}_d{depth}{'_xpf' if prefetch else ''}_t{tiles}"
-                             f"_b{min_blocks}_xs{x_stages}")
+                             f"_b{min_blocks}_xs{x_stages}"
+                             f"{f'_shared_g{groups}' if shared else ''}")
                     runs[label] = _small_runner(kw, lay)
                     meta[label] = dict(kw=kw, **_layout_dict(lay))
             t_ref, results = _measure(layer, m, runs)
@@ -465,6 +496,8 @@ def main() -> None:
     parser.add_argument("--m", default=",".join(map(str, M_VALUES)))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--sweep", action="store_true", help="time candidate configurations")
+    parser.add_argument("--keep-kw", action="store_true",
+                        help="with --sweep: time only the kw of the table in use per shape")
     parser.add_argument("--shapes", default=None,
                         help="with --sweep-large: only these NxK shapes, comma-separated")
     parser.add_argument("--sweep-large", action="store_true",
@@ -486,7 +519,7 @@ def main() -> None:
         result = dict(device=props.name, copy_tbs=ceiling, decode=rows)
     elif args.sweep or args.sweep_large:
         if args.sweep:
-            rows, table = run_sweep([m for m in m_values if m <= 64])
+            rows, table = run_sweep([m for m in m_values if m <= 64], args.keep_kw)
         else:
             shapes = [tuple(map(int, v.split("x"))) for v in args.shapes.split(",")] \
                 if args.shapes else None

@@ -15,11 +15,14 @@
 // indexed by compile-time constants). Activations: loaded just before use, or with XPF one
 // column ahead into registers, or with XS >= 2 through a ring of XS stages in shared memory
 // filled by cp.async XS - 1 columns ahead. MINB caps the registers so that MINB blocks of 8
-// warps fit on a multiprocessor. The block sums the kw partial tiles in shared memory in warp
-// order 0..kw-1. None of TL, P, XPF, XS, MINB changes a sum: each row's products are
+// warps fit on a multiprocessor. The block sums the kw partial tiles in shared memory in the
+// order of fold_tree. None of TL, P, XPF, XS, MINB changes a sum: each row's products are
 // accumulated in the same order whatever they are. No atomics, and kw depends on the weight
 // shape only, so the bits of an output row do not depend on M. The epilogue scales each row
 // by 2^(e0 - 112), adds the escape corrections in list order and the bias, and rounds to BF16.
+//
+// w12_gemm_shared<NT, P, R, CP, XS, MINB>: the same sums for 16 <= M <= 64 with the activations
+// shared by R 16-row tiles (see below).
 //
 // w12_decode: the in-window weights as BF16 [N, K] (escapes come out as record 0;
 // w12_write_escapes writes them in after it).
@@ -94,6 +97,21 @@ __device__ __forceinline__ void store_output(float v, int row, int tok, const bf
     out += bf16_to_float(xt[esc_col[e]]) * esc_delta[e];
   if (bias != nullptr) out += bf16_to_float(bias[row]);
   y[(size_t)tok * n_rows + row] = float_to_bf16(out);
+}
+
+// The fixed order in which the kw partial sums of a row are added, the same in every kernel
+// (batch invariance): pairwise by powers of two, v[0] + v[1], v[2] + v[3], ..., then those
+// pairs pairwise, and so on; an element without a partner is carried up a level. So the kw / C
+// warps of an aligned group of C (a power of two dividing kw) add up to an exact subtree, and a
+// kernel may sum each group on its own and the groups' sums afterwards (w12_gemm_shared).
+template <int MAXN>
+__device__ __forceinline__ float fold_tree(float (&v)[MAXN], int n) {
+#pragma unroll
+  for (int step = 1; step < MAXN; step *= 2)
+#pragma unroll
+    for (int i = 0; i + step < MAXN; i += 2 * step)
+      if (i + step < n) v[i] = v[i] + v[i + step];
+  return v[0];
 }
 
 template <int NT>
@@ -271,7 +289,7 @@ __global__ void __launch_bounds__(256, MINB) w12_gemm_small(
     }
   }
 
-  // one tile at a time through shared memory: the kw partial tiles summed in warp order
+  // one tile at a time through shared memory: the kw partial tiles folded (fold_tree)
   float* mine = partial + (size_t)warp * NT * 4 * 32;
 #pragma unroll
   for (int tt = 0; tt < TL; ++tt) {
@@ -289,11 +307,196 @@ __global__ void __launch_bounds__(256, MINB) w12_gemm_small(
       const int row = tile * 16 + (ln >> 2) + 8 * (r >> 1);
       const int tok = (item >> 2) * 8 + 2 * (ln & 3) + (r & 1);
       if (row >= N || tok >= M) continue;
-      float v = partial[item * 32 + ln];
-      for (int w = 1; w < kw; ++w) v += partial[(w * NT * 4 + item) * 32 + ln];  // fixed order
-      store_output(v, row, tok, x, y, scale, rowptr, esc_col, esc_delta, bias, N, ldx);
+      float v[8];
+#pragma unroll
+      for (int w = 0; w < 8; ++w) v[w] = w < kw ? partial[(w * NT * 4 + item) * 32 + ln] : 0.0f;
+      store_output(fold_tree<8>(v, kw), row, tok, x, y, scale, rowptr, esc_col, esc_delta,
+                   bias, N, ldx);
     }
   }
+}
+
+// w12_gemm_shared<NT, P, R, CP, XS, MINB>: the sums of w12_gemm_small (same kw column groups,
+// same MMAs in the same order, same fold), scheduled so that one activation load serves R
+// 16-row tiles without holding them in registers. A block has R * CP warps: warp (r, c) takes
+// tile blockIdx.x * R + r and column group w = blockIdx.y * CP + c (chunks w, w + kw, ...).
+// The block streams the activations of its CP current chunk columns through XS shared-memory
+// stages (cp.async, XS - 1 columns ahead, one barrier per column), each stage read by the R
+// warps of its column group; weights go straight to registers through a ring of P columns as
+// in w12_gemm_small. Then the block folds its CP groups (an aligned subtree of fold_tree, as
+// kw / CP and CP are powers of two). With gridDim.y = kw / CP > 1 blocks cover one tile's
+// columns: each writes its subtree sums to the float32 workspace ``work`` [kw / CP][tiles]
+// [NT * 4][32], and the last of them to finish (an integer counter per block row, reset by that
+// block) folds them in order and writes the outputs. Which block finishes last changes nothing
+// in the sums, so the bits are w12_gemm_small's, for every R, CP, P, XS, MINB.
+template <int NT, int P, int R, int CP, int XS, int MINB>
+__global__ void __launch_bounds__(R * CP * 32, MINB) w12_gemm_shared(
+    const Words4* __restrict__ chunks, const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
+    const float* __restrict__ scale, const int* __restrict__ rowptr,
+    const int* __restrict__ esc_col, const float* __restrict__ esc_delta,
+    const bf16_t* __restrict__ bias, int M, int N, int ntiles, int nchunks, int ldx, int kw,
+    float* __restrict__ work, unsigned int* __restrict__ counters) {
+  static_assert(XS >= 2, "at least two activation stages");
+  extern __shared__ uint4 smem4[];  // [XS][CP][NT * 2][32] stages; later [CP][R][NT * 4][32]
+  __shared__ int is_last;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int r = warp % R;
+  const int c = warp / R;
+  const int tile = blockIdx.x * R + r;
+  const int group0 = blockIdx.y * CP;  // the block's first column group
+  const int group = group0 + c;
+  const int n = (nchunks - group + kw - 1) / kw;         // this warp's chunk columns
+  const int n_block = (nchunks - group0 + kw - 1) / kw;  // the block's (group0 has the most)
+  const Words4* wp = chunks + (size_t)min(tile, ntiles - 1) * nchunks * 96 + lane;
+
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[nt][q] = 0.0f;
+
+  Words4 ring[P][3];
+#pragma unroll
+  for (int s = 0; s < P; ++s) {
+    if (s < n) {
+      const Words4* p = wp + (size_t)(group + s * kw) * 96;
+      ring[s][0] = load_stream(p);
+      ring[s][1] = load_stream(p + 32);
+      ring[s][2] = load_stream(p + 64);
+    }
+  }
+  // The R warps of column group c fill c's stage, [NT * 2][32] 16-byte pieces: piece
+  // (2 nt + h, lane (g, t)) holds x[8 nt + g][64 chunk + 16 t + 8 h, +8), so lane (g, t) reads
+  // its two pieces of an n-tile from two 512-byte rows (no bank conflicts); rows past M are
+  // zeros. Warp r copies pieces r * 32 + lane, (r + R) * 32 + lane, ...
+  auto fill = [&](int slot, int step) {
+    const int chunk = group + step * kw;
+    if (step < n) {
+      uint4* stage = smem4 + (size_t)(slot * CP + c) * NT * 64;
+      for (int idx = r * 32 + lane; idx < NT * 64; idx += R * 32) {
+        const int q = idx >> 5, ln = idx & 31;
+        const int tok = (q >> 1) * 8 + (ln >> 2);
+        const bf16_t* src = x + (size_t)(tok < M ? tok : 0) * ldx + chunk * 64 +
+                            16 * (ln & 3) + 8 * (q & 1);
+        const u32 dst = (u32)__cvta_generic_to_shared(stage + idx);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+                     "r"(tok < M ? 16 : 0));
+      }
+    }
+    asm volatile("cp.async.commit_group;");
+  };
+#pragma unroll
+  for (int st = 0; st < XS - 1; ++st) fill(st, st);
+
+  for (int i = 0; i < n_block; i += P) {
+#pragma unroll
+    for (int s = 0; s < P; ++s) {
+      const int ii = i + s;
+      if (ii < n_block) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(XS - 2));
+        __syncthreads();  // stage ii is complete; every warp is done with stage ii - 1
+        fill((ii + XS - 1) % XS, ii + XS - 1);
+        if (ii < n) {
+          const Words4 w0 = ring[s][0], w1 = ring[s][1], w2 = ring[s][2];
+          if (ii + P < n) {
+            const Words4* p = wp + (size_t)(group + (ii + P) * kw) * 96;
+            ring[s][0] = load_stream(p);
+            ring[s][1] = load_stream(p + 32);
+            ring[s][2] = load_stream(p + 64);
+          }
+          const uint4* stage = smem4 + (size_t)((ii % XS) * CP + c) * NT * 64 + lane;
+          const u32 lo_a[4] = {w0.x, w0.y, w0.z, w0.w};
+          const u32 lo_b[4] = {w1.x, w1.y, w1.z, w1.w};
+          const u32 top[4] = {w2.x, w2.y, w2.z, w2.w};
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {  // columns 16 t + 8 h .. + 8: MMAs j = 2 h, 2 h + 1
+            u32 xh[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              const uint4 v = stage[(2 * nt + h) * 32];
+              xh[nt][0] = v.x; xh[nt][1] = v.y; xh[nt][2] = v.z; xh[nt][3] = v.w;
+            }
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+              const int j = 2 * h + jj;
+              u32 a[4];
+              decode8(lo_a[j], lo_b[j], top[j], a);
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt)
+                mma_bf16(acc[nt], a, xh[nt][2 * jj], xh[nt][2 * jj + 1]);
+            }
+          }
+        }
+      }
+    }
+  }
+  asm volatile("cp.async.wait_all;");
+  __syncthreads();  // the stages are free: the fold area takes their place
+
+  constexpr int ITEMS = NT * 4 * 32;  // one warp's partial tile, lane-major
+  float* part = reinterpret_cast<float*>(smem4);  // [CP][R][ITEMS]
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) part[(c * R + r) * ITEMS + (nt * 4 + q) * 32 + lane] =
+        acc[nt][q];
+  __syncthreads();
+  const int splits = gridDim.y;
+  for (int idx = threadIdx.x; idx < R * ITEMS; idx += R * CP * 32) {
+    const int rr = idx / ITEMS;
+    const int it = idx - rr * ITEMS;
+    float v[CP];
+#pragma unroll
+    for (int cc = 0; cc < CP; ++cc) v[cc] = part[(cc * R + rr) * ITEMS + it];
+    const float sum = fold_tree<CP>(v, CP);
+    const int tl = blockIdx.x * R + rr;
+    if (splits == 1) {
+      const int ln = it & 31, item = it >> 5, q = item & 3;
+      const int row = tl * 16 + (ln >> 2) + 8 * (q >> 1);
+      const int tok = (item >> 2) * 8 + 2 * (ln & 3) + (q & 1);
+      if (row < N && tok < M)
+        store_output(sum, row, tok, x, y, scale, rowptr, esc_col, esc_delta, bias, N, ldx);
+    } else {
+      work[((size_t)blockIdx.y * gridDim.x * R + tl) * ITEMS + it] = sum;
+    }
+  }
+  if (splits == 1) return;
+  __threadfence();  // the sums are visible before the counter moves
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(&counters[blockIdx.x], 1u) == (u32)(splits - 1);
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  // BATCH items per thread at a time, all their loads issued before the first sum: the fold
+  // sits at the end of the kernel, so its L2 latency is paid once per batch, not per load
+  constexpr int BATCH = 4;
+  const size_t split_stride = (size_t)gridDim.x * R * ITEMS;
+  const float* base = work + (size_t)blockIdx.x * R * ITEMS;
+  for (int idx0 = threadIdx.x; idx0 < R * ITEMS; idx0 += BATCH * R * CP * 32) {
+    float v[BATCH][8];
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      const int idx = idx0 + b * R * CP * 32;
+#pragma unroll
+      for (int sp = 0; sp < 8; ++sp)
+        v[b][sp] = sp < splits && idx < R * ITEMS ? __ldcg(base + sp * split_stride + idx)
+                                                  : 0.0f;
+    }
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      const int idx = idx0 + b * R * CP * 32;
+      const int rr = idx / ITEMS;
+      const int it = idx - rr * ITEMS;
+      const int ln = it & 31, item = it >> 5, q = item & 3;
+      const int row = (blockIdx.x * R + rr) * 16 + (ln >> 2) + 8 * (q >> 1);
+      const int tok = (item >> 2) * 8 + 2 * (ln & 3) + (q & 1);
+      if (idx < R * ITEMS && row < N && tok < M)
+        store_output(fold_tree<8>(v[b], splits), row, tok, x, y, scale, rowptr, esc_col,
+                     esc_delta, bias, N, ldx);
+    }
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0u;  // ready for the next launch
 }
 
 __device__ __forceinline__ u32 scale_pair(u32 pair, float s) {

@@ -65,10 +65,17 @@ def _small_passes(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k, 
     for start in range(0, m, cfgs.SMALL_M_MAX):
         part = x[start : start + cfgs.SMALL_M_MAX]
         lay = cfg.layout(part.shape[0])
-        cuda.gemm_small(part, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k,
-                        kw=cfg.kw, depth=lay.depth, prefetch=lay.prefetch, tiles=lay.tiles,
-                        min_blocks=lay.min_blocks, x_stages=lay.x_stages,
-                        out=out[start : start + part.shape[0]])
+        dst = out[start : start + part.shape[0]]
+        if lay.shared and cfg.kw in (1, 2, 4, 8):  # its fold needs a power of two
+            cuda.gemm_shared(part, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k,
+                             kw=cfg.kw, depth=lay.depth, rows=lay.tiles,
+                             groups=min(lay.groups, cfg.kw), x_stages=lay.x_stages,
+                             min_blocks=lay.min_blocks, out=dst)
+        else:
+            cuda.gemm_small(part, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k,
+                            kw=cfg.kw, depth=lay.depth, prefetch=lay.prefetch,
+                            tiles=1 if lay.shared else lay.tiles, min_blocks=lay.min_blocks,
+                            x_stages=lay.x_stages, out=dst)
     return out
 
 
