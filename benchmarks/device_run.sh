@@ -2,7 +2,7 @@
 # The one script a GPU run of the GEMM work executes: the GPU tests, the launch-rule sweep
 # (writes w12_kernels/gemm/tuned.json), then the full benchmark with that rule.
 #   bash benchmarks/device_run.sh [sweep|large|bench|all|tests|experimental] [extra benchmark args...]
-# TEST_ARGS: more pytest arguments (-k ...) of the GPU tests.
+# TEST_K: a pytest -k expression selecting GPU tests.
 # SWEEP_ARGS: more arguments of the small-M sweep (--keep-kw: only the kw of the table in use).
 # large: the large-M sweep (fused block shapes vs decode + cuBLAS at SWEEP_LARGE_M, default
 # 128,256,1024), written into the "large" entry of tuned.json.
@@ -23,7 +23,7 @@ triton.__version__, "cupy", cupy.__version__)'
 } 2>&1 | tee "$OUT/env.txt"
 if [[ ${TESTS:-1} == 1 ]]; then
   timeout "${TEST_LIMIT:-180}" python3 -m pytest tests/w12_kernels/test_gemm_cuda.py -q -x \
-    -p no:cacheprovider -W ignore::DeprecationWarning ${TEST_ARGS:-} 2>&1 | tail -30 \
+    -p no:cacheprovider -W ignore::DeprecationWarning ${TEST_K:+-k "$TEST_K"} 2>&1 | tail -30 \
     | tee "$OUT/tests.txt"
   if ! grep -q " passed" "$OUT/tests.txt" || grep -q -E "failed|error" "$OUT/tests.txt"; then
     echo "GPU tests did not pass: nothing timed" | tee -a "$OUT/tests.txt"
