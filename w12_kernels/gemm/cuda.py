@@ -156,7 +156,7 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
             _ptr(esc_delta), _ptr(bias), np.int32(m), np.int32(n), np.int32(ntiles),
             np.int32(nchunks), np.int32(xp.stride(0)), np.int32(kw))
     with _on(device):
-        if smem > 48 * 1024 and func.max_dynamic_shared_size_bytes < smem:
+        if smem + func.shared_size_bytes > 48 * 1024 and func.max_dynamic_shared_size_bytes < smem:
             func.max_dynamic_shared_size_bytes = smem
         func((math.ceil(ntiles / tiles),), (kw * 32,), args, shared_mem=smem)
     return out
@@ -223,7 +223,7 @@ def gemm_shared(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
             np.int32(nchunks), np.int32(xp.stride(0)), np.int32(kw), _ptr(work),
             _ptr(counters))
     with _on(device):
-        if smem > 48 * 1024 and func.max_dynamic_shared_size_bytes < smem:
+        if smem + func.shared_size_bytes > 48 * 1024 and func.max_dynamic_shared_size_bytes < smem:
             func.max_dynamic_shared_size_bytes = smem
         func((grid_x, splits), (rows * groups * 32,), args, shared_mem=smem)
     return out
