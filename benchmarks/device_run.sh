@@ -23,10 +23,12 @@ triton.__version__, "cupy", cupy.__version__)'
 } 2>&1 | tee "$OUT/env.txt"
 if [[ ${TESTS:-1} == 1 ]]; then
   timeout "${TEST_LIMIT:-180}" python3 -m pytest tests/w12_kernels/test_gemm_cuda.py -q -x \
-    -p no:cacheprovider -W ignore::DeprecationWarning ${TEST_K:+-k "$TEST_K"} 2>&1 | tail -30 \
-    | tee "$OUT/tests.txt"
-  if ! grep -q " passed" "$OUT/tests.txt" || grep -q -E "failed|error" "$OUT/tests.txt"; then
-    echo "GPU tests did not pass: nothing timed" | tee -a "$OUT/tests.txt"
+    -p no:cacheprovider -W ignore::DeprecationWarning ${TEST_K:+-k "$TEST_K"} \
+    > "$OUT/tests_full.txt" 2>&1
+  rc=$?
+  tail -30 "$OUT/tests_full.txt" | tee "$OUT/tests.txt"
+  if [[ $rc != 0 ]]; then
+    echo "GPU tests did not pass (exit $rc): nothing timed" | tee -a "$OUT/tests.txt"
     exit 1
   fi
 fi
