@@ -27,7 +27,7 @@ NT_MAX = 8  # 8 activation rows per n-tile: M <= 64
 TILES = (1, 2, 3, 4)  # 16-row tiles per block
 MIN_BLOCKS = (1, 2, 3, 4)  # blocks of 8 warps per multiprocessor the registers must allow
 X_STAGES = (0, 2, 3, 4)  # shared-memory activation stages (0: activations through registers)
-SHARED_X_STAGES = (2, 3, 4)  # gemm_shared: activation stages of a block
+SHARED_X_STAGES = (2, 3, 4, 6)  # gemm_shared: activation stages of a block
 
 
 @functools.cache

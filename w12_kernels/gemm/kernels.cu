@@ -85,18 +85,29 @@ __device__ __forceinline__ bf16_t float_to_bf16(float v) {
   return r;
 }
 
-// The epilogue of one output: scale the row's sum ``v`` by 2^(e0 - 112), add the row's escape
-// corrections in list order and the bias, round to BF16 and store y[tok, row].
+// The epilogue of one output, given the row's scale ``s``, escape range [e0, e1) and bias: the
+// sum times 2^(e0 - 112), plus the escape corrections in list order (each one fused
+// multiply-add), plus the bias, rounded to BF16. Written with explicit roundings so that every
+// kernel's copy of it computes the same bits.
+__device__ __forceinline__ bf16_t output_bits(float v, float s, int e0, int e1,
+                                              const bf16_t* xt, const int* esc_col,
+                                              const float* esc_delta, const bf16_t* bias,
+                                              int row) {
+  float out = __fmul_rn(v, s);
+  for (int e = e0; e < e1; ++e)
+    out = __fmaf_rn(bf16_to_float(xt[esc_col[e]]), esc_delta[e], out);
+  if (bias != nullptr) out = __fadd_rn(out, bf16_to_float(bias[row]));
+  return float_to_bf16(out);
+}
+
+// One output y[tok, row] from the row's sum ``v`` (output_bits).
 __device__ __forceinline__ void store_output(float v, int row, int tok, const bf16_t* x,
                                              bf16_t* y, const float* scale, const int* rowptr,
                                              const int* esc_col, const float* esc_delta,
                                              const bf16_t* bias, int n_rows, int ldx) {
-  float out = v * scale[row];
-  const bf16_t* xt = x + (size_t)tok * ldx;
-  for (int e = rowptr[row]; e < rowptr[row + 1]; ++e)
-    out += bf16_to_float(xt[esc_col[e]]) * esc_delta[e];
-  if (bias != nullptr) out += bf16_to_float(bias[row]);
-  y[(size_t)tok * n_rows + row] = float_to_bf16(out);
+  y[(size_t)tok * n_rows + row] = output_bits(v, scale[row], rowptr[row], rowptr[row + 1],
+                                              x + (size_t)tok * ldx, esc_col, esc_delta, bias,
+                                              row);
 }
 
 // The fixed order in which the kw partial sums of a row are added, the same in every kernel
@@ -443,59 +454,69 @@ __global__ void __launch_bounds__(R * CP * 32, MINB) w12_gemm_shared(
         acc[nt][q];
   __syncthreads();
   const int splits = gridDim.y;
-  for (int idx = threadIdx.x; idx < R * ITEMS; idx += R * CP * 32) {
-    const int rr = idx / ITEMS;
-    const int it = idx - rr * ITEMS;
-    float v[CP];
+  const size_t split_stride = (size_t)gridDim.x * R * ITEMS;
+  float* block_work = work + (size_t)blockIdx.x * R * ITEMS;
+  if (splits > 1) {  // this block's subtree sums into the workspace, then the counter
+    for (int idx = threadIdx.x; idx < R * ITEMS; idx += R * CP * 32) {
+      const int rr = idx / ITEMS;
+      const int it = idx - rr * ITEMS;
+      float v[CP];
 #pragma unroll
-    for (int cc = 0; cc < CP; ++cc) v[cc] = part[(cc * R + rr) * ITEMS + it];
-    const float sum = fold_tree<CP>(v, CP);
-    const int tl = blockIdx.x * R + rr;
-    if (splits == 1) {
-      const int ln = it & 31, item = it >> 5, q = item & 3;
-      const int row = tl * 16 + (ln >> 2) + 8 * (q >> 1);
-      const int tok = (item >> 2) * 8 + 2 * (ln & 3) + (q & 1);
-      if (row < N && tok < M)
-        store_output(sum, row, tok, x, y, scale, rowptr, esc_col, esc_delta, bias, N, ldx);
-    } else {
-      work[((size_t)blockIdx.y * gridDim.x * R + tl) * ITEMS + it] = sum;
+      for (int cc = 0; cc < CP; ++cc) v[cc] = part[(cc * R + rr) * ITEMS + it];
+      block_work[blockIdx.y * split_stride + idx] = fold_tree<CP>(v, CP);
+    }
+    __threadfence();  // the sums are visible before the counter moves
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(&counters[blockIdx.x], 1u) == (u32)(splits - 1);
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+  }
+  // The outputs: thread -> one of the block's R * 16 rows (its scale, escape range and bias
+  // loaded once) and every TPR-th token, the sums of TB tokens gathered before they are used
+  // (from the workspace all their loads are in flight together). Consecutive threads take
+  // consecutive rows, so a warp's stores of one token are contiguous.
+  constexpr int THREADS = R * CP * 32;
+  constexpr int TPR = THREADS / (R * 16);  // threads per row: 2 * CP
+  constexpr int TB = 4;
+  const int rl = threadIdx.x % (R * 16);
+  const int rr = rl >> 4, rt = rl & 15;
+  const int row = (blockIdx.x * R + rr) * 16 + rt;
+  if (row < N) {
+    const float s = scale[row];
+    const int e0 = rowptr[row], e1 = rowptr[row + 1];
+    // element (rt, tok) of a partial tile: lane (rt % 8) * 4 + (tok % 8) / 2, accumulator
+    // register 2 (rt / 8) + tok % 2 of n-tile tok / 8
+    const int base = rr * ITEMS + (rt & 7) * 4 + 64 * (rt >> 3);
+    for (int tok0 = threadIdx.x / (R * 16); tok0 < M; tok0 += TB * TPR) {
+      float v[TB];
+#pragma unroll
+      for (int b = 0; b < TB; ++b) {
+        const int tok = tok0 + b * TPR;
+        const int it = base + ((tok >> 3) * 4 + (tok & 1)) * 32 + ((tok & 7) >> 1);
+        if (splits > 1) {
+          float w[8];
+#pragma unroll
+          for (int sp = 0; sp < 8; ++sp)
+            w[sp] = sp < splits && tok < M ? __ldcg(block_work + sp * split_stride + it) : 0.0f;
+          v[b] = fold_tree<8>(w, splits);
+        } else {
+          float w[CP];
+#pragma unroll
+          for (int cc = 0; cc < CP; ++cc) w[cc] = tok < M ? part[cc * R * ITEMS + it] : 0.0f;
+          v[b] = fold_tree<CP>(w, CP);
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < TB; ++b) {
+        const int tok = tok0 + b * TPR;
+        if (tok < M)
+          y[(size_t)tok * N + row] = output_bits(v[b], s, e0, e1, x + (size_t)tok * ldx,
+                                                 esc_col, esc_delta, bias, row);
+      }
     }
   }
   if (splits == 1) return;
-  __threadfence();  // the sums are visible before the counter moves
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(&counters[blockIdx.x], 1u) == (u32)(splits - 1);
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  // BATCH items per thread at a time, all their loads issued before the first sum: the fold
-  // sits at the end of the kernel, so its L2 latency is paid once per batch, not per load
-  constexpr int BATCH = 4;
-  const size_t split_stride = (size_t)gridDim.x * R * ITEMS;
-  const float* base = work + (size_t)blockIdx.x * R * ITEMS;
-  for (int idx0 = threadIdx.x; idx0 < R * ITEMS; idx0 += BATCH * R * CP * 32) {
-    float v[BATCH][8];
-#pragma unroll
-    for (int b = 0; b < BATCH; ++b) {
-      const int idx = idx0 + b * R * CP * 32;
-#pragma unroll
-      for (int sp = 0; sp < 8; ++sp)
-        v[b][sp] = sp < splits && idx < R * ITEMS ? __ldcg(base + sp * split_stride + idx)
-                                                  : 0.0f;
-    }
-#pragma unroll
-    for (int b = 0; b < BATCH; ++b) {
-      const int idx = idx0 + b * R * CP * 32;
-      const int rr = idx / ITEMS;
-      const int it = idx - rr * ITEMS;
-      const int ln = it & 31, item = it >> 5, q = item & 3;
-      const int row = (blockIdx.x * R + rr) * 16 + (ln >> 2) + 8 * (q >> 1);
-      const int tok = (item >> 2) * 8 + 2 * (ln & 3) + (q & 1);
-      if (idx < R * ITEMS && row < N && tok < M)
-        store_output(fold_tree<8>(v[b], splits), row, tok, x, y, scale, rowptr, esc_col,
-                     esc_delta, bias, N, ldx);
-    }
-  }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0u;  // ready for the next launch
 }
 
