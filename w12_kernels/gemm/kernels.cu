@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(256, MINB) w12_gemm_small(
 // 16-row tiles without holding them in registers. A block has R * CP warps: warp (r, c) takes
 // tile blockIdx.x * R + r and column group w = blockIdx.y * CP + c (chunks w, w + kw, ...).
 // The block streams the activations of its CP current chunk columns through XS shared-memory
-// stages (cp.async, XS - 1 columns ahead, one barrier per column), each stage read by the R
+// stages (filled through registers XS - 1 columns ahead, one barrier per column), read by the R
 // warps of its column group; weights go straight to registers through a ring of P columns as
 // in w12_gemm_small. Then the block folds its CP groups (an aligned subtree of fold_tree, as
 // kw / CP and CP are powers of two). With gridDim.y = kw / CP > 1 blocks cover one tile's
@@ -380,34 +380,56 @@ __global__ void __launch_bounds__(R * CP * 32, MINB) w12_gemm_shared(
   // The R warps of column group c fill c's stage, [NT * 2][32] 16-byte pieces: piece
   // (2 nt + h, lane (g, t)) holds x[8 nt + g][64 chunk + 16 t + 8 h, +8), so lane (g, t) reads
   // its two pieces of an n-tile from two 512-byte rows (no bank conflicts); rows past M are
-  // zeros. Warp r copies pieces r * 32 + lane, (r + R) * 32 + lane, ...
-  auto fill = [&](int slot, int step) {
-    const int chunk = group + step * kw;
-    if (step < n) {
-      uint4* stage = smem4 + (size_t)(slot * CP + c) * NT * 64;
-      for (int idx = r * 32 + lane; idx < NT * 64; idx += R * 32) {
-        const int q = idx >> 5, ln = idx & 31;
-        const int tok = (q >> 1) * 8 + (ln >> 2);
-        const bf16_t* src = x + (size_t)(tok < M ? tok : 0) * ldx + chunk * 64 +
-                            16 * (ln & 3) + 8 * (q & 1);
-        const u32 dst = (u32)__cvta_generic_to_shared(stage + idx);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-                     "r"(tok < M ? 16 : 0));
+  // zeros. Thread j of the group's R * 32 copies pieces j, j + R * 32, ..., numbered with h
+  // fastest, then t, g, nt, so that a warp's loads cover whole 128-byte rows of x. The copies
+  // go through registers two steps ahead (xa: the pieces of step ii + XS - 1, xb: those of
+  // step ii + XS), plain loads and stores (docs/PERF_GEMM.md: the same kernel with cp.async and
+  // wait_group ran at about half the speed).
+  constexpr int PIECES = (NT * 64 + R * 32 - 1) / (R * 32);
+  const int j0 = r * 32 + lane;
+  auto load_pieces = [&](uint4 (&v)[PIECES], int step) {
+#pragma unroll
+    for (int pc = 0; pc < PIECES; ++pc) {
+      const int j = j0 + pc * R * 32;
+      const int tok = (j >> 6) * 8 + ((j >> 3) & 7);
+      v[pc] = make_uint4(0u, 0u, 0u, 0u);
+      if (step < n && j < NT * 64 && tok < M) {
+        const Words4 w = load_cached(x + (size_t)tok * ldx + (group + step * kw) * 64 +
+                                     16 * ((j >> 1) & 3) + 8 * (j & 1));
+        v[pc] = make_uint4(w.x, w.y, w.z, w.w);
       }
     }
-    asm volatile("cp.async.commit_group;");
   };
+  auto store_pieces = [&](const uint4 (&v)[PIECES], int slot) {
+    uint4* stage = smem4 + (size_t)(slot * CP + c) * NT * 64;
 #pragma unroll
-  for (int st = 0; st < XS - 1; ++st) fill(st, st);
+    for (int pc = 0; pc < PIECES; ++pc) {
+      const int j = j0 + pc * R * 32;
+      if (j < NT * 64)  // piece (q = 2 nt + h, lane g * 4 + t)
+        stage[((j >> 6) * 2 + (j & 1)) * 32 + ((j >> 3) & 7) * 4 + ((j >> 1) & 3)] = v[pc];
+    }
+  };
+  uint4 xa[PIECES], xb[PIECES];
+  {  // the first XS - 1 stages: every load issued before the first store
+    uint4 pre[XS - 1][PIECES];
+#pragma unroll
+    for (int st = 0; st < XS - 1; ++st) load_pieces(pre[st], st);
+    load_pieces(xa, XS - 1);
+    load_pieces(xb, XS);
+#pragma unroll
+    for (int st = 0; st < XS - 1; ++st) store_pieces(pre[st], st);
+  }
 
   for (int i = 0; i < n_block; i += P) {
 #pragma unroll
     for (int s = 0; s < P; ++s) {
       const int ii = i + s;
       if (ii < n_block) {
-        asm volatile("cp.async.wait_group %0;" ::"n"(XS - 2));
         __syncthreads();  // stage ii is complete; every warp is done with stage ii - 1
-        fill((ii + XS - 1) % XS, ii + XS - 1);
+        store_pieces(xa, (ii + XS - 1) % XS);
+#pragma unroll
+        for (int pc = 0; pc < PIECES; ++pc) xa[pc] = xb[pc];
+        load_pieces(xb, ii + XS + 1);
         if (ii < n) {
           const Words4 w0 = ring[s][0], w1 = ring[s][1], w2 = ring[s][2];
           if (ii + P < n) {
@@ -442,7 +464,6 @@ __global__ void __launch_bounds__(R * CP * 32, MINB) w12_gemm_shared(
       }
     }
   }
-  asm volatile("cp.async.wait_all;");
   __syncthreads();  // the stages are free: the fold area takes their place
 
   constexpr int ITEMS = NT * 4 * 32;  // one warp's partial tile, lane-major
@@ -490,20 +511,30 @@ __global__ void __launch_bounds__(R * CP * 32, MINB) w12_gemm_shared(
     const int base = rr * ITEMS + (rt & 7) * 4 + 64 * (rt >> 3);
     for (int tok0 = threadIdx.x / (R * 16); tok0 < M; tok0 += TB * TPR) {
       float v[TB];
+      if (splits > 1) {
+        // unconditional loads from valid addresses (a token past M reads token 0, a split
+        // past the last one reads split 0; neither is used), so that all TB * 8 are issued
+        // before the first is waited for
+        float w[TB][8];
 #pragma unroll
-      for (int b = 0; b < TB; ++b) {
-        const int tok = tok0 + b * TPR;
-        const int it = base + ((tok >> 3) * 4 + (tok & 1)) * 32 + ((tok & 7) >> 1);
-        if (splits > 1) {
-          float w[8];
+        for (int b = 0; b < TB; ++b) {
+          const int tok = min(tok0 + b * TPR, M - 1);
+          const int it = base + ((tok >> 3) * 4 + (tok & 1)) * 32 + ((tok & 7) >> 1);
 #pragma unroll
           for (int sp = 0; sp < 8; ++sp)
-            w[sp] = sp < splits && tok < M ? __ldcg(block_work + sp * split_stride + it) : 0.0f;
-          v[b] = fold_tree<8>(w, splits);
-        } else {
+            w[b][sp] = __ldcg(block_work + (sp < splits ? sp : 0) * split_stride + it);
+        }
+#pragma unroll
+        for (int b = 0; b < TB; ++b) v[b] = fold_tree<8>(w[b], splits);
+      }
+      if (splits == 1) {
+#pragma unroll
+        for (int b = 0; b < TB; ++b) {
+          const int tok = min(tok0 + b * TPR, M - 1);
+          const int it = base + ((tok >> 3) * 4 + (tok & 1)) * 32 + ((tok & 7) >> 1);
           float w[CP];
 #pragma unroll
-          for (int cc = 0; cc < CP; ++cc) w[cc] = tok < M ? part[cc * R * ITEMS + it] : 0.0f;
+          for (int cc = 0; cc < CP; ++cc) w[cc] = part[cc * R * ITEMS + it];
           v[b] = fold_tree<CP>(w, CP);
         }
       }
