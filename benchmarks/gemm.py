@@ -248,18 +248,17 @@ _SMALL_LAYOUTS = {
     8: ((1, False, 1, 1, 0), (1, False, 1, 2, 0), (1, False, 2, 1, 0), (1, False, 3, 1, 0),
         (2, False, 1, 1, 0), (1, False, 2, 1, 2), (1, False, 1, 2, 3)),
 }
-# (depth, tiles, groups, x_stages, min_blocks) of w12_gemm_shared
+# (depth, tiles, groups, min_blocks) of w12_gemm_shared
 _SHARED_LAYOUTS = {
     1: (),
-    2: ((2, 8, 1, 4, 2), (4, 8, 1, 4, 1), (2, 4, 2, 4, 2), (4, 4, 2, 4, 1), (2, 2, 4, 4, 2),
-        (2, 2, 8, 4, 1)),
-    4: ((2, 8, 1, 4, 2), (4, 8, 1, 4, 1), (2, 4, 2, 4, 2), (4, 4, 2, 4, 1), (2, 2, 4, 4, 2),
-        (2, 2, 8, 4, 1), (4, 2, 4, 4, 1)),
-    8: ((1, 8, 1, 4, 1), (2, 8, 1, 4, 1), (2, 4, 2, 4, 1), (2, 2, 4, 4, 1)),
+    2: ((1, 8, 1, 2), (2, 8, 1, 2), (2, 4, 2, 2), (2, 2, 4, 2), (1, 2, 4, 3), (2, 8, 2, 1)),
+    4: ((1, 8, 1, 2), (2, 8, 1, 2), (2, 4, 2, 2), (1, 2, 4, 2), (2, 2, 4, 2), (2, 8, 2, 1),
+        (2, 4, 4, 1), (1, 2, 8, 1)),
+    8: ((1, 8, 1, 2), (1, 4, 2, 2), (1, 2, 4, 2), (2, 2, 4, 1)),
 }
 SWEEP_LAYOUTS = {
     cls: tuple((*lay, False, 1) for lay in _SMALL_LAYOUTS[cls])
-    + tuple((d, False, t, b, xs, True, g) for d, t, g, xs, b in _SHARED_LAYOUTS[cls])
+    + tuple((d, False, t, b, 0, True, g) for d, t, g, b in _SHARED_LAYOUTS[cls])
     for cls in _SMALL_LAYOUTS
 }
 LAYOUT_KEYS = ("depth", "prefetch", "tiles", "min_blocks", "x_stages", "shared", "groups")
@@ -318,8 +317,7 @@ def _small_runner(kw: int, layout: tuple):
                 pw.k)
         if shared:
             return cuda.gemm_shared(*args, kw=kw, depth=lay["depth"], rows=lay["tiles"],
-                                    groups=groups, x_stages=lay["x_stages"],
-                                    min_blocks=lay["min_blocks"])
+                                    groups=groups, min_blocks=lay["min_blocks"])
         return cuda.gemm_small(*args, kw=kw, **lay)
     return run
 
@@ -400,8 +398,8 @@ def run_sweep(m_values, keep_kw: bool = False) -> tuple[list[dict], dict]:
                     if shared and kw % groups:
                         continue
                     label = (f"kw{kw}_d{depth}{'_xpf' if prefetch else ''}_t{tiles}"
-                             f"_b{min_blocks}_xs{x_stages}"
-                             f"{f'_shared_g{groups}' if shared else ''}")
+                             f"_b{min_blocks}"
+                             f"{f'_shared_g{groups}' if shared else f'_xs{x_stages}'}")
                     runs[label] = _small_runner(kw, lay)
                     meta[label] = dict(kw=kw, **_layout_dict(lay))
             t_ref, results = _measure(layer, m, runs)

@@ -80,11 +80,10 @@ def test_small_kernel_schedules_change_no_bits(tiles, min_blocks, depth, x_stage
 
 
 @needs_cupy
-@pytest.mark.parametrize("kw,rows,groups,depth,x_stages,min_blocks",
-                         [(8, 8, 1, 2, 3, 2), (8, 4, 2, 1, 2, 1), (4, 2, 4, 3, 4, 1),
-                          (2, 8, 2, 2, 3, 1), (1, 4, 1, 2, 2, 3), (8, 2, 4, 4, 3, 4)])
-def test_shared_kernel_gives_the_small_kernels_bits(kw, rows, groups, depth, x_stages,
-                                                     min_blocks):
+@pytest.mark.parametrize("kw,rows,groups,depth,min_blocks",
+                         [(8, 8, 1, 2, 2), (8, 4, 2, 1, 1), (4, 2, 4, 3, 1), (2, 8, 2, 2, 1),
+                          (1, 4, 1, 2, 3), (8, 2, 4, 4, 4)])
+def test_shared_kernel_gives_the_small_kernels_bits(kw, rows, groups, depth, min_blocks):
     """w12_gemm_shared sums what w12_gemm_small sums in the same order, whichever block of a
     tile folds the workspace: the same bits at every M, also with 63 tiles (not a multiple of
     ``rows``), chunk columns not a multiple of kw, escapes, and twice in a row (the fold's
@@ -98,7 +97,7 @@ def test_shared_kernel_gives_the_small_kernels_bits(kw, rows, groups, depth, x_s
         want = cuda.gemm_small(*args, kw=kw, depth=2)
         for _ in range(2):
             got = cuda.gemm_shared(*args, kw=kw, depth=depth, rows=rows, groups=groups,
-                                   x_stages=x_stages, min_blocks=min_blocks)
+                                   min_blocks=min_blocks)
             assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"M={m}"
         assert_within_budget(got, x[:m], t, _ref(x[:m], t, bias), bias)
 
@@ -109,9 +108,14 @@ def test_shared_kernel_rejects_bad_configurations():
     pw = prepare_weight(encoded(t))
     args = (x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, None, 64, 256)
     for bad in (dict(kw=3, rows=2), dict(kw=2, rows=2, groups=4), dict(kw=8, rows=8, groups=4),
-                dict(kw=2, rows=2, x_stages=1)):
+                dict(kw=2, rows=3)):
         with pytest.raises(ValueError, match="bad configuration"):
             cuda.gemm_shared(*args, depth=2, **bad)
+    t, x = _inputs(16, 64 * 4000, 64, seed=2)  # 4000 activation columns: 250 KiB at kw = 1
+    pw = prepare_weight(encoded(t))
+    with pytest.raises(ValueError, match="do not fit in shared memory"):
+        cuda.gemm_shared(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, None,
+                         16, 64 * 4000, kw=1, depth=1, rows=1)
 
 
 @needs_cupy
@@ -252,10 +256,9 @@ def test_shared_layouts_batch_invariant_and_graph_safe(monkeypatch):
     kernel replays right inside a CUDA graph (its counters are created during the capture)."""
     from w12_kernels.gemm import config as cfgs
 
-    small, shared = cfgs.Layout(depth=2), cfgs.Layout(depth=2, tiles=8, x_stages=3,
-                                                      shared=True)
+    small, shared = cfgs.Layout(depth=2), cfgs.Layout(depth=2, tiles=8, shared=True)
     forced = cfgs.SmallConfig(kw=8, by_nt=((1, small), (2, cfgs.Layout(
-        depth=1, tiles=4, groups=2, x_stages=2, shared=True)), (4, shared), (8, shared)))
+        depth=1, tiles=4, groups=2, shared=True)), (4, shared), (8, shared)))
     monkeypatch.setattr(launcher, "small_config", lambda n, k, device: forced)
     t, x = _inputs(4096, 4096, 128, seed=19)
     pw = prepare_weight(encoded(t))

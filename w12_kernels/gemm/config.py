@@ -45,7 +45,7 @@ class Layout:
     tiles: int = 1  # 16-row tiles per block (each activation load serves all of them)
     min_blocks: int = 1  # blocks of 8 warps per multiprocessor the registers must allow
     x_stages: int = 0  # activations through this many shared-memory stages (0: registers)
-    shared: bool = False  # the w12_gemm_shared kernel: ``tiles`` tiles read one x stage
+    shared: bool = False  # the w12_gemm_shared kernel: ``tiles`` tiles share the activations
     groups: int = 1  # w12_gemm_shared: column groups per block (kw / groups blocks per tile)
 
 

@@ -21,8 +21,8 @@
 // shape only, so the bits of an output row do not depend on M. The epilogue scales each row
 // by 2^(e0 - 112), adds the escape corrections in list order and the bias, and rounds to BF16.
 //
-// w12_gemm_shared<NT, P, R, CP, XS, MINB>: the same sums for 16 <= M <= 64 with the activations
-// shared by R 16-row tiles (see below).
+// w12_gemm_shared<NT, P, R, CP, MINB>: the same sums with the activations shared by R 16-row
+// tiles through shared memory (see below).
 //
 // w12_decode: the in-window weights as BF16 [N, K] (escapes come out as record 0;
 // w12_write_escapes writes them in after it).
@@ -327,28 +327,27 @@ __global__ void __launch_bounds__(256, MINB) w12_gemm_small(
   }
 }
 
-// w12_gemm_shared<NT, P, R, CP, XS, MINB>: the sums of w12_gemm_small (same kw column groups,
+// w12_gemm_shared<NT, P, R, CP, MINB>: the sums of w12_gemm_small (same kw column groups,
 // same MMAs in the same order, same fold), scheduled so that one activation load serves R
 // 16-row tiles without holding them in registers. A block has R * CP warps: warp (r, c) takes
 // tile blockIdx.x * R + r and column group w = blockIdx.y * CP + c (chunks w, w + kw, ...).
-// The block streams the activations of its CP current chunk columns through XS shared-memory
-// stages (filled through registers XS - 1 columns ahead, one barrier per column), read by the R
-// warps of its column group; weights go straight to registers through a ring of P columns as
+// The block copies the activations of all its columns into shared memory first (read there by
+// the R warps of each group); weights go straight to registers through a ring of P columns as
 // in w12_gemm_small. Then the block folds its CP groups (an aligned subtree of fold_tree, as
 // kw / CP and CP are powers of two). With gridDim.y = kw / CP > 1 blocks cover one tile's
 // columns: each writes its subtree sums to the float32 workspace ``work`` [kw / CP][tiles]
 // [NT * 4][32], and the last of them to finish (an integer counter per block row, reset by that
 // block) folds them in order and writes the outputs. Which block finishes last changes nothing
-// in the sums, so the bits are w12_gemm_small's, for every R, CP, P, XS, MINB.
-template <int NT, int P, int R, int CP, int XS, int MINB>
+// in the sums, so the bits are w12_gemm_small's, for every R, CP, P, MINB.
+template <int NT, int P, int R, int CP, int MINB>
 __global__ void __launch_bounds__(R * CP * 32, MINB) w12_gemm_shared(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
     const float* __restrict__ scale, const int* __restrict__ rowptr,
     const int* __restrict__ esc_col, const float* __restrict__ esc_delta,
     const bf16_t* __restrict__ bias, int M, int N, int ntiles, int nchunks, int ldx, int kw,
     float* __restrict__ work, unsigned int* __restrict__ counters) {
-  static_assert(XS >= 2, "at least two activation stages");
-  extern __shared__ uint4 smem4[];  // [XS][CP][NT * 2][32] stages; later [CP][R][NT * 4][32]
+  // [n_block][CP][NT * 2][32] activation pieces; after the main loop [CP][R][NT * 4][32] floats
+  extern __shared__ uint4 smem4[];
   __shared__ int is_last;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
@@ -357,8 +356,7 @@ __global__ void __launch_bounds__(R * CP * 32, MINB) w12_gemm_shared(
   const int tile = blockIdx.x * R + r;
   const int group0 = blockIdx.y * CP;  // the block's first column group
   const int group = group0 + c;
-  const int n = (nchunks - group + kw - 1) / kw;         // this warp's chunk columns
-  const int n_block = (nchunks - group0 + kw - 1) / kw;  // the block's (group0 has the most)
+  const int n = (nchunks - group + kw - 1) / kw;  // this warp's chunk columns
   const Words4* wp = chunks + (size_t)min(tile, ntiles - 1) * nchunks * 96 + lane;
 
   float acc[NT][4];
@@ -377,88 +375,64 @@ __global__ void __launch_bounds__(R * CP * 32, MINB) w12_gemm_shared(
       ring[s][2] = load_stream(p + 64);
     }
   }
-  // The R warps of column group c fill c's stage, [NT * 2][32] 16-byte pieces: piece
-  // (2 nt + h, lane (g, t)) holds x[8 nt + g][64 chunk + 16 t + 8 h, +8), so lane (g, t) reads
-  // its two pieces of an n-tile from two 512-byte rows (no bank conflicts); rows past M are
-  // zeros. Thread j of the group's R * 32 copies pieces j, j + R * 32, ..., numbered with h
-  // fastest, then t, g, nt, so that a warp's loads cover whole 128-byte rows of x. The copies
-  // go through registers two steps ahead (xa: the pieces of step ii + XS - 1, xb: those of
-  // step ii + XS), plain loads and stores (docs/PERF_GEMM.md: the same kernel with cp.async and
-  // wait_group ran at about half the speed).
-  constexpr int PIECES = (NT * 64 + R * 32 - 1) / (R * 32);
-  const int j0 = r * 32 + lane;
-  auto load_pieces = [&](uint4 (&v)[PIECES], int step) {
-#pragma unroll
-    for (int pc = 0; pc < PIECES; ++pc) {
-      const int j = j0 + pc * R * 32;
+  // Every activation column of the block's groups goes to shared memory once, before the main
+  // loop, and one barrier publishes them; after it the warps run as independently as in
+  // w12_gemm_small (no barrier per column: a version that streamed the columns through a few
+  // stages, one barrier each, ran at half the speed, docs/PERF_GEMM.md). Column i of group c:
+  // [NT * 2][32] 16-byte pieces, piece (2 nt + h, lane (g, t)) holding
+  // x[8 nt + g][64 chunk + 16 t + 8 h, +8), so lane (g, t) reads its two pieces of an n-tile
+  // from two 512-byte rows (no bank conflicts); rows past M are zeros. The R warps of group c
+  // copy them, piece numbers running h fastest, then t, g, nt, so a warp's loads cover whole
+  // 128-byte rows of x.
+  for (int i = 0; i < n; ++i) {
+    uint4* stage = smem4 + (size_t)(i * CP + c) * NT * 64;
+    const bf16_t* col = x + (size_t)(group + i * kw) * 64;
+    for (int j = r * 32 + lane; j < NT * 64; j += R * 32) {
       const int tok = (j >> 6) * 8 + ((j >> 3) & 7);
-      v[pc] = make_uint4(0u, 0u, 0u, 0u);
-      if (step < n && j < NT * 64 && tok < M) {
-        const Words4 w = load_cached(x + (size_t)tok * ldx + (group + step * kw) * 64 +
-                                     16 * ((j >> 1) & 3) + 8 * (j & 1));
-        v[pc] = make_uint4(w.x, w.y, w.z, w.w);
-      }
+      const bf16_t* src = col + (size_t)(tok < M ? tok : 0) * ldx + 16 * ((j >> 1) & 3) +
+                          8 * (j & 1);
+      const u32 dst = (u32)__cvta_generic_to_shared(
+          stage + ((j >> 6) * 2 + (j & 1)) * 32 + ((j >> 3) & 7) * 4 + ((j >> 1) & 3));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+                   "r"(tok < M ? 16 : 0));
     }
-  };
-  auto store_pieces = [&](const uint4 (&v)[PIECES], int slot) {
-    uint4* stage = smem4 + (size_t)(slot * CP + c) * NT * 64;
-#pragma unroll
-    for (int pc = 0; pc < PIECES; ++pc) {
-      const int j = j0 + pc * R * 32;
-      if (j < NT * 64)  // piece (q = 2 nt + h, lane g * 4 + t)
-        stage[((j >> 6) * 2 + (j & 1)) * 32 + ((j >> 3) & 7) * 4 + ((j >> 1) & 3)] = v[pc];
-    }
-  };
-  uint4 xa[PIECES], xb[PIECES];
-  {  // the first XS - 1 stages: every load issued before the first store
-    uint4 pre[XS - 1][PIECES];
-#pragma unroll
-    for (int st = 0; st < XS - 1; ++st) load_pieces(pre[st], st);
-    load_pieces(xa, XS - 1);
-    load_pieces(xb, XS);
-#pragma unroll
-    for (int st = 0; st < XS - 1; ++st) store_pieces(pre[st], st);
   }
+  asm volatile("cp.async.commit_group;");
+  asm volatile("cp.async.wait_group 0;");
+  __syncthreads();
 
-  for (int i = 0; i < n_block; i += P) {
+  for (int i = 0; i < n; i += P) {
 #pragma unroll
     for (int s = 0; s < P; ++s) {
       const int ii = i + s;
-      if (ii < n_block) {
-        __syncthreads();  // stage ii is complete; every warp is done with stage ii - 1
-        store_pieces(xa, (ii + XS - 1) % XS);
+      if (ii < n) {
+        const Words4 w0 = ring[s][0], w1 = ring[s][1], w2 = ring[s][2];
+        if (ii + P < n) {
+          const Words4* p = wp + (size_t)(group + (ii + P) * kw) * 96;
+          ring[s][0] = load_stream(p);
+          ring[s][1] = load_stream(p + 32);
+          ring[s][2] = load_stream(p + 64);
+        }
+        const uint4* stage = smem4 + (size_t)(ii * CP + c) * NT * 64 + lane;
+        const u32 lo_a[4] = {w0.x, w0.y, w0.z, w0.w};
+        const u32 lo_b[4] = {w1.x, w1.y, w1.z, w1.w};
+        const u32 top[4] = {w2.x, w2.y, w2.z, w2.w};
 #pragma unroll
-        for (int pc = 0; pc < PIECES; ++pc) xa[pc] = xb[pc];
-        load_pieces(xb, ii + XS + 1);
-        if (ii < n) {
-          const Words4 w0 = ring[s][0], w1 = ring[s][1], w2 = ring[s][2];
-          if (ii + P < n) {
-            const Words4* p = wp + (size_t)(group + (ii + P) * kw) * 96;
-            ring[s][0] = load_stream(p);
-            ring[s][1] = load_stream(p + 32);
-            ring[s][2] = load_stream(p + 64);
+        for (int h = 0; h < 2; ++h) {  // columns 16 t + 8 h .. + 8: MMAs j = 2 h, 2 h + 1
+          u32 xh[NT][4];
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint4 v = stage[(2 * nt + h) * 32];
+            xh[nt][0] = v.x; xh[nt][1] = v.y; xh[nt][2] = v.z; xh[nt][3] = v.w;
           }
-          const uint4* stage = smem4 + (size_t)((ii % XS) * CP + c) * NT * 64 + lane;
-          const u32 lo_a[4] = {w0.x, w0.y, w0.z, w0.w};
-          const u32 lo_b[4] = {w1.x, w1.y, w1.z, w1.w};
-          const u32 top[4] = {w2.x, w2.y, w2.z, w2.w};
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {  // columns 16 t + 8 h .. + 8: MMAs j = 2 h, 2 h + 1
-            u32 xh[NT][4];
+          for (int jj = 0; jj < 2; ++jj) {
+            const int j = 2 * h + jj;
+            u32 a[4];
+            decode8(lo_a[j], lo_b[j], top[j], a);
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              const uint4 v = stage[(2 * nt + h) * 32];
-              xh[nt][0] = v.x; xh[nt][1] = v.y; xh[nt][2] = v.z; xh[nt][3] = v.w;
-            }
-#pragma unroll
-            for (int jj = 0; jj < 2; ++jj) {
-              const int j = 2 * h + jj;
-              u32 a[4];
-              decode8(lo_a[j], lo_b[j], top[j], a);
-#pragma unroll
-              for (int nt = 0; nt < NT; ++nt)
-                mma_bf16(acc[nt], a, xh[nt][2 * jj], xh[nt][2 * jj + 1]);
-            }
+            for (int nt = 0; nt < NT; ++nt)
+              mma_bf16(acc[nt], a, xh[nt][2 * jj], xh[nt][2 * jj + 1]);
           }
         }
       }
