@@ -235,10 +235,8 @@ def geomeans(rows: list[dict]) -> dict[int, float]:
 
 SWEEP_SHAPES = sorted({(n, k) for model in MODELS for _, n, k in layer_shapes(model)})
 SWEEP_KW = (2, 4, 8)  # kw 1 never won a shape of the table
-# per NT class, the candidate schedules (depth, prefetch, tiles, min_blocks, x_stages, shared,
-# groups): w12_gemm_small's, then w12_gemm_shared's (tiles = 16-row tiles reading one activation
-# stage, groups = column groups per block; only where kw is a multiple of groups)
-_SMALL_LAYOUTS = {
+# per NT class, the candidate schedules (depth, prefetch, tiles, min_blocks, x_stages)
+SWEEP_LAYOUTS = {
     1: ((1, False, 1, 1, 0), (2, False, 1, 1, 0), (2, True, 1, 1, 0), (1, False, 1, 1, 2)),
     2: ((1, False, 1, 1, 0), (2, False, 1, 1, 0), (2, True, 1, 1, 0), (1, False, 2, 1, 0),
         (1, False, 1, 1, 3), (2, False, 1, 1, 3)),
@@ -248,20 +246,7 @@ _SMALL_LAYOUTS = {
     8: ((1, False, 1, 1, 0), (1, False, 1, 2, 0), (1, False, 2, 1, 0), (1, False, 3, 1, 0),
         (2, False, 1, 1, 0), (1, False, 2, 1, 2), (1, False, 1, 2, 3)),
 }
-# (depth, tiles, groups, min_blocks) of w12_gemm_shared
-_SHARED_LAYOUTS = {
-    1: (),
-    2: ((1, 8, 1, 2), (2, 8, 1, 2), (2, 4, 2, 2), (2, 2, 4, 2), (1, 2, 4, 3), (2, 8, 2, 1)),
-    4: ((1, 8, 1, 2), (2, 8, 1, 2), (2, 4, 2, 2), (1, 2, 4, 2), (2, 2, 4, 2), (2, 8, 2, 1),
-        (2, 4, 4, 1), (1, 2, 8, 1)),
-    8: ((1, 8, 1, 2), (1, 4, 2, 2), (1, 2, 4, 2), (2, 2, 4, 1)),
-}
-SWEEP_LAYOUTS = {
-    cls: tuple((*lay, False, 1) for lay in _SMALL_LAYOUTS[cls])
-    + tuple((d, False, t, b, 0, True, g) for d, t, g, b in _SHARED_LAYOUTS[cls])
-    for cls in _SMALL_LAYOUTS
-}
-LAYOUT_KEYS = ("depth", "prefetch", "tiles", "min_blocks", "x_stages", "shared", "groups")
+LAYOUT_KEYS = ("depth", "prefetch", "tiles", "min_blocks", "x_stages")
 
 
 def _layout_dict(layout: tuple) -> dict:
@@ -309,16 +294,9 @@ def _measure(layer: Layer, m: int, runs: dict) -> tuple[float, dict]:
 
 
 def _small_runner(kw: int, layout: tuple):
-    lay = _layout_dict(layout)
-    shared, groups = lay.pop("shared"), lay.pop("groups")
-
     def run(x, pw):
-        args = (x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, None, pw.n,
-                pw.k)
-        if shared:
-            return cuda.gemm_shared(*args, kw=kw, depth=lay["depth"], rows=lay["tiles"],
-                                    groups=groups, min_blocks=lay["min_blocks"])
-        return cuda.gemm_small(*args, kw=kw, **lay)
+        return cuda.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta,
+                               None, pw.n, pw.k, kw=kw, **_layout_dict(layout))
     return run
 
 
@@ -334,9 +312,8 @@ def _speedup(r: dict | None) -> float:
 def _best_layouts(rows: list[dict], kw_of, points) -> tuple[dict, float]:
     """Per NT class, the schedule with the best summed log speedup when each shape uses
     ``kw_of(n, k)``; returns the schedules and the summed score over ``SCORED_M``."""
-    defaults = _layout_dict((1, False, 1, 1, 0, False, 1))
-    table = {(r["n"], r["k"], r["m"], r["kw"],
-              *(r.get(key, defaults[key]) for key in LAYOUT_KEYS)): r for r in rows}
+    table = {(r["n"], r["k"], r["m"], r["kw"], *(r[key] for key in LAYOUT_KEYS)): r
+             for r in rows}
     by_nt, score = {}, 0.0
     for cls in sorted({_nt_class(m) for _, _, m in points}):
         mine = [p for p in points if _nt_class(p[2]) == cls]
@@ -394,12 +371,9 @@ def run_sweep(m_values, keep_kw: bool = False) -> tuple[list[dict], dict]:
                 if chunks // kw < 2:
                     continue
                 for lay in SWEEP_LAYOUTS[_nt_class(m)]:
-                    depth, prefetch, tiles, min_blocks, x_stages, shared, groups = lay
-                    if shared and kw % groups:
-                        continue
+                    depth, prefetch, tiles, min_blocks, x_stages = lay
                     label = (f"kw{kw}_d{depth}{'_xpf' if prefetch else ''}_t{tiles}"
-                             f"_b{min_blocks}"
-                             f"{f'_shared_g{groups}' if shared else f'_xs{x_stages}'}")
+                             f"_b{min_blocks}_xs{x_stages}")
                     runs[label] = _small_runner(kw, lay)
                     meta[label] = dict(kw=kw, **_layout_dict(lay))
             t_ref, results = _measure(layer, m, runs)
@@ -409,6 +383,10 @@ def run_sweep(m_values, keep_kw: bool = False) -> tuple[list[dict], dict]:
         del layer
         torch.cuda.empty_cache()
     table, mean = choose_rule(rows, sms)
+    if keep_kw:  # only the table's kw was timed: its rule for unswept shapes stays as well
+        current = cfgs.rule()
+        table.update({key: current[key] for key in ("warps_per_sm", "min_chunks_per_warp",
+                                                    "max_kw")})
     print(f"rule for unswept shapes: geomean x{mean:.3f} on the swept ones; {json.dumps(table)}")
     return rows, {"small_m": table}
 

@@ -18,8 +18,8 @@ Written from the kernel source and the PTX ISA, not from ``layout.py``:
   tensor core's own internal rounding is not specified by the ISA, so the emulator's bits can
   differ from the GPU's in the last place;
 * warp ``w`` of ``kw`` taking chunks ``w, w + kw, w + 2 kw, ...``, the partial tiles summed
-  in the kernels' fixed order (``fold_tree``) in float32, the epilogue (scale, escapes in list
-  order as a fused multiply-add, approximated by one float64 operation rounded to float32, bias,
+  in warp order in float32, the epilogue (scale, escapes in list order as a fused
+  multiply-add, approximated by one float64 operation rounded to float32, bias,
   ``cvt.rn.bf16.f32``).
 """
 
@@ -202,25 +202,15 @@ def _chunk_mma(acc: np.ndarray, w0, w1, w2, xv: list[np.ndarray]) -> None:
             acc[:, nt] = mma_m16n8k16(acc[:, nt], a, b)
 
 
-def fold_tree(parts: list) -> np.ndarray:
-    """The kernels' fixed sum of the kw partials: pairwise by powers of two (0 + 1, 2 + 3, ...,
-    then those pairs pairwise), an element without a partner carried up a level; float32."""
-    parts = list(parts)
-    step = 1
-    while step < len(parts):
-        for i in range(0, len(parts) - step, 2 * step):
-            parts[i] = parts[i] + parts[i + step]
-        step *= 2
-    return parts[0].copy()
-
-
 def _epilogue(acc: np.ndarray, x: torch.Tensor, scale: np.ndarray, rowptr: np.ndarray,
               esc_col: np.ndarray, esc_delta: np.ndarray, bias: np.ndarray | None,
               n: int) -> np.ndarray:
-    """Block sum (``fold_tree``), scale, escapes in list order, bias, round: BF16 bits [M, N]."""
+    """Block sum in warp order, scale, escapes in list order, bias, round: BF16 bits [M, N]."""
     m = x.shape[0]
     kw, tiles, nt_count = acc.shape[:3]
-    v = fold_tree(list(acc))
+    v = acc[0].copy()
+    for warp in range(1, kw):
+        v = v + acc[warp]  # float32, fixed order
     tile, nt, lane, r = np.meshgrid(np.arange(tiles), np.arange(nt_count), LANES, np.arange(4),
                                     indexing="ij")
     row = tile * 16 + (lane >> 2) + 8 * (r >> 1)

@@ -80,45 +80,6 @@ def test_small_kernel_schedules_change_no_bits(tiles, min_blocks, depth, x_stage
 
 
 @needs_cupy
-@pytest.mark.parametrize("kw,rows,groups,depth,min_blocks",
-                         [(8, 8, 1, 2, 2), (8, 4, 2, 1, 1), (4, 2, 4, 3, 1), (2, 8, 2, 2, 1),
-                          (1, 4, 1, 2, 3), (8, 2, 4, 4, 4)])
-def test_shared_kernel_gives_the_small_kernels_bits(kw, rows, groups, depth, min_blocks):
-    """w12_gemm_shared sums what w12_gemm_small sums in the same order, whichever block of a
-    tile folds the workspace: the same bits at every M, also with 63 tiles (not a multiple of
-    ``rows``), chunk columns not a multiple of kw, escapes, and twice in a row (the fold's
-    counters must be back at zero after each launch)."""
-    t, x = _inputs(1000, 3000, 64, seed=kw + rows)
-    pw = prepare_weight(encoded(t))
-    bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
-    for m in (9, 32, 40, 64):
-        args = (x[:m], pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, bias,
-                pw.n, pw.k)
-        want = cuda.gemm_small(*args, kw=kw, depth=2)
-        for _ in range(2):
-            got = cuda.gemm_shared(*args, kw=kw, depth=depth, rows=rows, groups=groups,
-                                   min_blocks=min_blocks)
-            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"M={m}"
-        assert_within_budget(got, x[:m], t, _ref(x[:m], t, bias), bias)
-
-
-@needs_cupy
-def test_shared_kernel_rejects_bad_configurations():
-    t, x = _inputs(64, 256, 4, seed=1)
-    pw = prepare_weight(encoded(t))
-    args = (x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, None, 64, 256)
-    for bad in (dict(kw=3, rows=2), dict(kw=2, rows=2, groups=4), dict(kw=8, rows=8, groups=4),
-                dict(kw=2, rows=3)):
-        with pytest.raises(ValueError, match="bad configuration"):
-            cuda.gemm_shared(*args, depth=2, **bad)
-    t, x = _inputs(16, 64 * 4000, 64, seed=2)  # 4000 activation columns: 250 KiB at kw = 1
-    pw = prepare_weight(encoded(t))
-    with pytest.raises(ValueError, match="do not fit in shared memory"):
-        cuda.gemm_shared(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, None,
-                         16, 64 * 4000, kw=1, depth=1, rows=1)
-
-
-@needs_cupy
 def test_decode_kernel_is_exact():
     for n, k in [(513, 1000), (37, 77), (16, 64), (40, 4096)]:
         t = make_weight(n, k, seed=3, device="cuda")
@@ -247,34 +208,6 @@ def test_compile_and_cuda_graph():
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(static_y.view(torch.int16), eager.view(torch.int16))
-
-
-@needs_cupy
-def test_shared_layouts_batch_invariant_and_graph_safe(monkeypatch):
-    """w12_linear with w12_gemm_shared layouts for M = 9-64 (its workspace fold across blocks
-    included) and w12_gemm_small's for M <= 8: every row's bits equal its bits alone, and the
-    kernel replays right inside a CUDA graph (its counters are created during the capture)."""
-    from w12_kernels.gemm import config as cfgs
-
-    small, shared = cfgs.Layout(depth=2), cfgs.Layout(depth=2, tiles=8, shared=True)
-    forced = cfgs.SmallConfig(kw=8, by_nt=((1, small), (2, cfgs.Layout(
-        depth=1, tiles=4, groups=2, shared=True)), (4, shared), (8, shared)))
-    monkeypatch.setattr(launcher, "small_config", lambda n, k, device: forced)
-    t, x = _inputs(4096, 4096, 128, seed=19)
-    pw = prepare_weight(encoded(t))
-    full = w12_linear(x, pw).view(torch.int16)
-    assert_within_budget(full.view(torch.bfloat16), x, t, _ref(x, t))
-    for m in (1, 8, 9, 16, 17, 32, 33, 64, 100):
-        part = w12_linear(x[:m].contiguous(), pw).view(torch.int16)
-        assert torch.equal(part, full[:m]), f"M={m}"
-    static_x = x[:32].clone()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_y = w12_linear(static_x, pw)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(static_y.view(torch.int16), full[:32])
 
 
 @needs_cupy

@@ -2,16 +2,14 @@
 does not change the arithmetic, from M).
 
 For every M <= ``SMALL_M_MAX`` a weight uses one K split: ``kw`` warps share each 16-row tile,
-warp ``w`` summing its chunks ``w, w + kw, ...``, and the ``kw`` partial tiles are added in a
-fixed order (pairwise, ``fold_tree`` in kernels.cu). So how K is split and summed never
-depends on M (batch invariance).
+warp ``w`` summing its chunks ``w, w + kw, ...``, and the block adds the ``kw`` partial tiles
+in a fixed order. So how K is split and summed never depends on M (batch invariance).
 What may depend on M is only how the work is scheduled (chunk columns in flight, activations
 prefetched into registers or staged in shared memory, 16-row tiles per block, a register cap
-for occupancy, the kernel: ``w12_gemm_small`` or ``w12_gemm_shared``), per class of
-``NT = ceil(M / 8)`` in (1, 2, 4, 8): that changes no sum. The constants come from
-``tuned.json`` next to this file, written from the H200 sweep of ``benchmarks/gemm.py --sweep``
-(docs/PERF_GEMM.md): a ``kw`` and layouts per measured weight shape, a rule for other shapes;
-without the file, built-in defaults.
+for occupancy), per class of ``NT = ceil(M / 8)`` in (1, 2, 4, 8): that changes no sum. The
+constants come from ``tuned.json`` next to this file, written from the H200 sweep of
+``benchmarks/gemm.py --sweep`` (docs/PERF_GEMM.md): a ``kw`` and layouts per measured weight
+shape, a rule for other shapes; without the file, built-in defaults.
 
 Beyond the small-M path (``large_config``), the table's ``large`` entry picks per weight shape
 and class of M (the smallest listed M class >= M) between the fused tensor-core kernel
@@ -45,8 +43,6 @@ class Layout:
     tiles: int = 1  # 16-row tiles per block (each activation load serves all of them)
     min_blocks: int = 1  # blocks of 8 warps per multiprocessor the registers must allow
     x_stages: int = 0  # activations through this many shared-memory stages (0: registers)
-    shared: bool = False  # the w12_gemm_shared kernel: ``tiles`` tiles share the activations
-    groups: int = 1  # w12_gemm_shared: column groups per block (kw / groups blocks per tile)
 
 
 @dataclass(frozen=True)

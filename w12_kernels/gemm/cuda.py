@@ -6,10 +6,8 @@ and a barrier on every K step, which kept the Triton decode-GEMM at about half o
 small M (docs/PERF_GEMM.md). Here each lane decodes its words straight into MMA fragment
 registers and keeps several chunks of loads in flight.
 
-``gemm_small`` handles M <= 64 (``NT = ceil(M / 8)`` activation n-tiles); ``gemm_shared`` gives
-the same bits with the activations staged once per block in shared memory for several 16-row
-tiles (for M = 16-64, where re-reading them per tile costs more than the weights); ``decode``
-writes the exact BF16 weight for the large-M path (decode, then cuBLAS).
+``gemm_small`` handles M <= 64 (``NT = ceil(M / 8)`` activation n-tiles); ``decode`` writes the
+exact BF16 weight for the large-M path (decode, then cuBLAS).
 """
 
 from __future__ import annotations
@@ -159,89 +157,6 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                 and func.max_dynamic_shared_size_bytes < smem):
             func.max_dynamic_shared_size_bytes = smem
         func((math.ceil(ntiles / tiles),), (kw * 32,), args, shared_mem=smem)
-    return out
-
-
-def shared_kernel_name(nt: int, depth: int, rows: int, groups: int, min_blocks: int) -> str:
-    return f"w12_gemm_shared<{nt}, {depth}, {rows}, {groups}, {min_blocks}>"
-
-
-def shared_smem(nchunks: int, kw: int, rows: int, groups: int, nt: int) -> int:
-    """Dynamic shared memory of ``gemm_shared``: every activation column of a block's
-    ``groups`` column groups (1 KiB per n-tile and column), which after the main loop holds the
-    partial tiles instead."""
-    return max(-(-nchunks // kw) * groups * nt * 1024, groups * rows * nt * 512)
-
-
-@functools.cache
-def smem_limit(device_index: int) -> int:
-    """The dynamic shared memory one block may opt in to (less 1 KiB for the static part)."""
-    props = torch.cuda.get_device_properties(device_index)
-    return int(getattr(props, "shared_memory_per_block_optin", 48 * 1024)) - 1024
-
-
-_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
-
-
-def _counters(device: torch.device, count: int) -> torch.Tensor:
-    """Zeroed uint32 counters for ``gemm_shared``'s last-block fold, one set per device and
-    stream (two streams never share one): every launch leaves them at zero again."""
-    index = _index(device)
-    key = (index, torch.cuda.current_stream(index).cuda_stream)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < count:
-        buf = _COUNTERS[key] = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
-    return buf
-
-
-def gemm_shared(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
-                esc_rowptr: torch.Tensor, esc_col: torch.Tensor, esc_delta: torch.Tensor,
-                bias: torch.Tensor | None, n: int, k: int, *, kw: int, depth: int, rows: int,
-                groups: int = 1, min_blocks: int = 1,
-                out: torch.Tensor | None = None) -> torch.Tensor:
-    """The bits of ``gemm_small`` with the same ``kw`` (a power of two here), scheduled so that
-    a block of ``rows * groups`` warps covers ``rows`` 16-row tiles and ``groups`` of the ``kw``
-    column groups; the block first copies all the activations of its columns into shared
-    memory, where all ``rows`` tiles read them (``shared_smem`` bytes: a configuration whose
-    activations do not fit is refused). With ``groups < kw`` the ``kw / groups`` blocks of a
-    tile fold their sums through a float32 workspace (``kw / groups x tiles x M x 16`` floats),
-    the last one to finish writing the outputs. ``depth`` chunk columns of weight loads stay in
-    flight per warp; ``min_blocks`` caps the registers so that that many blocks fit on a
-    multiprocessor."""
-    m = x.shape[0]
-    if out is None:
-        out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
-    if m == 0 or n == 0:
-        return out
-    if m > 8 * NT_MAX:
-        raise ValueError(f"gemm_shared takes at most {8 * NT_MAX} rows, got {m}")
-    if (kw not in (1, 2, 4, 8) or groups not in (1, 2, 4, 8) or kw % groups
-            or rows not in (1, 2, 4, 8) or not 1 <= rows * groups <= 16 or depth < 1
-            or min_blocks not in MIN_BLOCKS):
-        raise ValueError(f"gemm_shared: bad configuration kw={kw} depth={depth} rows={rows} "
-                         f"groups={groups} min_blocks={min_blocks}")
-    ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
-    nt = math.ceil(m / 8)
-    device = x.device
-    smem = shared_smem(nchunks, kw, rows, groups, nt)
-    if smem > smem_limit(_index(device)):
-        raise ValueError(f"gemm_shared: the activations of a block ({smem} bytes) do not fit in "
-                         f"shared memory ({smem_limit(_index(device))} bytes)")
-    xp = _padded_x(x, nchunks * 64)
-    func = _kernel(_index(device), shared_kernel_name(nt, depth, rows, groups, min_blocks))
-    grid_x, splits = math.ceil(ntiles / rows), kw // groups
-    work = (torch.empty(splits * grid_x * rows * nt * 128, dtype=torch.float32, device=device)
-            if splits > 1 else None)
-    counters = _counters(device, grid_x)
-    args = (_ptr(chunks), _ptr(xp), _ptr(out), _ptr(scale), _ptr(esc_rowptr), _ptr(esc_col),
-            _ptr(esc_delta), _ptr(bias), np.int32(m), np.int32(n), np.int32(ntiles),
-            np.int32(nchunks), np.int32(xp.stride(0)), np.int32(kw), _ptr(work),
-            _ptr(counters))
-    with _on(device):
-        if (smem + func.shared_size_bytes > 48 * 1024
-                and func.max_dynamic_shared_size_bytes < smem):
-            func.max_dynamic_shared_size_bytes = smem
-        func((grid_x, splits), (rows * groups * 32,), args, shared_mem=smem)
     return out
 
 

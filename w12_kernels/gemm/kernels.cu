@@ -15,14 +15,11 @@
 // indexed by compile-time constants). Activations: loaded just before use, or with XPF one
 // column ahead into registers, or with XS >= 2 through a ring of XS stages in shared memory
 // filled by cp.async XS - 1 columns ahead. MINB caps the registers so that MINB blocks of 8
-// warps fit on a multiprocessor. The block sums the kw partial tiles in shared memory in the
-// order of fold_tree. None of TL, P, XPF, XS, MINB changes a sum: each row's products are
+// warps fit on a multiprocessor. The block sums the kw partial tiles in shared memory in warp
+// order 0..kw-1. None of TL, P, XPF, XS, MINB changes a sum: each row's products are
 // accumulated in the same order whatever they are. No atomics, and kw depends on the weight
 // shape only, so the bits of an output row do not depend on M. The epilogue scales each row
 // by 2^(e0 - 112), adds the escape corrections in list order and the bias, and rounds to BF16.
-//
-// w12_gemm_shared<NT, P, R, CP, MINB>: the same sums with the activations shared by R 16-row
-// tiles through shared memory (see below).
 //
 // w12_decode: the in-window weights as BF16 [N, K] (escapes come out as record 0;
 // w12_write_escapes writes them in after it).
@@ -85,44 +82,18 @@ __device__ __forceinline__ bf16_t float_to_bf16(float v) {
   return r;
 }
 
-// The epilogue of one output, given the row's scale ``s``, escape range [e0, e1) and bias: the
-// sum times 2^(e0 - 112), plus the escape corrections in list order (each one fused
-// multiply-add), plus the bias, rounded to BF16. Written with explicit roundings so that every
-// kernel's copy of it computes the same bits.
-__device__ __forceinline__ bf16_t output_bits(float v, float s, int e0, int e1,
-                                              const bf16_t* xt, const int* esc_col,
-                                              const float* esc_delta, const bf16_t* bias,
-                                              int row) {
-  float out = __fmul_rn(v, s);
-  for (int e = e0; e < e1; ++e)
-    out = __fmaf_rn(bf16_to_float(xt[esc_col[e]]), esc_delta[e], out);
-  if (bias != nullptr) out = __fadd_rn(out, bf16_to_float(bias[row]));
-  return float_to_bf16(out);
-}
-
-// One output y[tok, row] from the row's sum ``v`` (output_bits).
+// The epilogue of one output: scale the row's sum ``v`` by 2^(e0 - 112), add the row's escape
+// corrections in list order and the bias, round to BF16 and store y[tok, row].
 __device__ __forceinline__ void store_output(float v, int row, int tok, const bf16_t* x,
                                              bf16_t* y, const float* scale, const int* rowptr,
                                              const int* esc_col, const float* esc_delta,
                                              const bf16_t* bias, int n_rows, int ldx) {
-  y[(size_t)tok * n_rows + row] = output_bits(v, scale[row], rowptr[row], rowptr[row + 1],
-                                              x + (size_t)tok * ldx, esc_col, esc_delta, bias,
-                                              row);
-}
-
-// The fixed order in which the kw partial sums of a row are added, the same in every kernel
-// (batch invariance): pairwise by powers of two, v[0] + v[1], v[2] + v[3], ..., then those
-// pairs pairwise, and so on; an element without a partner is carried up a level. So the kw / C
-// warps of an aligned group of C (a power of two dividing kw) add up to an exact subtree, and a
-// kernel may sum each group on its own and the groups' sums afterwards (w12_gemm_shared).
-template <int MAXN>
-__device__ __forceinline__ float fold_tree(float (&v)[MAXN], int n) {
-#pragma unroll
-  for (int step = 1; step < MAXN; step *= 2)
-#pragma unroll
-    for (int i = 0; i + step < MAXN; i += 2 * step)
-      if (i + step < n) v[i] = v[i] + v[i + step];
-  return v[0];
+  float out = v * scale[row];
+  const bf16_t* xt = x + (size_t)tok * ldx;
+  for (int e = rowptr[row]; e < rowptr[row + 1]; ++e)
+    out += bf16_to_float(xt[esc_col[e]]) * esc_delta[e];
+  if (bias != nullptr) out += bf16_to_float(bias[row]);
+  y[(size_t)tok * n_rows + row] = float_to_bf16(out);
 }
 
 template <int NT>
@@ -300,7 +271,7 @@ __global__ void __launch_bounds__(256, MINB) w12_gemm_small(
     }
   }
 
-  // one tile at a time through shared memory: the kw partial tiles folded (fold_tree)
+  // one tile at a time through shared memory: the kw partial tiles summed in warp order
   float* mine = partial + (size_t)warp * NT * 4 * 32;
 #pragma unroll
   for (int tt = 0; tt < TL; ++tt) {
@@ -318,211 +289,11 @@ __global__ void __launch_bounds__(256, MINB) w12_gemm_small(
       const int row = tile * 16 + (ln >> 2) + 8 * (r >> 1);
       const int tok = (item >> 2) * 8 + 2 * (ln & 3) + (r & 1);
       if (row >= N || tok >= M) continue;
-      float v[8];
-#pragma unroll
-      for (int w = 0; w < 8; ++w) v[w] = w < kw ? partial[(w * NT * 4 + item) * 32 + ln] : 0.0f;
-      store_output(fold_tree<8>(v, kw), row, tok, x, y, scale, rowptr, esc_col, esc_delta,
-                   bias, N, ldx);
+      float v = partial[item * 32 + ln];
+      for (int w = 1; w < kw; ++w) v += partial[(w * NT * 4 + item) * 32 + ln];  // fixed order
+      store_output(v, row, tok, x, y, scale, rowptr, esc_col, esc_delta, bias, N, ldx);
     }
   }
-}
-
-// w12_gemm_shared<NT, P, R, CP, MINB>: the sums of w12_gemm_small (same kw column groups,
-// same MMAs in the same order, same fold), scheduled so that one activation load serves R
-// 16-row tiles without holding them in registers. A block has R * CP warps: warp (r, c) takes
-// tile blockIdx.x * R + r and column group w = blockIdx.y * CP + c (chunks w, w + kw, ...).
-// The block copies the activations of all its columns into shared memory first (read there by
-// the R warps of each group); weights go straight to registers through a ring of P columns as
-// in w12_gemm_small. Then the block folds its CP groups (an aligned subtree of fold_tree, as
-// kw / CP and CP are powers of two). With gridDim.y = kw / CP > 1 blocks cover one tile's
-// columns: each writes its subtree sums to the float32 workspace ``work`` [kw / CP][tiles]
-// [NT * 4][32], and the last of them to finish (an integer counter per block row, reset by that
-// block) folds them in order and writes the outputs. Which block finishes last changes nothing
-// in the sums, so the bits are w12_gemm_small's, for every R, CP, P, MINB.
-template <int NT, int P, int R, int CP, int MINB>
-__global__ void __launch_bounds__(R * CP * 32, MINB) w12_gemm_shared(
-    const Words4* __restrict__ chunks, const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
-    const float* __restrict__ scale, const int* __restrict__ rowptr,
-    const int* __restrict__ esc_col, const float* __restrict__ esc_delta,
-    const bf16_t* __restrict__ bias, int M, int N, int ntiles, int nchunks, int ldx, int kw,
-    float* __restrict__ work, unsigned int* __restrict__ counters) {
-  // [n_block][CP][NT * 2][32] activation pieces; after the main loop [CP][R][NT * 4][32] floats
-  extern __shared__ uint4 smem4[];
-  __shared__ int is_last;
-  const int warp = threadIdx.x >> 5;
-  const int lane = threadIdx.x & 31;
-  const int r = warp % R;
-  const int c = warp / R;
-  const int tile = blockIdx.x * R + r;
-  const int group0 = blockIdx.y * CP;  // the block's first column group
-  const int group = group0 + c;
-  const int n = (nchunks - group + kw - 1) / kw;  // this warp's chunk columns
-  const Words4* wp = chunks + (size_t)min(tile, ntiles - 1) * nchunks * 96 + lane;
-
-  float acc[NT][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) acc[nt][q] = 0.0f;
-
-  Words4 ring[P][3];
-#pragma unroll
-  for (int s = 0; s < P; ++s) {
-    if (s < n) {
-      const Words4* p = wp + (size_t)(group + s * kw) * 96;
-      ring[s][0] = load_stream(p);
-      ring[s][1] = load_stream(p + 32);
-      ring[s][2] = load_stream(p + 64);
-    }
-  }
-  // Every activation column of the block's groups goes to shared memory once, before the main
-  // loop, and one barrier publishes them; after it the warps run as independently as in
-  // w12_gemm_small (no barrier per column: a version that streamed the columns through a few
-  // stages, one barrier each, ran at half the speed, docs/PERF_GEMM.md). Column i of group c:
-  // [NT * 2][32] 16-byte pieces, piece (2 nt + h, lane (g, t)) holding
-  // x[8 nt + g][64 chunk + 16 t + 8 h, +8), so lane (g, t) reads its two pieces of an n-tile
-  // from two 512-byte rows (no bank conflicts); rows past M are zeros. The R warps of group c
-  // copy them, piece numbers running h fastest, then t, g, nt, so a warp's loads cover whole
-  // 128-byte rows of x.
-  for (int i = 0; i < n; ++i) {
-    uint4* stage = smem4 + (size_t)(i * CP + c) * NT * 64;
-    const bf16_t* col = x + (size_t)(group + i * kw) * 64;
-    for (int j = r * 32 + lane; j < NT * 64; j += R * 32) {
-      const int tok = (j >> 6) * 8 + ((j >> 3) & 7);
-      const bf16_t* src = col + (size_t)(tok < M ? tok : 0) * ldx + 16 * ((j >> 1) & 3) +
-                          8 * (j & 1);
-      const u32 dst = (u32)__cvta_generic_to_shared(
-          stage + ((j >> 6) * 2 + (j & 1)) * 32 + ((j >> 3) & 7) * 4 + ((j >> 1) & 3));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-                   "r"(tok < M ? 16 : 0));
-    }
-  }
-  asm volatile("cp.async.commit_group;");
-  asm volatile("cp.async.wait_group 0;");
-  __syncthreads();
-
-  for (int i = 0; i < n; i += P) {
-#pragma unroll
-    for (int s = 0; s < P; ++s) {
-      const int ii = i + s;
-      if (ii < n) {
-        const Words4 w0 = ring[s][0], w1 = ring[s][1], w2 = ring[s][2];
-        if (ii + P < n) {
-          const Words4* p = wp + (size_t)(group + (ii + P) * kw) * 96;
-          ring[s][0] = load_stream(p);
-          ring[s][1] = load_stream(p + 32);
-          ring[s][2] = load_stream(p + 64);
-        }
-        const uint4* stage = smem4 + (size_t)(ii * CP + c) * NT * 64 + lane;
-        const u32 lo_a[4] = {w0.x, w0.y, w0.z, w0.w};
-        const u32 lo_b[4] = {w1.x, w1.y, w1.z, w1.w};
-        const u32 top[4] = {w2.x, w2.y, w2.z, w2.w};
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // columns 16 t + 8 h .. + 8: MMAs j = 2 h, 2 h + 1
-          u32 xh[NT][4];
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const uint4 v = stage[(2 * nt + h) * 32];
-            xh[nt][0] = v.x; xh[nt][1] = v.y; xh[nt][2] = v.z; xh[nt][3] = v.w;
-          }
-#pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            const int j = 2 * h + jj;
-            u32 a[4];
-            decode8(lo_a[j], lo_b[j], top[j], a);
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-              mma_bf16(acc[nt], a, xh[nt][2 * jj], xh[nt][2 * jj + 1]);
-          }
-        }
-      }
-    }
-  }
-  __syncthreads();  // the stages are free: the fold area takes their place
-
-  constexpr int ITEMS = NT * 4 * 32;  // one warp's partial tile, lane-major
-  float* part = reinterpret_cast<float*>(smem4);  // [CP][R][ITEMS]
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) part[(c * R + r) * ITEMS + (nt * 4 + q) * 32 + lane] =
-        acc[nt][q];
-  __syncthreads();
-  const int splits = gridDim.y;
-  const size_t split_stride = (size_t)gridDim.x * R * ITEMS;
-  float* block_work = work + (size_t)blockIdx.x * R * ITEMS;
-  if (splits > 1) {  // this block's subtree sums into the workspace, then the counter
-    for (int idx = threadIdx.x; idx < R * ITEMS; idx += R * CP * 32) {
-      const int rr = idx / ITEMS;
-      const int it = idx - rr * ITEMS;
-      float v[CP];
-#pragma unroll
-      for (int cc = 0; cc < CP; ++cc) v[cc] = part[(cc * R + rr) * ITEMS + it];
-      block_work[blockIdx.y * split_stride + idx] = fold_tree<CP>(v, CP);
-    }
-    __threadfence();  // the sums are visible before the counter moves
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(&counters[blockIdx.x], 1u) == (u32)(splits - 1);
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-  }
-  // The outputs: thread -> one of the block's R * 16 rows (its scale, escape range and bias
-  // loaded once) and every TPR-th token, the sums of TB tokens gathered before they are used
-  // (from the workspace all their loads are in flight together). Consecutive threads take
-  // consecutive rows, so a warp's stores of one token are contiguous.
-  constexpr int THREADS = R * CP * 32;
-  constexpr int TPR = THREADS / (R * 16);  // threads per row: 2 * CP
-  constexpr int TB = 4;
-  const int rl = threadIdx.x % (R * 16);
-  const int rr = rl >> 4, rt = rl & 15;
-  const int row = (blockIdx.x * R + rr) * 16 + rt;
-  if (row < N) {
-    const float s = scale[row];
-    const int e0 = rowptr[row], e1 = rowptr[row + 1];
-    // element (rt, tok) of a partial tile: lane (rt % 8) * 4 + (tok % 8) / 2, accumulator
-    // register 2 (rt / 8) + tok % 2 of n-tile tok / 8
-    const int base = rr * ITEMS + (rt & 7) * 4 + 64 * (rt >> 3);
-    for (int tok0 = threadIdx.x / (R * 16); tok0 < M; tok0 += TB * TPR) {
-      float v[TB];
-      if (splits > 1) {
-        // unconditional loads from valid addresses (a token past M reads token 0, a split
-        // past the last one reads split 0; neither is used), so that all TB * 8 are issued
-        // before the first is waited for
-        float w[TB][8];
-#pragma unroll
-        for (int b = 0; b < TB; ++b) {
-          const int tok = min(tok0 + b * TPR, M - 1);
-          const int it = base + ((tok >> 3) * 4 + (tok & 1)) * 32 + ((tok & 7) >> 1);
-#pragma unroll
-          for (int sp = 0; sp < 8; ++sp)
-            w[b][sp] = __ldcg(block_work + (sp < splits ? sp : 0) * split_stride + it);
-        }
-#pragma unroll
-        for (int b = 0; b < TB; ++b) v[b] = fold_tree<8>(w[b], splits);
-      }
-      if (splits == 1) {
-#pragma unroll
-        for (int b = 0; b < TB; ++b) {
-          const int tok = min(tok0 + b * TPR, M - 1);
-          const int it = base + ((tok >> 3) * 4 + (tok & 1)) * 32 + ((tok & 7) >> 1);
-          float w[CP];
-#pragma unroll
-          for (int cc = 0; cc < CP; ++cc) w[cc] = part[cc * R * ITEMS + it];
-          v[b] = fold_tree<CP>(w, CP);
-        }
-      }
-#pragma unroll
-      for (int b = 0; b < TB; ++b) {
-        const int tok = tok0 + b * TPR;
-        if (tok < M)
-          y[(size_t)tok * N + row] = output_bits(v[b], s, e0, e1, x + (size_t)tok * ldx,
-                                                 esc_col, esc_delta, bias, row);
-      }
-    }
-  }
-  if (splits == 1) return;
-  if (threadIdx.x == 0) counters[blockIdx.x] = 0u;  // ready for the next launch
 }
 
 __device__ __forceinline__ u32 scale_pair(u32 pair, float s) {

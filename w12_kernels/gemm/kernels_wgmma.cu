@@ -12,8 +12,8 @@
 // no swizzle), and four wgmma m64nNk16 accumulate. So 64 weight rows share one activation
 // read, and the activations never sit in registers across the MMA. Per warp a ring of P
 // columns of weight loads is in flight; the next column's activations are loaded while the
-// current one is multiplied. The kw partial tiles are summed in shared memory (fold_tree of
-// kernels.cu), then the epilogue of w12_gemm_small (scale, escapes in list order, bias, BF16).
+// current one is multiplied. The kw partial tiles are summed in shared memory in warpgroup
+// order, then the epilogue of w12_gemm_small (scale, escapes in list order, bias, BF16).
 //
 // B layout for K step j of a column (64 columns = 4 steps of 16): K index kk of the MMA is
 // column 16 * ((kk % 8) / 2) + 4 j + 2 * (kk / 8) + kk % 2 of the column block (the order the
@@ -153,10 +153,8 @@ __global__ void __launch_bounds__(256) w12_gemm_wg(
     const int row = blockIdx.x * 64 + r;
     const int tok = tok0 + col;
     if (row >= n_rows || tok >= M) continue;
-    float v[8];
-#pragma unroll
-    for (int q = 0; q < 8; ++q) v[q] = q < kw ? partial[(size_t)q * 64 * N + idx] : 0.0f;
-    store_output(fold_tree<8>(v, kw), row, tok, x, y, scale, rowptr, esc_col, esc_delta, bias,
-                 n_rows, ldx);
+    float v = partial[idx];
+    for (int q = 1; q < kw; ++q) v += partial[(size_t)q * 64 * N + idx];  // fixed order
+    store_output(v, row, tok, x, y, scale, rowptr, esc_col, esc_delta, bias, n_rows, ldx);
   }
 }

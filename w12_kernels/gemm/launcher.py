@@ -65,21 +65,10 @@ def _small_passes(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k, 
     for start in range(0, m, cfgs.SMALL_M_MAX):
         part = x[start : start + cfgs.SMALL_M_MAX]
         lay = cfg.layout(part.shape[0])
-        dst = out[start : start + part.shape[0]]
-        nt = -(-part.shape[0] // 8)
-        if (lay.shared and cfg.kw in (1, 2, 4, 8)  # the fold of gemm_shared needs a power of 2
-                and cuda.shared_smem(int(chunks.shape[1]), cfg.kw, lay.tiles,
-                                     min(lay.groups, cfg.kw), nt)
-                <= cuda.smem_limit(x.device.index if x.device.index is not None
-                                   else torch.cuda.current_device())):
-            cuda.gemm_shared(part, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k,
-                             kw=cfg.kw, depth=lay.depth, rows=lay.tiles,
-                             groups=min(lay.groups, cfg.kw), min_blocks=lay.min_blocks, out=dst)
-        else:
-            cuda.gemm_small(part, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k,
-                            kw=cfg.kw, depth=lay.depth, prefetch=lay.prefetch,
-                            tiles=1 if lay.shared else lay.tiles, min_blocks=lay.min_blocks,
-                            x_stages=0 if lay.shared else lay.x_stages, out=dst)
+        cuda.gemm_small(part, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k,
+                        kw=cfg.kw, depth=lay.depth, prefetch=lay.prefetch, tiles=lay.tiles,
+                        min_blocks=lay.min_blocks, x_stages=lay.x_stages,
+                        out=out[start : start + part.shape[0]])
     return out
 
 
