@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in args.batch.split(",")]
     compile_ops = args.device.startswith("cuda") and not args.no_compile
     report = {"environment": _environment(args.device), "settings": vars(args) | {
-        "json": str(args.json), "compile": compile_ops}, "models": {}}
+        # the file's name only: a directory would record where the run happened
+        "json": args.json.name if args.json else None, "compile": compile_ops}, "models": {}}
     print(f"# {report['environment']}  compile={compile_ops}  attention={args.attention}",
           flush=True)
     for model in args.models.split(","):
