@@ -104,3 +104,22 @@ def test_sweep_keeps_the_layouts_of_classes_it_did_not_time(monkeypatch):
     assert shape["kw"] == min(gemm_bench.SWEEP_KW)
     assert shape["by_nt"]["8"] == {"depth": 3, "tiles": 2}
     assert shape["by_nt"]["1"] == gemm_bench._layout_dict(gemm_bench.SWEEP_LAYOUTS[1][0])
+
+
+def test_shared_memory_opt_in_counts_static_bytes():
+    """A kernel asks for more dynamic shared memory once dynamic + static bytes pass 48 KiB (a
+    48 KiB request with 16 static bytes failed to launch on the H200 without it: the default
+    limit is 48 KiB less the static bytes), and never lowers a larger limit it already has."""
+    from types import SimpleNamespace
+
+    from w12_kernels.gemm import cuda
+
+    func = SimpleNamespace(shared_size_bytes=16, max_dynamic_shared_size_bytes=48 * 1024 - 16)
+    cuda.allow_shared_memory(func, 48 * 1024 - 16)  # fits the default: nothing to ask
+    assert func.max_dynamic_shared_size_bytes == 48 * 1024 - 16
+    cuda.allow_shared_memory(func, 48 * 1024)
+    assert func.max_dynamic_shared_size_bytes == 48 * 1024
+    cuda.allow_shared_memory(func, 100 * 1024)
+    assert func.max_dynamic_shared_size_bytes == 100 * 1024
+    cuda.allow_shared_memory(func, 60 * 1024)
+    assert func.max_dynamic_shared_size_bytes == 100 * 1024

@@ -102,6 +102,13 @@ def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
+def allow_shared_memory(func, smem: int) -> None:
+    """Let ``func`` launch with ``smem`` bytes of dynamic shared memory: past 48 KiB, counting
+    its static shared memory too, a kernel must opt in to more."""
+    if smem + func.shared_size_bytes > 48 * 1024 and func.max_dynamic_shared_size_bytes < smem:
+        func.max_dynamic_shared_size_bytes = smem
+
+
 def _padded_x(x: torch.Tensor, kp: int) -> torch.Tensor:
     """x as [M, Kp] with rows 16-byte aligned and zeros past K (the kernel reads whole chunks)."""
     m, k = x.shape
@@ -153,9 +160,7 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
             _ptr(esc_delta), _ptr(bias), np.int32(m), np.int32(n), np.int32(ntiles),
             np.int32(nchunks), np.int32(xp.stride(0)), np.int32(kw))
     with _on(device):
-        if (smem + func.shared_size_bytes > 48 * 1024
-                and func.max_dynamic_shared_size_bytes < smem):
-            func.max_dynamic_shared_size_bytes = smem
+        allow_shared_memory(func, smem)
         func((math.ceil(ntiles / tiles),), (kw * 32,), args, shared_mem=smem)
     return out
 

@@ -97,9 +97,7 @@ def gemm_wg(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
             np.int32(m), np.int32(n), np.int32(ntiles), np.int32(nchunks),
             np.int32(xp.stride(0)), np.int32(kw))
     with cuda._on(device):
-        if (smem + func.shared_size_bytes > 48 * 1024
-                and func.max_dynamic_shared_size_bytes < smem):
-            func.max_dynamic_shared_size_bytes = smem
+        cuda.allow_shared_memory(func, smem)
         func((math.ceil(ntiles / 4), math.ceil(m / n_block)), (128 * kw,), args,
              shared_mem=smem)
     return out
