@@ -5,7 +5,8 @@
 # TEST_K: a pytest -k expression selecting GPU tests.
 # SWEEP_ARGS: more arguments of the small-M sweep (--keep-kw: only the kw of the table in use).
 # large: the large-M sweep (fused block shapes vs decode + cuBLAS at SWEEP_LARGE_M, default
-# 128,256,1024), written into the "large" entry of tuned.json.
+# 128,256,1024), written into the "large" entry of tuned.json; LARGE_CANDIDATES (label parts,
+# comma-separated) and SWEEP_SHAPES (NxK,...) narrow it.
 # experimental: GPU tests of the warpgroup-MMA GEMM and the Triton decode attention, then
 # benchmarks/wgmma_probe.py (set DECODE_MODELS and DECODE_ATTENTION=torch,triton to time the
 # attention too).
@@ -47,7 +48,8 @@ if [[ $MODE == sweep || $MODE == all ]]; then
 fi
 if [[ $MODE == large || $MODE == all ]]; then
   timeout "${SWEEP_LARGE_LIMIT:-330}" python3 benchmarks/gemm.py --sweep-large --write-table \
-    --m "${SWEEP_LARGE_M:-128,256,1024}" --json "$OUT/sweep_large.json" 2>&1 | tee "$OUT/sweep_large.txt"
+    --m "${SWEEP_LARGE_M:-128,256,1024}" ${LARGE_CANDIDATES:+--candidates "$LARGE_CANDIDATES"} \
+    ${SWEEP_SHAPES:+--shapes "$SWEEP_SHAPES"} --json "$OUT/sweep_large.json" 2>&1 | tee "$OUT/sweep_large.txt"
   cp w12_kernels/gemm/tuned.json "$OUT/" 2>/dev/null || true
 fi
 if [[ $MODE == bench || $MODE == all ]]; then

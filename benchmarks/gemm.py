@@ -398,16 +398,29 @@ LARGE_CANDIDATES = ((4, 64, 4, 3, 0, 1), (4, 128, 4, 3, 0, 1), (4, 128, 4, 3, 16
                     (4, 256, 8, 3, 168, 1), (8, 128, 8, 3, 168, 1), (8, 64, 4, 3, 0, 1),
                     (4, 128, 4, 3, 168, 2), (4, 128, 4, 3, 168, 4), (4, 64, 4, 3, 0, 4))
 LARGE_KEYS = ("tiles", "block_m", "num_warps", "num_stages", "maxnreg", "splits")
+# candidates of the warpgroup-MMA kernel (kernels_large.cu, Hopper only):
+# (block_m, warpgroups, x_stages, w_stages, splits)
+WGMMA_CANDIDATES = ((256, 2, 4, 5, 1), (256, 2, 4, 5, 2), (256, 2, 4, 5, 4), (256, 2, 3, 8, 1),
+                    (128, 2, 4, 8, 1), (128, 2, 4, 8, 2), (128, 2, 4, 8, 4), (128, 2, 6, 6, 2),
+                    (128, 1, 6, 12, 1), (256, 1, 4, 10, 1))
+WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits")
 
 
 def _large_runner(cand: tuple | None):
     """The fused kernel with block shape ``cand`` (its K split lowered as the launcher lowers
-    it), or decode + cuBLAS for ``None``."""
+    it), the warpgroup-MMA kernel for a ``("wgmma", ...)`` candidate, or decode + cuBLAS for
+    ``None``."""
     def run(x, pw):
         if cand is None:
             weight = launcher.decode(pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row,
                                      pw.esc_col, pw.esc_val, pw.n, pw.k)
             return torch.nn.functional.linear(x, weight)
+        if cand[0] == "wgmma":
+            from w12_kernels.gemm import cuda_large
+
+            return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col,
+                                       pw.esc_delta, None, pw.n, pw.k,
+                                       **dict(zip(WGMMA_KEYS, cand[1:], strict=True)))
         cfg = dict(zip(LARGE_KEYS, cand, strict=True))
         cfg["splits"] = launcher.split_count(cfg["splits"], x.shape[0], pw.k)
         return triton_path.gemm_large(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col,
@@ -418,16 +431,42 @@ def _large_runner(cand: tuple | None):
 def _large_label(cand: tuple | None) -> str:
     if cand is None:
         return "decode"
+    if cand[0] == "wgmma":
+        return "wgmma_m{}_g{}_x{}_w{}_k{}".format(*cand[1:])
     return ("fused_t{}_m{}_w{}_s{}".format(*cand[:4]) + (f"_r{cand[4]}" if cand[4] else "")
             + (f"_k{cand[5]}" if cand[5] > 1 else ""))
 
 
-def run_sweep_large(m_values, shapes=None) -> tuple[list[dict], dict]:
+def large_candidates(pattern: str | None = None) -> tuple:
+    """Every large-M choice the sweep times (decode + cuBLAS always; the warpgroup-MMA kernel
+    where it can run), or only those whose label contains one of the comma-separated parts of
+    ``pattern``."""
+    from w12_kernels.gemm import cuda_large
+
+    wg = tuple(("wgmma", *c) for c in WGMMA_CANDIDATES) if cuda_large.available() else ()
+    cands = (*LARGE_CANDIDATES, *wg)
+    if pattern:
+        parts = pattern.split(",")
+        cands = tuple(c for c in cands if any(p in _large_label(c) for p in parts))
+    return (None, *cands)
+
+
+def _large_entry(cand: tuple | None) -> dict:
+    if cand is None:
+        return {"kind": "decode"}
+    if cand[0] == "wgmma":
+        block_m, warpgroups, x_stages, w_stages, splits = cand[1:]
+        return {"kind": "wgmma", "tiles": 4 * warpgroups, "block_m": block_m,
+                "num_stages": x_stages, "w_stages": w_stages, "splits": splits}
+    return {"kind": "fused", **dict(zip(LARGE_KEYS, cand, strict=True))}
+
+
+def run_sweep_large(m_values, shapes=None, pattern=None) -> tuple[list[dict], dict]:
     """Time decode + cuBLAS and every fused block shape per shape and M (and, up to 128 rows,
     the small-kernel passes the launcher uses there, for reference); return the rows and the
     ``large`` table: per shape and M the fastest choice within the error budget, and as the
     default the choice with the best geometric-mean speedup over all swept points."""
-    cands = (None, *LARGE_CANDIDATES)
+    cands = large_candidates(pattern)
     rows = []
     for n, k in shapes or SWEEP_SHAPES:
         layer = Layer(n, k, seed=n + k)
@@ -441,17 +480,17 @@ def run_sweep_large(m_values, shapes=None) -> tuple[list[dict], dict]:
                                  cublas_us=t_ref))
         del layer
         torch.cuda.empty_cache()
-    return rows, choose_large(rows)
+    return rows, choose_large(rows, cands)
 
 
-def choose_large(rows: list[dict]) -> dict:
+def choose_large(rows: list[dict], cands: tuple | None = None) -> dict:
+    cands = cands or (None, *LARGE_CANDIDATES)
+    by_label = {_large_label(c): c for c in cands}
+
     def entry(label: str) -> dict:
-        if label == "decode":
-            return {"kind": "decode"}
-        cand = next(c for c in LARGE_CANDIDATES if _large_label(c) == label)
-        return {"kind": "fused", **dict(zip(LARGE_KEYS, cand, strict=True))}
+        return _large_entry(by_label[label])
 
-    labels = [_large_label(c) for c in (None, *LARGE_CANDIDATES)]
+    labels = list(by_label)
     table = {(r["n"], r["k"], r["m"], r["label"]): r for r in rows}
     points = sorted({(r["n"], r["k"], r["m"]) for r in rows})
     scores = {lbl: sum(_speedup(table.get((*p, lbl))) for p in points) for lbl in labels}
@@ -477,7 +516,11 @@ def main() -> None:
     parser.add_argument("--shapes", default=None,
                         help="with --sweep-large: only these NxK shapes, comma-separated")
     parser.add_argument("--sweep-large", action="store_true",
-                        help="time the large-M choices (fused block shapes, decode + cuBLAS)")
+                        help="time the large-M choices (fused block shapes, warpgroup-MMA "
+                             "kernel configurations, decode + cuBLAS)")
+    parser.add_argument("--candidates", default=None,
+                        help="with --sweep-large: only the choices whose label contains one of "
+                             "these comma-separated parts (decode + cuBLAS is always timed)")
     parser.add_argument("--decode", action="store_true",
                         help="time the decode-to-BF16 kernel alone against a weight copy")
     parser.add_argument("--write-table", action="store_true",
@@ -499,7 +542,8 @@ def main() -> None:
         else:
             shapes = [tuple(map(int, v.split("x"))) for v in args.shapes.split(",")] \
                 if args.shapes else None
-            rows, large = run_sweep_large([m for m in m_values if m > 64], shapes)
+            rows, large = run_sweep_large([m for m in m_values if m > 64], shapes,
+                                          args.candidates)
             table = {"large": large}
         result = dict(device=props.name, copy_tbs=ceiling, sweep=rows, table=table)
         if args.write_table:  # the other entries of the table stay as they are

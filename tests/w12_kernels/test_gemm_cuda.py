@@ -162,6 +162,52 @@ def test_fused_large_kernel(tiles, block_m, num_warps, num_stages, maxnreg, spli
         assert torch.equal(outs[0], outs[1]), f"{n}x{k} M={m}: not deterministic"
 
 
+WGMMA_CONFIGS = [(256, 2, 4, 5, 1), (128, 2, 6, 6, 2), (256, 2, 4, 5, 4), (128, 1, 6, 12, 1),
+                 (64, 1, 3, 2, 1), (192, 2, 3, 3, 4), (256, 1, 4, 10, 2)]
+
+
+@pytest.mark.parametrize("block_m,warpgroups,x_stages,w_stages,splits", WGMMA_CONFIGS,
+                         ids=[f"m{b}_g{g}_x{s}_w{w}_k{k}" for b, g, s, w, k in WGMMA_CONFIGS])
+def test_wgmma_large_kernel(block_m, warpgroups, x_stages, w_stages, splits):
+    """The warpgroup-MMA kernel for many rows (kernels_large.cu) at awkward sizes: within budget
+    (escapes, NaN/inf, bias included; rows, columns and tokens not multiples of the block; K
+    ranges shorter than the stages), bit-identical when run again."""
+    from w12_kernels.gemm import cuda_large
+
+    if not cuda_large.available():
+        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
+    for n, k, m in ((300, 1000, 129), (4096, 4096, 300), (130, 72, 1000), (1, 64, 70),
+                    (200, 200, 3)):
+        t, x = _inputs(n, k, m, seed=n + m)
+        pw = prepare_weight(encoded(t))
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        outs = []
+        for _ in range(2):
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col,
+                                pw.esc_delta, bias, n, k, block_m=block_m,
+                                warpgroups=warpgroups, x_stages=x_stages,
+                                w_stages=w_stages, splits=splits, out=out)
+            outs.append(out.view(torch.int16).clone())
+        assert_within_budget(out, x, t, _ref(x, t, bias), bias)
+        assert torch.equal(outs[0], outs[1]), f"{n}x{k} M={m}: not deterministic"
+
+
+def test_wgmma_stage_images():
+    """The activation images on the GPU equal the CPU statement of their layout."""
+    from stage_image import stage_images
+
+    from w12_kernels.gemm import cuda_large
+
+    if not cuda_large.available():
+        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
+    x = torch.randn(70, 150, device="cuda").to(torch.bfloat16)
+    for block_m in (64, 128):
+        got = cuda_large.permute_x(x, 3, block_m).view(torch.int16).cpu()
+        want = stage_images(x.cpu(), 3, block_m).view(torch.int16)
+        assert torch.equal(got, want)
+
+
 def test_backend_is_reported():
     assert launcher.backend() in ("cuda", "triton", "torch")
 

@@ -12,8 +12,9 @@ constants come from ``tuned.json`` next to this file, written from the H200 swee
 shape, a rule for other shapes; without the file, built-in defaults.
 
 Beyond the small-M path (``large_config``), the table's ``large`` entry picks per weight shape
-and class of M (the smallest listed M class >= M) between the fused tensor-core kernel
-(``kernel_large.py``, with its block shape) and decode + cuBLAS, from the sweep
+and class of M (the smallest listed M class >= M) between the fused tensor-core kernels
+(Triton ``kernel_large.py`` or the warpgroup-MMA ``kernels_large.cu``, with their block
+shapes) and decode + cuBLAS, from the sweep
 ``benchmarks/gemm.py --sweep-large``; above the largest M it measured, decode + cuBLAS.
 """
 
@@ -99,20 +100,23 @@ def small_config(n: int, k: int, num_sms: int, r: dict | None = None) -> SmallCo
     return SmallConfig(kw=kw, by_nt=by_nt)
 
 
-LARGE_KINDS = ("fused", "decode")
+LARGE_KINDS = ("fused", "wgmma", "decode")
 DEFAULT_LARGE = {"kind": "fused", "tiles": 8, "block_m": 128, "num_warps": 8, "num_stages": 3}
 DEFAULT_LARGE_MAX_M = 256  # rows up to which the default fused entry applies (the sweep's M)
 
 
 @dataclass(frozen=True)
 class LargeConfig:
-    kind: str = "fused"  # "fused": kernel_large.py; "decode": decode to BF16, then cuBLAS
-    tiles: int = 8  # 16-row weight tiles per program
+    kind: str = "fused"  # "fused": kernel_large.py; "wgmma": kernels_large.cu (Hopper);
+    # "decode": decode to BF16, then cuBLAS
+    tiles: int = 8  # 16-row weight tiles per program (wgmma: 4 per warpgroup)
     block_m: int = 128  # activation rows per program
     num_warps: int = 8
-    num_stages: int = 3
+    num_stages: int = 3  # (wgmma: activation stages)
+    w_stages: int = 6  # wgmma: chunk-word stages
     maxnreg: int = 0  # register cap per thread (0: the compiler's choice)
-    splits: int = 1  # K ranges summed through a workspace (the launcher may lower it)
+    splits: int = 1  # K ranges (fused: through a workspace, the launcher may lower it;
+    # wgmma: the blocks of a cluster)
 
 
 @functools.cache

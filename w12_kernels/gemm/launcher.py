@@ -7,7 +7,9 @@ at most ``SMALL_M_MAX`` rows, so every row's bits are those it gets alone (batch
 to 128 rows) and, by the H200 times of each part, two passes beat decode + cuBLAS at 128 rows
 on every shape of the benchmark (docs/PERF_GEMM.md). Above that (above ``SMALL_M_MAX`` with
 the Triton kernels) the tuned table (``config.large_config``) picks, per weight shape and M,
-the fused tensor-core kernel of ``kernel_large.py`` or decode to BF16 + cuBLAS.
+the warpgroup-MMA kernel of ``kernels_large.cu`` (Hopper, CUDA backend), the fused Triton
+kernel of ``kernel_large.py`` or decode to BF16 + cuBLAS; where the chosen kernel cannot run,
+decode + cuBLAS.
 """
 
 from __future__ import annotations
@@ -89,6 +91,13 @@ def _has_triton() -> bool:
     return True
 
 
+@functools.cache
+def _has_wgmma() -> bool:
+    from w12_kernels.gemm import cuda_large
+
+    return cuda_large.available()
+
+
 def linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delta, bias, n, k):
     """``x @ W.T (+ bias)`` for a CUDA ``x`` [M, K] (see module docstring)."""
     m = x.shape[0]
@@ -103,6 +112,13 @@ def linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delt
         return triton_path.gemm(x, chunks, scale, esc_rowptr, esc_row, esc_col, esc_delta, bias,
                                 n, k, kw=cfg.kw)
     large = cfgs.large_config(n, k, m)
+    if large.kind == "wgmma" and kind == "cuda" and _has_wgmma():
+        from w12_kernels.gemm import cuda_large
+
+        return cuda_large.gemm_wgl(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k,
+                                   block_m=large.block_m, warpgroups=large.tiles // 4,
+                                   x_stages=large.num_stages, w_stages=large.w_stages,
+                                   splits=large.splits)
     if large.kind == "fused" and kind != "torch" and _has_triton():
         from w12_kernels.gemm import triton_path
 

@@ -1,0 +1,127 @@
+"""CPU statement of the large-M warpgroup-MMA kernel (``kernels_large.cu``): the activation
+stage images ``w12_permute_x`` writes, and a NumPy emulator of ``wgl_body`` (the decoded weights
+stored as A core matrices, both operands read back through the matrix descriptors, the K split
+over the blocks of a cluster folded in rank order, the epilogue), so that the CPU checks its
+index arithmetic. Written from the kernel's comments and the PTX ISA's description of K-major,
+``wgmma`` operands with the 128-byte swizzle: row ``r`` of K step ``j`` at linear byte
+``start + 32 j + (r // 8) * SBO + (r % 8) * 128 + 2 kk``, bits 4-6 of the address XORed with
+bits 7-9 (the buffers are 1024-byte aligned). The
+16 products of a K step and the accumulator are summed in float64 and rounded once to float32,
+as the other emulators do; the real tensor core's internal rounding is not specified.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from cuda_emulator import _as_words, decode8, f32_to_bf16_bits
+
+SBO = 1024  # kernels_large.cu sw128_desc
+
+
+def stage_images(x: torch.Tensor, nchunks: int, block_m: int) -> torch.Tensor:
+    """BF16 [ceil(M / block_m) * nchunks * block_m * 64]: for token block ``tb`` and chunk
+    ``c``, byte ``n * 128 + ((2 * j + h) ^ (n % 8)) * 16 + 4 * t + 2 * e`` holds column
+    ``c * 64 + 16 * t + 4 * j + 2 * h + e`` of token ``tb * block_m + n``."""
+    m, k = x.shape
+    blocks = -(-m // block_m)
+    bits = np.zeros((blocks * block_m, nchunks * 64), np.uint16)
+    bits[:m, :k] = x.view(torch.int16).numpy().view(np.uint16)
+    out = np.zeros(blocks * nchunks * block_m * 64, np.uint16)
+    for tb in range(blocks):
+        for c in range(nchunks):
+            base = (tb * nchunks + c) * block_m * 64  # in BF16 elements
+            for n in range(block_m):
+                for j in range(4):
+                    for h in range(2):
+                        for t in range(4):
+                            for e in range(2):
+                                byte = (n * 128 + ((2 * j + h) ^ (n % 8)) * 16 + 4 * t
+                                        + 2 * e)
+                                out[base + byte // 2] = bits[tb * block_m + n,
+                                                             c * 64 + 16 * t + 4 * j + 2 * h + e]
+    return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
+
+
+def _read(image: np.ndarray, start: int, rows: int) -> np.ndarray:
+    """A K-major operand [rows, 16] as float64, read through a descriptor at byte ``start``
+    of a 1024-byte aligned buffer."""
+    r = np.arange(rows)[:, None]
+    kk = np.arange(16)[None, :]
+    linear = start + (r // 8) * SBO + (r % 8) * 128 + 2 * kk
+    byte = linear ^ (((linear >> 7) & 7) << 4)
+    bits = image[byte // 2].astype(np.uint32) << np.uint32(16)
+    return bits.view(np.float32).astype(np.float64)
+
+
+def _a_buffer(words: np.ndarray, tiles: list[int], col: int) -> np.ndarray:
+    """The A buffer of one warpgroup for chunk column ``col`` as BF16 bits [64 * 64]: what its
+    four warps store after ``decode8`` (lane (g, t), step j, register r at byte row * 128 +
+    ((2 j + r // 2) ^ g) * 16 + t * 4, row = 16 warp + g + 8 (r % 2))."""
+    buf = np.zeros(64 * 64, np.uint16)
+    for warp, tile in enumerate(tiles):
+        lw = words[tile, col]  # [96, 4]: Words4 lane, lane + 32, lane + 64
+        for j in range(4):
+            regs = decode8(lw[0:32, j], lw[32:64, j], lw[64:96, j])
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                for r in range(4):
+                    row = 16 * warp + g + 8 * (r % 2)
+                    byte = row * 128 + ((2 * j + r // 2) ^ g) * 16 + t * 4
+                    word = int(regs[r][lane])
+                    buf[byte // 2] = word & 0xFFFF
+                    buf[byte // 2 + 1] = word >> 16
+    return buf
+
+
+def gemm_wgl(x: torch.Tensor, pw, bias: torch.Tensor | None = None, *, block_m: int,
+             warpgroups: int, splits: int) -> torch.Tensor:
+    """What ``wgl_body<block_m, warpgroups, S, splits>`` writes: BF16 [M, N]."""
+    m = x.shape[0]
+    ntiles, nchunks = int(pw.chunks.shape[0]), int(pw.chunks.shape[1])
+    words = _as_words(pw.chunks).reshape(ntiles, nchunks, 96, 4)
+    images = stage_images(x, nchunks, block_m).view(torch.int16).numpy().view(np.uint16)
+    rows_per_block = 64 * warpgroups
+    row_blocks = -(-ntiles // (4 * warpgroups))
+    per = -(-nchunks // splits)
+    v = np.zeros((row_blocks * rows_per_block, -(-m // block_m) * block_m), np.float32)
+    for bx in range(row_blocks):
+        for by in range(-(-m // block_m)):
+            partials = []
+            for rank in range(splits):
+                c0 = min(nchunks, rank * per)
+                acc = np.zeros((rows_per_block, block_m), np.float32)
+                for col in range(c0, min(nchunks, c0 + per)):
+                    image = images[(by * nchunks + col) * block_m * 64:][: block_m * 64]
+                    for wg in range(warpgroups):
+                        tiles = [min((bx * warpgroups + wg) * 4 + w, ntiles - 1)
+                                 for w in range(4)]
+                        abuf = _a_buffer(words, tiles, col)
+                        d = acc[wg * 64 : wg * 64 + 64]
+                        for j in range(4):
+                            a = _read(abuf, 32 * j, 64)
+                            b = _read(image, 32 * j, block_m)
+                            d = (a @ b.T + d.astype(np.float64)).astype(np.float32)
+                        acc[wg * 64 : wg * 64 + 64] = d
+                partials.append(acc)
+            total = partials[0].copy()
+            for q in range(1, splits):
+                total = total + partials[q]  # float32, rank order
+            v[bx * rows_per_block : (bx + 1) * rows_per_block,
+              by * block_m : (by + 1) * block_m] = total
+    n_rows = pw.n
+    scale = pw.scale.numpy()
+    rowptr = pw.esc_rowptr.numpy().astype(np.int64)
+    esc_col, esc_delta = pw.esc_col.numpy().astype(np.int64), pw.esc_delta.numpy()
+    xf = x.float().numpy()
+    y = np.zeros((m, n_rows), np.uint16)
+    for row in range(n_rows):
+        out = v[row, :m] * scale[row]
+        for e in range(rowptr[row], rowptr[row + 1]):
+            with np.errstate(invalid="ignore", over="ignore"):
+                out = (out.astype(np.float64) + xf[:, esc_col[e]] * esc_delta[e]).astype(
+                    np.float32)
+        if bias is not None:
+            out = out + bias.float().numpy()[row]
+        y[:, row] = f32_to_bf16_bits(out.astype(np.float32))
+    return torch.from_numpy(y.view(np.int16)).view(torch.bfloat16)

@@ -1,0 +1,163 @@
+"""The large-M W12 GEMM on Hopper's warpgroup MMA (``kernels_large.cu``), for the rows beyond
+the small-M path (prefill, large batches).
+
+Decode + cuBLAS pays a BF16 write and re-read of the weight on top of cuBLAS's own time, and
+the Triton fused kernel runs one serial chain per step (docs/PERF_GEMM.md); here each
+warpgroup decodes 64 weight rows straight into wgmma A registers and the block's activations
+stream through shared-memory stages that all its warpgroups read. A small kernel first reorders
+each 64-column chunk of the activations into the K order of the weight fragments, so that the
+stages fill with plain 16-byte copies. Deterministic; with ``splits`` > 1 the K ranges of a
+thread-block cluster are added in a fixed order through distributed shared memory. Needs
+compute capability 9.0 (``sm_90a``). Not batch-invariant (the launcher uses it above the rows
+where that is promised).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from w12_kernels.gemm import cuda
+
+SOURCE_PATH = Path(__file__).with_name("kernels_large.cu")
+BLOCK_M = (64, 128, 192, 256)  # activation rows per block (the wgmma N)
+WARPGROUPS = (1, 2)  # 64 weight rows each
+SPLITS = (1, 2, 4)  # K ranges, one per block of a cluster
+
+
+def available() -> bool:
+    return cuda.available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def kernel_name(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
+                splits: int) -> str:
+    return f"w12_wgl_{block_m}_{warpgroups}_{x_stages}_{w_stages}_{splits}"
+
+
+def shared_bytes(block_m: int, warpgroups: int, x_stages: int, w_stages: int) -> int:
+    """The activation stages, the chunk-word stages, two buffers of decoded weights and the
+    stages' mbarriers, or (after the main loop) the float32 partial tile, whichever is larger,
+    plus what aligning them to 1024 bytes (the swizzle atom) may take."""
+    main = (x_stages * block_m * 128 + w_stages * 4 * warpgroups * 1536
+            + 2 * warpgroups * 8192 + 8 * (x_stages + w_stages))
+    return 1024 + max(main, block_m * (64 * warpgroups + 4) * 4)
+
+
+def check_config(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
+                 splits: int) -> None:
+    if (block_m not in BLOCK_M or warpgroups not in WARPGROUPS or splits not in SPLITS
+            or not 3 <= x_stages <= 8 or not 2 <= w_stages <= 16
+            or shared_bytes(block_m, warpgroups, x_stages, w_stages) > 227 * 1024):
+        raise ValueError(f"gemm_wgl: bad configuration block_m={block_m} "
+                         f"warpgroups={warpgroups} x_stages={x_stages} w_stages={w_stages} "
+                         f"splits={splits}")
+
+
+def wrapper(n: int) -> str:
+    """``WgmmaSS<n>::mma(d, desc_a, desc_b)``: d[n/2] += A x B, both from shared memory
+    (K-major, described by ``sw128_desc``), m64nNk16, bf16 -> f32."""
+    regs = n // 2
+    d = ", ".join(f"%{i}" for i in range(regs))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    return (
+        f"template <> struct WgmmaSS<{n}> {{\n"
+        f"  __device__ __forceinline__ static void mma(float (&d)[{regs}], unsigned long long da,\n"
+        f"                                             unsigned long long db) {{\n"
+        f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
+        f'                 "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "\n'
+        f'                 "{{{d}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 0;\\n}}\\n"\n'
+        f"                 : {outs}\n"
+        f'                 : "l"(da), "l"(db), "r"(1)\n'
+        f'                 : "memory");\n'
+        f"  }}\n}};\n"
+    )
+
+
+def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int) -> str:
+    cluster = f" __cluster_dims__(1, 1, {splits})" if splits > 1 else ""
+    return (
+        f'extern "C" __global__ void __launch_bounds__({128 * warpgroups + 32}, 1){cluster}\n'
+        f"{kernel_name(block_m, warpgroups, x_stages, w_stages, splits)}(\n"
+        "    const Words4* __restrict__ chunks, const bf16_t* __restrict__ xp,\n"
+        "    const bf16_t* __restrict__ x, int ldx, bf16_t* __restrict__ y,\n"
+        "    const float* __restrict__ scale, const int* __restrict__ rowptr,\n"
+        "    const int* __restrict__ esc_col, const float* __restrict__ esc_delta,\n"
+        "    const bf16_t* __restrict__ bias, int M, int n_rows, int ntiles, int nchunks) {\n"
+        f"  wgl_body<{block_m}, {warpgroups}, {x_stages}, {w_stages}, {splits}>(\n"
+        "      chunks, xp, x, ldx, y, scale, rowptr, esc_col, esc_delta, bias, M, n_rows, ntiles,\n"
+        "      nchunks);\n}\n")
+
+
+def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int) -> str:
+    """kernels.cu, the wgmma wrapper for ``block_m``, kernels_large.cu and the entry point of
+    one configuration."""
+    return (cuda.SOURCE_PATH.read_text() + "\ntemplate <int N> struct WgmmaSS;\n"
+            + wrapper(block_m) + "\n" + SOURCE_PATH.read_text() + "\n"
+            + _entry(block_m, warpgroups, x_stages, w_stages, splits))
+
+
+@functools.cache
+def _module(device_index: int, config: tuple[int, ...]):
+    import cupy
+
+    major, minor = torch.cuda.get_device_capability(device_index)
+    with cupy.cuda.Device(device_index):
+        return cupy.RawModule(code=source(*config),
+                              options=("--std=c++17", f"--gpu-architecture=sm_{major}{minor}a"))
+
+
+def permute_x(x: torch.Tensor, nchunks: int, block_m: int) -> torch.Tensor:
+    """The activations as stage images (see kernels_large.cu): ``ceil(M / block_m) * nchunks``
+    images of ``block_m * 128`` bytes, zeros past M and past K."""
+    m, k = x.shape
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    blocks = math.ceil(m / block_m)
+    out = torch.empty(blocks * nchunks * block_m * 64, dtype=torch.bfloat16, device=x.device)
+    if out.numel() == 0:
+        return out
+    device = x.device
+    func = _module(cuda._index(device), (64, 1, 3, 2, 1)).get_function("w12_permute_x")
+    pairs = int(x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0)
+    with cuda._on(device):
+        func((nchunks, blocks, block_m // 64), (256,),
+             (cuda._ptr(x), cuda._ptr(out), np.int32(m), np.int32(k), np.int32(x.stride(0)),
+              np.int32(nchunks), np.int32(block_m), np.int32(pairs)))
+    return out
+
+
+def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
+             esc_rowptr: torch.Tensor, esc_col: torch.Tensor, esc_delta: torch.Tensor,
+             bias: torch.Tensor | None, n: int, k: int, *, block_m: int = 128,
+             warpgroups: int = 2, x_stages: int = 4, w_stages: int = 6, splits: int = 1,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W.T (+ bias)`` for BF16 ``x [M, K]``, any M: blocks of ``64 * warpgroups`` weight
+    rows x ``block_m`` activation rows, ``x_stages`` activation and ``w_stages`` chunk-word
+    stages in shared memory, ``splits`` K ranges per cluster."""
+    config = (block_m, warpgroups, x_stages, w_stages, splits)
+    check_config(*config)
+    m = x.shape[0]
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
+    xp = permute_x(x, nchunks, block_m)
+    device = x.device
+    func = _module(cuda._index(device), config).get_function(kernel_name(*config))
+    smem = shared_bytes(block_m, warpgroups, x_stages, w_stages)
+    args = (cuda._ptr(chunks), cuda._ptr(xp), cuda._ptr(x), np.int32(x.stride(0)),
+            cuda._ptr(out), cuda._ptr(scale), cuda._ptr(esc_rowptr), cuda._ptr(esc_col),
+            cuda._ptr(esc_delta), cuda._ptr(bias), np.int32(m), np.int32(n), np.int32(ntiles),
+            np.int32(nchunks))
+    grid = (math.ceil(ntiles / (4 * warpgroups)), math.ceil(m / block_m), splits)
+    with cuda._on(device):
+        cuda.allow_shared_memory(func, smem)
+        func(grid, (128 * warpgroups + 32,), args, shared_mem=smem)
+    return out
