@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 needs_cupy = pytest.mark.skipif(not cuda.available(), reason="needs CuPy (NVRTC kernels)")
 
 SIZES = [(1, 64), (300, 1000), (4096, 4096), (6144, 4096), (1024, 14336), (130, 72)]
-M_VALUES = [1, 3, 16, 17, 33, 64, 65, 128, 300]
+M_VALUES = [1, 3, 16, 17, 33, 64, 65, 128, 200, 300]
 
 
 def _inputs(n, k, m, seed):
@@ -162,8 +162,8 @@ def test_fused_large_kernel(tiles, block_m, num_warps, num_stages, maxnreg, spli
         assert torch.equal(outs[0], outs[1]), f"{n}x{k} M={m}: not deterministic"
 
 
-WGMMA_CONFIGS = [(256, 2, 4, 5, 1), (128, 2, 6, 6, 2), (256, 2, 4, 5, 4), (128, 1, 6, 12, 1),
-                 (64, 1, 3, 2, 1), (192, 2, 3, 3, 4), (256, 1, 4, 10, 2)]
+WGMMA_CONFIGS = [(256, 2, 4, 5, 1), (256, 2, 4, 5, 2), (128, 2, 4, 8, 2), (256, 2, 4, 5, 4),
+                 (128, 1, 6, 12, 1), (64, 1, 3, 2, 1), (192, 2, 3, 3, 4), (256, 1, 4, 10, 2)]
 
 
 @pytest.mark.parametrize("block_m,warpgroups,x_stages,w_stages,splits", WGMMA_CONFIGS,

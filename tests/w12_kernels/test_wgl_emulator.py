@@ -1,0 +1,126 @@
+"""CPU checks of the large-M warpgroup-MMA kernel (kernels_large.cu): its NumPy statement
+(stage_image.py: activation images, swizzled A buffers, descriptors, K split folded in rank
+order) against float64 on the exact weights, that a wrong layout is caught, and the
+configuration plumbing (shared-memory budget, the large-M table, the sweep's entries)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import stage_image
+import torch
+from gemm_helpers import assert_within_budget, encoded, make_weight
+
+from w12_kernels.gemm import config as cfgs
+from w12_kernels.gemm import cuda_large, prepare_weight
+from w12_kernels.gemm.reference import reference_linear
+
+CASES = [  # (m, n, k, block_m, warpgroups, splits)
+    (1, 70, 300, 64, 1, 1),
+    (70, 130, 200, 64, 2, 2),  # two token blocks, a partial row block, K split in two
+    (130, 300, 700, 128, 1, 4),  # K ranges of 3, 3, 3 and 2 chunks
+    (5, 20, 64, 64, 1, 4),  # one chunk: three ranks with nothing to add
+    (9, 1, 128, 192, 2, 2),
+]
+
+
+@pytest.mark.parametrize("m,n,k,block_m,warpgroups,splits", CASES,
+                         ids=[f"m{m}_n{n}_k{k}_bm{b}_g{g}_k{s}" for m, n, k, b, g, s in CASES])
+def test_emulated_large_kernel_within_budget(m, n, k, block_m, warpgroups, splits):
+    w = make_weight(n, k, seed=m + n + k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)
+    y = stage_image.gemm_wgl(x, prepare_weight(encoded(w)), bias, block_m=block_m,
+                             warpgroups=warpgroups, splits=splits)
+    assert_within_budget(y, x, w, reference_linear(x, encoded(w), bias), bias)
+
+
+def test_every_split_within_budget_on_the_same_inputs():
+    """A K split changes only the order of the float32 adds of the partial tiles."""
+    w = make_weight(64, 640, seed=3)
+    x = torch.randn(16, 640, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    pw = prepare_weight(encoded(w))
+    ref = reference_linear(x, encoded(w))
+    for splits in (1, 2, 4):
+        y = stage_image.gemm_wgl(x, pw, block_m=64, warpgroups=1, splits=splits)
+        assert_within_budget(y, x, w, ref)
+
+
+def test_stage_images_hold_every_column_once_and_zeros_past_the_ends():
+    x = torch.arange(1, 1 + 3 * 150, dtype=torch.float32).reshape(3, 150).to(torch.bfloat16)
+    img = stage_image.stage_images(x, 3, 64).float().reshape(3, 64, 64)  # [chunk, token, 64]
+    for c in range(3):
+        for n in range(3):
+            got = sorted(v for v in img[c, n].tolist() if v != 0)
+            want = sorted(x[n, c * 64 : c * 64 + 64].float().tolist())
+            assert got == want
+    assert not img[:, 3:].any()  # tokens past M
+
+
+def test_a_wrong_swizzle_is_caught(monkeypatch):
+    """The within-budget check fails when the activation images are written without the
+    swizzle the descriptor reads with."""
+    w = make_weight(40, 256, seed=1)
+    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    pw = prepare_weight(encoded(w))
+    ref = reference_linear(x, encoded(w))
+    assert_within_budget(stage_image.gemm_wgl(x, pw, block_m=64, warpgroups=1, splits=1),
+                         x, w, ref)
+    plain_read = stage_image._read
+
+    def unswizzled(image, start, rows):  # reads rows as if stored without the XOR
+        r = np.arange(rows)[:, None]
+        kk = np.arange(16)[None, :]
+        linear = start + (r // 8) * stage_image.SBO + (r % 8) * 128 + 2 * kk
+        bits = image[linear // 2].astype(np.uint32) << np.uint32(16)
+        return bits.view(np.float32).astype(np.float64)
+
+    monkeypatch.setattr(stage_image, "_read", unswizzled)
+    bad = stage_image.gemm_wgl(x, pw, block_m=64, warpgroups=1, splits=1)
+    monkeypatch.setattr(stage_image, "_read", plain_read)
+    with pytest.raises(AssertionError):
+        assert_within_budget(bad, x, w, ref)
+
+
+def test_configurations_fit_the_shared_memory():
+    for cand in (*_bench().WGMMA_CANDIDATES, (64, 1, 3, 2, 1), (192, 2, 3, 3, 4)):
+        cuda_large.check_config(*cand)
+        assert cuda_large.shared_bytes(*cand[:4]) <= 227 * 1024
+    for bad in ((96, 2, 4, 5, 1), (256, 3, 4, 5, 1), (256, 2, 4, 5, 3), (256, 2, 8, 8, 1),
+                (128, 2, 2, 8, 1)):
+        with pytest.raises(ValueError, match="bad configuration"):
+            cuda_large.check_config(*bad)
+
+
+def test_source_has_one_entry_point_per_configuration():
+    src = cuda_large.source(256, 2, 4, 5, 2)
+    assert src.count('extern "C" __global__') == 2  # the permute and this configuration
+    assert "w12_wgl_256_2_4_5_2(" in src and "__cluster_dims__(1, 1, 2)" in src
+    assert "__cluster_dims__" not in cuda_large.source(128, 2, 4, 8, 1)
+    assert "m64n256k16" in src
+
+
+def _bench():
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gemm.py"
+    spec = importlib.util.spec_from_file_location("gemm_benchmark_wgl", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_large_table_entry_for_the_warpgroup_kernel():
+    bench = _bench()
+    cand = ("wgmma", 256, 2, 4, 5, 2)
+    entry = bench._large_entry(cand)
+    cfg = cfgs.large_config(4096, 4096, 256, {"default": {"kind": "decode"}, "max_m": 256,
+                                              "shapes": {"4096x4096": {"256": entry}}})
+    assert cfg.kind == "wgmma" and cfg.tiles // 4 == 2 and cfg.block_m == 256
+    assert (cfg.num_stages, cfg.w_stages, cfg.splits) == (4, 5, 2)
+    rows = [dict(n=4096, k=4096, m=256, label=bench._large_label(c), us=us, err_ratio=1.0,
+                 cublas_us=10.0) for c, us in ((None, 30.0), (cand, 20.0))]
+    table = bench.choose_large(rows, (None, cand))
+    assert table["shapes"]["4096x4096"]["256"] == entry
+    assert table["default"] == entry
