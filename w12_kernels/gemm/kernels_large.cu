@@ -5,9 +5,10 @@
 // row) holds the 64 K values of one chunk column in 128 bytes at r * 128, its 16-byte unit u
 // (K values 8 u .. 8 u + 7 of the MMA order) stored at unit u ^ (r % 8), so that the tensor
 // cores read 8 rows of one unit from 8 different bank groups (the non-swizzled layout timed
-// the same here: the kernel is limited elsewhere, docs/PERF_GEMM.md). The K order is that of the weight fragments (layout.py): K
-// index kk of MMA step j is column 16 ((kk % 8) / 2) + 4 j + 2 (kk / 8) + kk % 2 of the chunk,
-// so unit u = 2 j + h holds the chunk's 32-bit words 8 t + u, t = 0..3.
+// the same here: the kernel is limited elsewhere, docs/PERF_GEMM.md). The K order is that of
+// the weight fragments (layout.py): K index kk of MMA step j is column 16 ((kk % 8) / 2) + 4 j
+// + 2 (kk / 8) + kk % 2 of the chunk, so unit u = 2 j + h holds the chunk's 32-bit words
+// 8 t + u, t = 0..3.
 //
 // w12_permute_x: the activations as the images of the stages the GEMM copies in whole: for
 // every block of BN tokens and every 64-column chunk, BN * 128 contiguous bytes in that
