@@ -30,9 +30,9 @@
 //
 // What shaped it (docs/PERF_GEMM.md, #19): with the A operand in registers, ptxas reused the
 // fragment registers of the MMAs still in flight for the next column's decode (wrong sums);
-// with the weights loaded into registers, the proxy fence after the stores of decoded weights
-// waited for every load in flight; a branch on the thread index around the MMAs made ptxas
-// serialize them (the role is broadcast with a shuffle so that the branch is warp-uniform).
+// a branch on the thread index around the MMAs made ptxas serialize them (the role is
+// broadcast with a shuffle so that the branch is warp-uniform). The copies are bulk copies
+// started by a warp that never runs the proxy fence, so that no fence waits on them.
 
 extern "C" __global__ void __launch_bounds__(256)
 w12_permute_x(const bf16_t* __restrict__ x, u32* __restrict__ xp, int M, int K, int ldx,
@@ -210,8 +210,8 @@ __device__ __forceinline__ void wgl_body(
     __syncthreads();  // column i decoded by all (its weight stage is free); column i - 2
                       // multiplied by all (its activation stage is free)
     if (producer) {
-      // The copies are started by a thread that never runs the proxy fence (the fence waits
-      // for the copies the fencing thread has in flight).
+      // The copies are started by a thread that never runs the proxy fence (a fence may wait
+      // for what its thread has in flight).
       if (tid == THREADS) {
         if (i + SW < n) issue_w(i + SW);  // into weight stage i % SW
         if (i + LX < n) issue_x(i + LX);  // into activation stage (i - 2) % SX
