@@ -402,7 +402,10 @@ LARGE_KEYS = ("tiles", "block_m", "num_warps", "num_stages", "maxnreg", "splits"
 # (block_m, warpgroups, x_stages, w_stages, splits)
 WGMMA_CANDIDATES = ((256, 2, 4, 5, 1), (256, 2, 4, 5, 2), (256, 2, 4, 5, 4), (256, 2, 3, 8, 1),
                     (128, 2, 4, 8, 1), (128, 2, 4, 8, 2), (128, 2, 4, 8, 4), (128, 2, 6, 6, 2),
-                    (128, 1, 6, 12, 1), (256, 1, 4, 10, 1))
+                    (128, 1, 6, 12, 1), (256, 1, 4, 10, 1),
+                    # 105 KB of shared memory, registers capped (96): two blocks per
+                    # multiprocessor (not timed yet; the others fit one, PERF_GEMM.md #19)
+                    (128, 2, 3, 2, 1), (128, 2, 3, 2, 2))
 WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits")
 
 

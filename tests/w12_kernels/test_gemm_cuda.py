@@ -163,7 +163,8 @@ def test_fused_large_kernel(tiles, block_m, num_warps, num_stages, maxnreg, spli
 
 
 WGMMA_CONFIGS = [(256, 2, 4, 5, 1), (256, 2, 4, 5, 2), (128, 2, 4, 8, 2), (256, 2, 4, 5, 4),
-                 (128, 1, 6, 12, 1), (64, 1, 3, 2, 1), (192, 2, 3, 3, 4), (256, 1, 4, 10, 2)]
+                 (128, 1, 6, 12, 1), (64, 1, 3, 2, 1), (192, 2, 3, 3, 4), (256, 1, 4, 10, 2),
+                 (128, 2, 3, 2, 2)]
 
 
 @pytest.mark.parametrize("block_m,warpgroups,x_stages,w_stages,splits", WGMMA_CONFIGS,

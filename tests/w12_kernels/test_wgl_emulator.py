@@ -95,6 +95,14 @@ def test_configurations_fit_the_shared_memory():
             cuda_large.check_config(*bad)
 
 
+def test_two_blocks_per_multiprocessor_only_where_their_shared_memory_fits():
+    assert cuda_large.blocks_per_sm(128, 2, 3, 2) == 2
+    assert "__launch_bounds__(288, 2)" in cuda_large.source(128, 2, 3, 2, 1)
+    for cand in ((256, 2, 4, 5), (128, 2, 4, 8)):  # the shipped table's: one block
+        assert cuda_large.blocks_per_sm(*cand) == 1
+        assert "__launch_bounds__(288, 1)" in cuda_large.source(*cand, 2)
+
+
 def test_source_has_one_entry_point_per_configuration():
     src = cuda_large.source(256, 2, 4, 5, 2)
     assert src.count('extern "C" __global__') == 2  # the permute and this configuration

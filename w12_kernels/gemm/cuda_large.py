@@ -80,10 +80,19 @@ def wrapper(n: int) -> str:
     )
 
 
+def blocks_per_sm(block_m: int, warpgroups: int, x_stages: int, w_stages: int) -> int:
+    """2 where the shared memory of two blocks fits a multiprocessor (228 KiB, 1 KiB of it
+    reserved per block): the kernel then caps its registers so that their registers fit too."""
+    return 2 if 2 * (shared_bytes(block_m, warpgroups, x_stages, w_stages) + 1024) <= 228 * 1024 \
+        else 1
+
+
 def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int) -> str:
     cluster = f" __cluster_dims__(1, 1, {splits})" if splits > 1 else ""
+    min_blocks = blocks_per_sm(block_m, warpgroups, x_stages, w_stages)
     return (
-        f'extern "C" __global__ void __launch_bounds__({128 * warpgroups + 32}, 1){cluster}\n'
+        f'extern "C" __global__ void __launch_bounds__({128 * warpgroups + 32}, {min_blocks})'
+        f"{cluster}\n"
         f"{kernel_name(block_m, warpgroups, x_stages, w_stages, splits)}(\n"
         "    const Words4* __restrict__ chunks, const bf16_t* __restrict__ xp,\n"
         "    const bf16_t* __restrict__ x, int ldx, bf16_t* __restrict__ y,\n"
