@@ -1,20 +1,21 @@
 """CPU statement of the large-M warpgroup-MMA kernel (``kernels_large.cu``): the activation
 stage images ``w12_permute_x`` writes, and a NumPy emulator of ``wgl_body`` (the decoded weights
 stored as A core matrices, both operands read back through the matrix descriptors, the K split
-over the blocks of a cluster folded in rank order, the epilogue), so that the CPU checks its
-index arithmetic. Written from the kernel's comments and the PTX ISA's description of K-major,
-``wgmma`` operands with the 128-byte swizzle: row ``r`` of K step ``j`` at linear byte
-``start + 32 j + (r // 8) * SBO + (r % 8) * 128 + 2 kk``, bits 4-6 of the address XORed with
-bits 7-9 (the buffers are 1024-byte aligned). The
-16 products of a K step and the accumulator are summed in float64 and rounded once to float32,
-as the other emulators do; the real tensor core's internal rounding is not specified.
+over the blocks of a cluster folded in rank order, the epilogue of the other emulators), so
+that the CPU checks its index arithmetic. Written from the kernel's comments and the PTX ISA's
+description of K-major ``wgmma`` operands with the 128-byte swizzle: row ``r`` of K step ``j``
+at linear byte ``start + 32 j + (r // 8) * SBO + (r % 8) * 128 + 2 kk``, bits 4-6 of the
+address XORed with bits 7-9 (the buffers are 1024-byte aligned). The 16 products of a K step
+and the accumulator are summed in float64 and rounded once to float32, as the other emulators
+do; the real tensor core's internal rounding is not specified.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from cuda_emulator import _as_words, decode8, f32_to_bf16_bits
+from cuda_emulator import _as_words, decode8
+from wgmma_emulator import store_rows
 
 SBO = 1024  # kernels_large.cu sw128_desc
 
@@ -109,19 +110,4 @@ def gemm_wgl(x: torch.Tensor, pw, bias: torch.Tensor | None = None, *, block_m: 
                 total = total + partials[q]  # float32, rank order
             v[bx * rows_per_block : (bx + 1) * rows_per_block,
               by * block_m : (by + 1) * block_m] = total
-    n_rows = pw.n
-    scale = pw.scale.numpy()
-    rowptr = pw.esc_rowptr.numpy().astype(np.int64)
-    esc_col, esc_delta = pw.esc_col.numpy().astype(np.int64), pw.esc_delta.numpy()
-    xf = x.float().numpy()
-    y = np.zeros((m, n_rows), np.uint16)
-    for row in range(n_rows):
-        out = v[row, :m] * scale[row]
-        for e in range(rowptr[row], rowptr[row + 1]):
-            with np.errstate(invalid="ignore", over="ignore"):
-                out = (out.astype(np.float64) + xf[:, esc_col[e]] * esc_delta[e]).astype(
-                    np.float32)
-        if bias is not None:
-            out = out + bias.float().numpy()[row]
-        y[:, row] = f32_to_bf16_bits(out.astype(np.float32))
-    return torch.from_numpy(y.view(np.int16)).view(torch.bfloat16)
+    return store_rows(v, x, pw, bias)

@@ -79,6 +79,13 @@ def gemm_wg(x: torch.Tensor, pw, bias: torch.Tensor | None = None, *, kw: int,
     v = acc[0].copy()
     for q in range(1, kw):
         v = v + acc[q]  # float32, warpgroup order
+    return store_rows(v, x, pw, bias)
+
+
+def store_rows(v: np.ndarray, x: torch.Tensor, pw, bias: torch.Tensor | None) -> torch.Tensor:
+    """The kernels' epilogue (``store_output``) over float32 sums ``v`` [rows >= N, tokens >= M]:
+    scale each row, add its escape corrections in list order and the bias, round to BF16 [M, N]."""
+    m = x.shape[0]
     n_rows = pw.n
     scale = pw.scale.numpy()
     rowptr = pw.esc_rowptr.numpy().astype(np.int64)
