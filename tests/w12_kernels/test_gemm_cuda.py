@@ -146,17 +146,26 @@ def test_fused_large_kernel(tiles, block_m, num_warps, num_stages, maxnreg, spli
     pytest.importorskip("triton")
     from w12_kernels.gemm import triton_path
 
-    for n, k, m in ((300, 1000, 129), (4096, 4096, 300), (130, 72, 1000), (1, 64, 70)):
+    def run(x, pw, bias, out):
+        triton_path.gemm_large(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col,
+                               pw.esc_delta, bias, pw.n, pw.k, tiles=tiles, block_m=block_m,
+                               num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg,
+                               splits=splits, out=out)
+
+    _check_large_kernel(run, ((300, 1000, 129), (4096, 4096, 300), (130, 72, 1000), (1, 64, 70)))
+
+
+def _check_large_kernel(run, shapes) -> None:
+    """``run(x, pw, bias, out)`` at each (N, K, M): within budget (escapes, NaN/inf and bias
+    included), every output written (``out`` starts as NaN), bit-identical when run again."""
+    for n, k, m in shapes:
         t, x = _inputs(n, k, m, seed=n + m)
         pw = prepare_weight(encoded(t))
         bias = torch.randn(n, device="cuda").to(torch.bfloat16)
         outs = []
         for _ in range(2):
             out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            triton_path.gemm_large(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col,
-                                   pw.esc_delta, bias, n, k, tiles=tiles, block_m=block_m,
-                                   num_warps=num_warps, num_stages=num_stages,
-                                   maxnreg=maxnreg, splits=splits, out=out)
+            run(x, pw, bias, out)
             outs.append(out.view(torch.int16).clone())
         assert_within_budget(out, x, t, _ref(x, t, bias), bias)
         assert torch.equal(outs[0], outs[1]), f"{n}x{k} M={m}: not deterministic"
@@ -177,21 +186,13 @@ def test_wgmma_large_kernel(block_m, warpgroups, x_stages, w_stages, splits):
 
     if not cuda_large.available():
         pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
-    for n, k, m in ((300, 1000, 129), (4096, 4096, 300), (130, 72, 1000), (1, 64, 70),
-                    (200, 200, 3)):
-        t, x = _inputs(n, k, m, seed=n + m)
-        pw = prepare_weight(encoded(t))
-        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
-        outs = []
-        for _ in range(2):
-            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col,
-                                pw.esc_delta, bias, n, k, block_m=block_m,
-                                warpgroups=warpgroups, x_stages=x_stages,
-                                w_stages=w_stages, splits=splits, out=out)
-            outs.append(out.view(torch.int16).clone())
-        assert_within_budget(out, x, t, _ref(x, t, bias), bias)
-        assert torch.equal(outs[0], outs[1]), f"{n}x{k} M={m}: not deterministic"
+    def run(x, pw, bias, out):
+        cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta,
+                            bias, pw.n, pw.k, block_m=block_m, warpgroups=warpgroups,
+                            x_stages=x_stages, w_stages=w_stages, splits=splits, out=out)
+
+    _check_large_kernel(run, ((300, 1000, 129), (4096, 4096, 300), (130, 72, 1000), (1, 64, 70),
+                              (200, 200, 3)))
 
 
 def test_wgmma_stage_images():
