@@ -69,8 +69,6 @@ def test_a_wrong_swizzle_is_caught(monkeypatch):
     ref = reference_linear(x, encoded(w))
     assert_within_budget(stage_image.gemm_wgl(x, pw, block_m=64, warpgroups=1, splits=1),
                          x, w, ref)
-    plain_read = stage_image._read
-
     def unswizzled(image, start, rows):  # reads rows as if stored without the XOR
         r = np.arange(rows)[:, None]
         kk = np.arange(16)[None, :]
@@ -80,7 +78,6 @@ def test_a_wrong_swizzle_is_caught(monkeypatch):
 
     monkeypatch.setattr(stage_image, "_read", unswizzled)
     bad = stage_image.gemm_wgl(x, pw, block_m=64, warpgroups=1, splits=1)
-    monkeypatch.setattr(stage_image, "_read", plain_read)
     with pytest.raises(AssertionError):
         assert_within_budget(bad, x, w, ref)
 

@@ -107,18 +107,25 @@ def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
 def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int) -> str:
     """kernels.cu, the wgmma wrapper for ``block_m``, kernels_large.cu and the entry point of
     one configuration."""
-    return (cuda.SOURCE_PATH.read_text() + "\ntemplate <int N> struct WgmmaSS;\n"
-            + wrapper(block_m) + "\n" + SOURCE_PATH.read_text() + "\n"
+    return (_base_source(wrapper(block_m))
             + _entry(block_m, warpgroups, x_stages, w_stages, splits))
 
 
+def _base_source(wrappers: str = "") -> str:
+    """kernels.cu and kernels_large.cu (w12_permute_x, and wgl_body uninstantiated)."""
+    return (cuda.SOURCE_PATH.read_text() + "\ntemplate <int N> struct WgmmaSS;\n" + wrappers
+            + "\n" + SOURCE_PATH.read_text() + "\n")
+
+
 @functools.cache
-def _module(device_index: int, config: tuple[int, ...]):
+def _module(device_index: int, config: tuple[int, ...] | None):
+    """One configuration's module, or (``None``) the module of w12_permute_x alone."""
     import cupy
 
     major, minor = torch.cuda.get_device_capability(device_index)
+    code = _base_source() if config is None else source(*config)
     with cupy.cuda.Device(device_index):
-        return cupy.RawModule(code=source(*config),
+        return cupy.RawModule(code=code,
                               options=("--std=c++17", f"--gpu-architecture=sm_{major}{minor}a"))
 
 
@@ -133,7 +140,7 @@ def permute_x(x: torch.Tensor, nchunks: int, block_m: int) -> torch.Tensor:
     if out.numel() == 0:
         return out
     device = x.device
-    func = _module(cuda._index(device), (64, 1, 3, 2, 1)).get_function("w12_permute_x")
+    func = _module(cuda._index(device), None).get_function("w12_permute_x")
     pairs = int(x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0)
     with cuda._on(device):
         func((nchunks, blocks, block_m // 64), (256,),
