@@ -154,7 +154,7 @@ def check(layer: Layer, m: int, run_w12) -> float:
 
 def default_run(x: torch.Tensor, pw: PackedW12) -> torch.Tensor:
     return launcher.linear(x, pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row,
-                           pw.esc_col, pw.esc_val, pw.esc_delta, None, pw.n, pw.k)
+                           pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order, None, pw.n, pw.k)
 
 
 def run_benchmark(models, m_values, ceiling: float) -> list[dict]:
@@ -400,12 +400,11 @@ LARGE_CANDIDATES = ((4, 64, 4, 3, 0, 1), (4, 128, 4, 3, 0, 1), (4, 128, 4, 3, 16
 LARGE_KEYS = ("tiles", "block_m", "num_warps", "num_stages", "maxnreg", "splits")
 # candidates of the warpgroup-MMA kernel (kernels_large.cu, Hopper only):
 # (block_m, warpgroups, x_stages, w_stages, splits)
-WGMMA_CANDIDATES = ((256, 2, 4, 5, 1), (256, 2, 4, 5, 2), (256, 2, 4, 5, 4), (256, 2, 3, 8, 1),
-                    (128, 2, 4, 8, 1), (128, 2, 4, 8, 2), (128, 2, 4, 8, 4), (128, 2, 6, 6, 2),
-                    (128, 1, 6, 12, 1), (256, 1, 4, 10, 1),
-                    # 105 KB of shared memory, registers capped (96): two blocks per
-                    # multiprocessor (not timed yet; the others fit one, PERF_GEMM.md #19)
-                    (128, 2, 3, 2, 1), (128, 2, 3, 2, 2))
+WGMMA_CANDIDATES = ((256, 2, 4, 3, 1), (256, 2, 4, 3, 2), (256, 2, 4, 3, 4), (256, 2, 3, 5, 1),
+                    (256, 2, 3, 5, 2), (256, 2, 3, 6, 1), (128, 2, 4, 8, 1), (128, 2, 4, 8, 2),
+                    (128, 2, 6, 6, 2), (128, 1, 6, 12, 1), (256, 1, 4, 10, 1),
+                    # 85 KB of shared memory, registers capped: two blocks per multiprocessor
+                    (128, 1, 3, 2, 1), (128, 1, 3, 2, 2))
 WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits")
 
 
@@ -421,8 +420,9 @@ def _large_runner(cand: tuple | None):
         if cand[0] == "wgmma":
             from w12_kernels.gemm import cuda_large
 
-            return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col,
-                                       pw.esc_delta, None, pw.n, pw.k,
+            return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
+                                       pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
+                                       None, pw.n, pw.k,
                                        **dict(zip(WGMMA_KEYS, cand[1:], strict=True)))
         cfg = dict(zip(LARGE_KEYS, cand, strict=True))
         cfg["splits"] = launcher.split_count(cfg["splits"], x.shape[0], pw.k)

@@ -61,7 +61,7 @@ def test_op_registration_and_compile():
     pw = prepare_weight(encoded(t))
     x = torch.randn(5, 72).to(torch.bfloat16)
     args = (x, pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row, pw.esc_col, pw.esc_val,
-            pw.esc_delta, None, pw.n, pw.k)
+            pw.esc_delta, pw.esc_order, None, pw.n, pw.k)
     torch.library.opcheck(torch.ops.w12.linear.default, args)
     compiled = torch.compile(lambda a: w12_linear(a, pw), backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(x).view(torch.int16), w12_linear(x, pw).view(torch.int16))
@@ -123,7 +123,7 @@ def test_cuda_path_runs_up_to_128_rows_as_passes_of_64(monkeypatch):
                         lambda n, k, device: launcher.cfgs.small_config(n, k, 132))
     monkeypatch.setattr(cuda, "gemm_small", fake_small)
     args = (pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row, pw.esc_col, pw.esc_val,
-            pw.esc_delta, None, 40, 130)
+            pw.esc_delta, pw.esc_order, None, 40, 130)
     for m, parts in ((1, [1]), (64, [64]), (65, [64, 1]), (128, [64, 64])):
         calls.clear()
         x = torch.randn(m, 130, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)

@@ -171,9 +171,9 @@ def _check_large_kernel(run, shapes) -> None:
         assert torch.equal(outs[0], outs[1]), f"{n}x{k} M={m}: not deterministic"
 
 
-WGMMA_CONFIGS = [(256, 2, 4, 5, 1), (256, 2, 4, 5, 2), (128, 2, 4, 8, 2), (256, 2, 4, 5, 4),
+WGMMA_CONFIGS = [(256, 2, 4, 3, 1), (256, 2, 3, 5, 2), (128, 2, 4, 8, 2), (256, 2, 4, 3, 4),
                  (128, 1, 6, 12, 1), (64, 1, 3, 2, 1), (192, 2, 3, 3, 4), (256, 1, 4, 10, 2),
-                 (128, 2, 3, 2, 2)]
+                 (128, 1, 3, 2, 2)]
 
 
 @pytest.mark.parametrize("block_m,warpgroups,x_stages,w_stages,splits", WGMMA_CONFIGS,
@@ -187,8 +187,9 @@ def test_wgmma_large_kernel(block_m, warpgroups, x_stages, w_stages, splits):
     if not cuda_large.available():
         pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
     def run(x, pw, bias, out):
-        cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta,
-                            bias, pw.n, pw.k, block_m=block_m, warpgroups=warpgroups,
+        cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row, pw.esc_col,
+                            pw.esc_val, pw.esc_delta, pw.esc_order, bias, pw.n, pw.k,
+                            block_m=block_m, warpgroups=warpgroups,
                             x_stages=x_stages, w_stages=w_stages, splits=splits, out=out)
 
     _check_large_kernel(run, ((300, 1000, 129), (4096, 4096, 300), (130, 72, 1000), (1, 64, 70),

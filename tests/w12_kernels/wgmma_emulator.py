@@ -82,9 +82,11 @@ def gemm_wg(x: torch.Tensor, pw, bias: torch.Tensor | None = None, *, kw: int,
     return store_rows(v, x, pw, bias)
 
 
-def store_rows(v: np.ndarray, x: torch.Tensor, pw, bias: torch.Tensor | None) -> torch.Tensor:
+def store_rows(v: np.ndarray, x: torch.Tensor, pw, bias: torch.Tensor | None,
+               skip: np.ndarray | None = None) -> torch.Tensor:
     """The kernels' epilogue (``store_output``) over float32 sums ``v`` [rows >= N, tokens >= M]:
-    scale each row, add its escape corrections in list order and the bias, round to BF16 [M, N]."""
+    scale each row, add its escape corrections in list order (leaving out those where ``skip``
+    [E] is set) and the bias, round to BF16 [M, N]."""
     m = x.shape[0]
     n_rows = pw.n
     scale = pw.scale.numpy()
@@ -95,6 +97,8 @@ def store_rows(v: np.ndarray, x: torch.Tensor, pw, bias: torch.Tensor | None) ->
     for row in range(n_rows):
         out = v[row, :m] * scale[row]
         for e in range(rowptr[row], rowptr[row + 1]):
+            if skip is not None and skip[e]:
+                continue
             with np.errstate(invalid="ignore", over="ignore"):
                 out = (out.astype(np.float64) + xf[:, esc_col[e]] * esc_delta[e]).astype(
                     np.float32)

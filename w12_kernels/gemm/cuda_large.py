@@ -7,7 +7,9 @@ warp bulk-copies each chunk column's words and activations into shared-memory st
 warp decodes its 16-row tile into a shared-memory A operand, and the block's warpgroups
 multiply it with the activations shared by all of them (``wgmma``, both operands in shared
 memory). A small kernel first writes the activations as the images of those stages, in the
-K order of the weight fragments, so that one bulk copy per column fills a stage.
+K order of the weight fragments, so that one bulk copy per column fills a stage. Escapes that
+fit the decoded tile's scale are written into it (``esc_order``: each tile's escapes by chunk),
+so that the epilogue corrects only the others (inf, NaN, out-of-range).
 Deterministic; with ``splits`` > 1 the K ranges of a thread-block cluster are added in a fixed
 order through distributed shared memory. Needs compute capability 9.0 (``sm_90a``). Not
 batch-invariant (the launcher uses it above the rows where that is promised). Measured on an
@@ -42,11 +44,11 @@ def kernel_name(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
 
 
 def shared_bytes(block_m: int, warpgroups: int, x_stages: int, w_stages: int) -> int:
-    """The activation stages, the chunk-word stages, two buffers of decoded weights and the
-    stages' mbarriers, or (after the main loop) the float32 partial tile, whichever is larger,
-    plus what aligning them to 1024 bytes (the swizzle atom) may take."""
+    """The activation stages, the chunk-word stages, three buffers of decoded weights and the
+    stages' full and empty mbarriers, or (after the main loop) the float32 partial tile,
+    whichever is larger, plus what aligning them to 1024 bytes (the swizzle atom) may take."""
     main = (x_stages * block_m * 128 + w_stages * 4 * warpgroups * 1536
-            + 2 * warpgroups * 8192 + 8 * (x_stages + w_stages))
+            + 3 * warpgroups * 8192 + 16 * (x_stages + w_stages))
     return 1024 + max(main, block_m * (64 * warpgroups + 4) * 4)
 
 
@@ -97,11 +99,13 @@ def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
         "    const Words4* __restrict__ chunks, const bf16_t* __restrict__ xp,\n"
         "    const bf16_t* __restrict__ x, int ldx, bf16_t* __restrict__ y,\n"
         "    const float* __restrict__ scale, const int* __restrict__ rowptr,\n"
-        "    const int* __restrict__ esc_col, const float* __restrict__ esc_delta,\n"
-        "    const bf16_t* __restrict__ bias, int M, int n_rows, int ntiles, int nchunks) {\n"
+        "    const int* __restrict__ esc_row, const int* __restrict__ esc_col,\n"
+        "    const bf16_t* __restrict__ esc_val, const float* __restrict__ esc_delta,\n"
+        "    const int* __restrict__ esc_order, const bf16_t* __restrict__ bias, int M,\n"
+        "    int n_rows, int ntiles, int nchunks) {\n"
         f"  wgl_body<{block_m}, {warpgroups}, {x_stages}, {w_stages}, {splits}>(\n"
-        "      chunks, xp, x, ldx, y, scale, rowptr, esc_col, esc_delta, bias, M, n_rows, ntiles,\n"
-        "      nchunks);\n}\n")
+        "      chunks, xp, x, ldx, y, scale, rowptr, esc_row, esc_col, esc_val, esc_delta,\n"
+        "      esc_order, bias, M, n_rows, ntiles, nchunks);\n}\n")
 
 
 def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int) -> str:
@@ -150,7 +154,8 @@ def permute_x(x: torch.Tensor, nchunks: int, block_m: int) -> torch.Tensor:
 
 
 def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
-             esc_rowptr: torch.Tensor, esc_col: torch.Tensor, esc_delta: torch.Tensor,
+             esc_rowptr: torch.Tensor, esc_row: torch.Tensor, esc_col: torch.Tensor,
+             esc_val: torch.Tensor, esc_delta: torch.Tensor, esc_order: torch.Tensor,
              bias: torch.Tensor | None, n: int, k: int, *, block_m: int = 128,
              warpgroups: int = 2, x_stages: int = 4, w_stages: int = 6, splits: int = 1,
              out: torch.Tensor | None = None) -> torch.Tensor:
@@ -172,9 +177,9 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     func = _module(cuda._index(device), config).get_function(kernel_name(*config))
     smem = shared_bytes(block_m, warpgroups, x_stages, w_stages)
     args = (cuda._ptr(chunks), cuda._ptr(xp), cuda._ptr(x), np.int32(x.stride(0)),
-            cuda._ptr(out), cuda._ptr(scale), cuda._ptr(esc_rowptr), cuda._ptr(esc_col),
-            cuda._ptr(esc_delta), cuda._ptr(bias), np.int32(m), np.int32(n), np.int32(ntiles),
-            np.int32(nchunks))
+            cuda._ptr(out), cuda._ptr(scale), cuda._ptr(esc_rowptr), cuda._ptr(esc_row),
+            cuda._ptr(esc_col), cuda._ptr(esc_val), cuda._ptr(esc_delta), cuda._ptr(esc_order),
+            cuda._ptr(bias), np.int32(m), np.int32(n), np.int32(ntiles), np.int32(nchunks))
     grid = (math.ceil(ntiles / (4 * warpgroups)), math.ceil(m / block_m), splits)
     with cuda._on(device):
         cuda.allow_shared_memory(func, smem)

@@ -25,8 +25,16 @@
 // decoded. One block barrier per column. With SPLIT > 1 the chunk columns are cut into SPLIT
 // contiguous ranges, one per block of a thread-block cluster (1, 1, SPLIT), and the partial
 // tiles are added in rank order 0, 1, ... through distributed shared memory (deterministic,
-// no atomics, no workspace). The epilogue is store_output's arithmetic: scale, escape
-// corrections in list order, bias, BF16.
+// no atomics, no workspace).
+//
+// Escapes: every escape whose exact value v, divided by its row's scale 2^(e0 - 112), is a
+// BF16 zero or normal number a (patch_value) is written as a into the decoded tile, over the
+// record-0 value there, by the warp that decodes the tile (each warp walks its tile's escapes
+// in chunk order, esc_order, 32 at a time, one per lane); the tensor cores then multiply the
+// exact weight (a times the power of two the epilogue applies). The epilogue is store_output's
+// arithmetic (scale, escape corrections in list order, bias, BF16), with the corrections of
+// the patched escapes left out: only escapes that cannot be patched (inf, NaN, values whose
+// scaled form would be subnormal or out of range) still cost activation loads there.
 //
 // What shaped it (docs/PERF_GEMM.md, #19): with the A operand in registers, ptxas reused the
 // fragment registers of the MMAs still in flight for the next column's decode (wrong sums);
@@ -107,17 +115,28 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes,
                :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 }
 
+// The escape value v as the decoded tile holds it (v / scale, scale = 2^(e0 - 112)), if that
+// is a BF16 zero or normal number that gives v back exactly; false otherwise.
+__device__ __forceinline__ bool patch_value(bf16_t v, float sc, bf16_t& a) {
+  const float vf = bf16_to_float(v);
+  a = float_to_bf16(vf * (1.0f / sc));
+  const u32 mag = a & 0x7FFFu, expo = a & 0x7F80u;
+  return (mag == 0u || (expo != 0u && expo != 0x7F80u)) && bf16_to_float(a) * sc == vf;
+}
+
 template <int BN, int WGS, int SX, int SW, int SPLIT>
 __device__ __forceinline__ void wgl_body(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ xp,
     const bf16_t* __restrict__ x, int ldx, bf16_t* __restrict__ y,
     const float* __restrict__ scale, const int* __restrict__ rowptr,
-    const int* __restrict__ esc_col, const float* __restrict__ esc_delta,
-    const bf16_t* __restrict__ bias, int M, int n_rows, int ntiles, int nchunks) {
+    const int* __restrict__ esc_row, const int* __restrict__ esc_col,
+    const bf16_t* __restrict__ esc_val, const float* __restrict__ esc_delta,
+    const int* __restrict__ esc_order, const bf16_t* __restrict__ bias, int M, int n_rows,
+    int ntiles, int nchunks) {
   static_assert(BN % 64 == 0 && BN <= 256, "BN: 64, 128, 192 or 256 activation rows");
   static_assert(SX >= 3 && SW >= 2 && (SPLIT == 1 || SPLIT == 2 || SPLIT == 4), "config");
   constexpr int THREADS = 128 * WGS;
-  constexpr int LX = SX - 2;              // activation columns copied ahead
+  constexpr int NA = 3;                   // A buffers: column i decoded while i-1, i-2 multiply
   constexpr int XSTAGE = BN * 128;        // activation bytes per stage
   constexpr int WSTAGE = 4 * WGS * 1536;  // chunk bytes per stage
   constexpr int R = 64 * WGS;             // weight rows per block
@@ -126,9 +145,11 @@ __device__ __forceinline__ void wgl_body(
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   unsigned char* wstages = smem + SX * XSTAGE;
-  unsigned char* abufs = wstages + SW * WSTAGE;  // [2][WGS][ABUF]
-  unsigned long long* xfull = reinterpret_cast<unsigned long long*>(abufs + 2 * WGS * ABUF);
+  unsigned char* abufs = wstages + SW * WSTAGE;  // [NA][WGS][ABUF]
+  unsigned long long* xfull = reinterpret_cast<unsigned long long*>(abufs + NA * WGS * ABUF);
   unsigned long long* wfull = xfull + SX;
+  unsigned long long* xempty = wfull + SW;  // arrived at by each warpgroup's MMAs being done
+  unsigned long long* wempty = xempty + SX;  // arrived at by each consumer warp's loads
   const int tid = threadIdx.x;
   const int wg = tid >> 7;
   const int warp = (tid >> 5) & 3;
@@ -161,20 +182,62 @@ __device__ __forceinline__ void wgl_body(
                 chunks + ((size_t)tile * nchunks + c0 + col) * 96, 1536, bar);
     }
   };
+  // an arrival on `bar` by the threads where `on` holds, predicated rather than branched
+  // around (a thread-dependent branch near the MMAs makes ptxas serialize them)
+  auto arrive_if = [&](bool on, unsigned long long* bar) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %1, 0;\n"
+                 "@p mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n}"
+                 :: "r"(smem_addr(bar)), "r"((u32)on) : "memory");
+  };
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < SX + SW; ++s)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(xfull + s)));
+#pragma unroll
+    for (int s = 0; s < SX; ++s)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
+                   :: "r"(smem_addr(xempty + s)), "r"(WGS));
+#pragma unroll
+    for (int s = 0; s < SW; ++s)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
+                   :: "r"(smem_addr(wempty + s)), "r"(4 * WGS));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
+  // What the epilogue needs of its row (thread (group, r) finishes row r, see the end), read
+  // now so that the loads are long done by then: its scale, its bias and where its escapes
+  // that the tiles cannot hold start (epatch: none when the row has none of those).
+  constexpr int GROUPS = (THREADS + 32) / R;
+  const int r_out = tid % R, group = tid / R;
+  const int row_out = blockIdx.x * R + r_out;
+  const bool out_live = group < GROUPS && row_out < n_rows;
+  float out_sc = 0.0f, out_b = 0.0f;
+  int e_first = 0, e_last = 0;
+  if (out_live) {
+    out_sc = scale[row_out];
+    out_b = bias != nullptr ? bf16_to_float(bias[row_out]) : 0.0f;
+    e_first = rowptr[row_out];
+    e_last = rowptr[row_out + 1];
+    bf16_t unused;
+    while (e_first < e_last && patch_value(esc_val[e_first], out_sc, unused)) ++e_first;
+  }
   // the extra warp only starts the copies (broadcast from lane 0, so that ptxas sees a
   // warp-uniform branch and does not serialize the MMAs)
   const bool producer = __shfl_sync(0xffffffffu, tid >= THREADS ? 1 : 0, 0) != 0;
-  if (tid == THREADS) {
-    for (int s = 0; s < SW && s < n; ++s) issue_w(s);
-    for (int s = 0; s < LX && s < n; ++s) issue_x(s);
+  if (producer) {
+    // Each stage is refilled once every warp has read its chunk words (wempty) or once every
+    // warpgroup's MMAs of its activations are done (xempty); the copies are started by a
+    // thread that never runs the proxy fence (a fence may wait for what its thread has in
+    // flight). Nothing here waits on the consumers except for a stage to refill.
+    // (the whole warp waits, so that no spin loop sits in a thread-dependent branch: that
+    // too makes ptxas serialize the MMAs)
+    for (int col = 0; col < n; ++col) {
+      if (col >= SW) mbar_wait(wempty + col % SW, (u32)(col / SW - 1) & 1u);
+      if (lane == 0) issue_w(col);
+      if (col >= SX) mbar_wait(xempty + col % SX, (u32)(col / SX - 1) & 1u);
+      if (lane == 0) issue_x(col);
+    }
   }
 
   float acc[BN / 2];
@@ -186,47 +249,84 @@ __device__ __forceinline__ void wgl_body(
   const int g = lane >> 2, t = lane & 3;
   const int aoff = wg * ABUF + (16 * warp + g) * 128 + t * 4;
   const int woff = (wg * 4 + warp) * 1536 + lane * 16;  // Words4 lane, lane + 32, lane + 64
-  for (int i = 0; i < n; ++i) {
-    unsigned char* abuf = abufs + (i & 1) * WGS * ABUF;  // last read by column i - 2: done
-    if (!producer) {
-      mbar_wait(wfull + i % SW, (u32)(i / SW) & 1u);  // column i's chunk words have landed
-      const unsigned char* wsrc = wstages + (i % SW) * WSTAGE + woff;
-      const Words4 w0 = *reinterpret_cast<const Words4*>(wsrc);
-      const Words4 w1 = *reinterpret_cast<const Words4*>(wsrc + 512);
-      const Words4 w2 = *reinterpret_cast<const Words4*>(wsrc + 1024);
-      u32 a[4][4];
-      decode8(w0.x, w1.x, w2.x, a[0]);
-      decode8(w0.y, w1.y, w2.y, a[1]);
-      decode8(w0.z, w1.z, w2.z, a[2]);
-      decode8(w0.w, w1.w, w2.w, a[3]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          *reinterpret_cast<u32*>(abuf + aoff + (r & 1) * 1024 +
-                                  (((2 * j + (r >> 1)) ^ g) << 4)) = a[j][r];
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // for the MMAs' reads
+
+  // This warp's tile's escapes, in chunk order, 32 at a time: lane l holds entry ebase + l as
+  // its chunk column (ecol; INT_MAX past the end), its byte in the A buffer and its value.
+  const int mytile = min(tile0 + wg * 4 + warp, ntiles - 1);
+  const int eend = producer ? 0 : rowptr[16 * mytile + 16];
+  int ebase = producer ? 0 : rowptr[16 * mytile];
+  int ecol = 0x7FFFFFFF, epos = 0;
+  bool eok = false;
+  bf16_t eval = 0;
+  auto load_escape = [&]() {
+    ecol = 0x7FFFFFFF;
+    eok = false;
+    const int idx = ebase + lane;
+    if (idx < eend) {
+      const int o = esc_order[idx];
+      const int row = esc_row[o], col = esc_col[o];
+      ecol = col >> 6;
+      eok = patch_value(esc_val[o], scale[row], eval);
+      const int r = 16 * warp + (row & 15);  // row within the warpgroup's A buffer
+      const int cc = col & 63;               // unit 2 j + h, element 2 t + b (see the top)
+      const int unit = 2 * ((cc & 15) >> 2) + ((cc >> 1) & 1);
+      epos = wg * ABUF + r * 128 + ((unit ^ (r & 7)) << 4) + 4 * (cc >> 4) + 2 * (cc & 1);
     }
-    __syncthreads();  // column i decoded by all (its weight stage is free); column i - 2
-                      // multiplied by all (its activation stage is free)
-    if (producer) {
-      // The copies are started by a thread that never runs the proxy fence (a fence may wait
-      // for what its thread has in flight).
-      if (tid == THREADS) {
-        if (i + SW < n) issue_w(i + SW);  // into weight stage i % SW
-        if (i + LX < n) issue_x(i + LX);  // into activation stage (i - 2) % SX
+  };
+  if (ebase < eend) load_escape();
+
+  // Per column, each warpgroup on its own: decode into A buffer i % NA (last read by the MMAs
+  // of column i - NA, done), a warpgroup barrier, the MMAs, then wait until those of column
+  // i - 2 are done and release its activation stage.
+  for (int i = 0; i < n && !producer; ++i) {
+    unsigned char* abuf = abufs + (i % NA) * WGS * ABUF;
+    mbar_wait(wfull + i % SW, (u32)(i / SW) & 1u);  // column i's chunk words have landed
+    const unsigned char* wsrc = wstages + (i % SW) * WSTAGE + woff;
+    const Words4 w0 = *reinterpret_cast<const Words4*>(wsrc);
+    const Words4 w1 = *reinterpret_cast<const Words4*>(wsrc + 512);
+    const Words4 w2 = *reinterpret_cast<const Words4*>(wsrc + 1024);
+    u32 a[4][4];
+    decode8(w0.x, w1.x, w2.x, a[0]);
+    decode8(w0.y, w1.y, w2.y, a[1]);
+    decode8(w0.z, w1.z, w2.z, a[2]);
+    decode8(w0.w, w1.w, w2.w, a[3]);
+    __syncwarp();  // every lane's words are read (and used): the warp releases the stage
+    arrive_if(lane == 0, wempty + i % SW);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        *reinterpret_cast<u32*>(abuf + aoff + (r & 1) * 1024 +
+                                (((2 * j + (r >> 1)) ^ g) << 4)) = a[j][r];
+    // the exact values of this column's escapes over their record-0 values
+    const int gc = c0 + i;
+    for (;;) {
+      const bool hit = ecol == gc;
+      if (__any_sync(0xffffffffu, hit)) {
+        __syncwarp();  // after the other lanes' stores of the same words
+        if (hit && eok) *reinterpret_cast<bf16_t*>(abuf + epos) = eval;
       }
-    } else {
-      mbar_wait(xfull + i % SX, (u32)(i / SX) & 1u);  // column i's activations have landed
-      const unsigned char* stage = smem + (i % SX) * XSTAGE;
-      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        WgmmaSS<BN>::mma(acc, sw128_desc(abuf + wg * ABUF + 32 * j),
-                         sw128_desc(stage + 32 * j));
-      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-      wgmma_wait<1>();  // column i - 1 is multiplied
+      // entries of later columns left in this batch, or none left at all: done
+      if (__shfl_sync(0xffffffffu, ecol, 31) > gc || ebase + 32 >= eend) break;
+      ebase += 32;
+      load_escape();
     }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // for the MMAs' reads
+    // the warpgroup's column is decoded (barrier 1 + wg; constant ids, so that ptxas does not
+    // reserve all 16)
+    if (wg == 0)
+      asm volatile("bar.sync 1, 128;" ::: "memory");
+    else
+      asm volatile("bar.sync 2, 128;" ::: "memory");
+    mbar_wait(xfull + i % SX, (u32)(i / SX) & 1u);  // column i's activations have landed
+    const unsigned char* stage = smem + (i % SX) * XSTAGE;
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      WgmmaSS<BN>::mma(acc, sw128_desc(abuf + wg * ABUF + 32 * j), sw128_desc(stage + 32 * j));
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    wgmma_wait<NA - 1>();  // column i - 2 is multiplied: its activation stage is free
+    arrive_if(i >= NA - 1 && (tid & 127) == 0, xempty + (i + SX - (NA - 1)) % SX);
   }
   if (!producer) wgmma_wait<0>();
   __syncthreads();  // the stages are free: the memory takes the partial tile [BN][PST]
@@ -242,37 +342,52 @@ __device__ __forceinline__ void wgl_body(
   }
   if (SPLIT > 1) cluster_sync_all(); else __syncthreads();
   // The outputs: thread (group, r) finishes row r for every GROUPS-th token of this block's
-  // share (tokens rank * BN / SPLIT ..), reading the row's scale, escapes and bias once, TB
-  // tokens at a time so that the activation loads of an escape are in flight together; the
-  // same arithmetic as store_output.
-  constexpr int GROUPS = (THREADS + 32) / R;
-  constexpr int TB = 16;
+  // share (tokens rank * BN / SPLIT ..): store_output's arithmetic with the corrections of the
+  // escapes written into the tiles left out. Rows without other escapes (nearly all) take a
+  // short loop: a long unrolled one ran several times slower here, its code not staying in
+  // the instruction cache (docs/PERF_GEMM.md). Rows with escapes to correct take TB tokens at
+  // a time, so that the activation loads of an escape are in flight together.
+  constexpr int TB = 4;
   constexpr int TS = BN / SPLIT;  // tokens of this block's share
   const int first = rank * TS;
   const int last = min(first + TS, M - tok0);
-  const int r = tid % R, group = tid / R;
-  const int row = blockIdx.x * R + r;
-  if (group < GROUPS && row < n_rows) {
-    const float sc = scale[row];
-    const int e0 = rowptr[row], e1 = rowptr[row + 1];
-    const float b = bias != nullptr ? bf16_to_float(bias[row]) : 0.0f;
+  auto partial_sum = [&](int col) {
+    const float* p = part + col * PST + r_out;
+    float v;
+    if (SPLIT > 1) {
+      v = load_cluster(p, 0);
+#pragma unroll
+      for (int q = 1; q < SPLIT; ++q) v += load_cluster(p, q);  // fixed order
+    } else {
+      v = *p;
+    }
+    return v;
+  };
+  if (out_live && e_first == e_last) {
+    // TF tokens' sums are read before any is stored, so that their (distributed) shared
+    // memory loads are in flight together
+    constexpr int TF = 8;
+    bf16_t* yrow = y + (size_t)tok0 * n_rows + row_out;
+    for (int base = first + group; base < last; base += GROUPS * TF) {
+      float v[TF];
+#pragma unroll
+      for (int u = 0; u < TF; ++u) v[u] = partial_sum(min(base + u * GROUPS, last - 1));
+#pragma unroll
+      for (int u = 0; u < TF; ++u) {
+        const int col = base + u * GROUPS;
+        float o = v[u] * out_sc;
+        if (bias != nullptr) o += out_b;
+        if (col < last) yrow[(size_t)col * n_rows] = float_to_bf16(o);
+      }
+    }
+  } else if (out_live) {
     for (int base = first + group; base < last; base += GROUPS * TB) {
       float out[TB];
 #pragma unroll
-      for (int u = 0; u < TB; ++u) {
-        const int col = min(base + u * GROUPS, last - 1);
-        const float* p = part + col * PST + r;
-        float v;
-        if (SPLIT > 1) {
-          v = load_cluster(p, 0);
-#pragma unroll
-          for (int q = 1; q < SPLIT; ++q) v += load_cluster(p, q);  // fixed order
-        } else {
-          v = *p;
-        }
-        out[u] = v * sc;
-      }
-      for (int e = e0; e < e1; ++e) {
+      for (int u = 0; u < TB; ++u) out[u] = partial_sum(min(base + u * GROUPS, last - 1)) * out_sc;
+      for (int e = e_first; e < e_last; ++e) {
+        bf16_t unused;
+        if (patch_value(esc_val[e], out_sc, unused)) continue;  // multiplied in the main loop
         const int ec = esc_col[e];
         const float d = esc_delta[e];
         float xv[TB];
@@ -287,8 +402,8 @@ __device__ __forceinline__ void wgl_body(
         const int col = base + u * GROUPS;
         if (col < last) {
           float o = out[u];
-          if (bias != nullptr) o += b;
-          y[(size_t)(tok0 + col) * n_rows + row] = float_to_bf16(o);
+          if (bias != nullptr) o += out_b;
+          y[(size_t)(tok0 + col) * n_rows + row_out] = float_to_bf16(o);
         }
       }
     }

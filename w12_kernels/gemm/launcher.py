@@ -98,7 +98,8 @@ def _has_wgmma() -> bool:
     return cuda_large.available()
 
 
-def linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delta, bias, n, k):
+def linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delta, esc_order,
+           bias, n, k):
     """``x @ W.T (+ bias)`` for a CUDA ``x`` [M, K] (see module docstring)."""
     m = x.shape[0]
     kind = backend()
@@ -115,7 +116,8 @@ def linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delt
     if large.kind == "wgmma" and kind == "cuda" and _has_wgmma():
         from w12_kernels.gemm import cuda_large
 
-        return cuda_large.gemm_wgl(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k,
+        return cuda_large.gemm_wgl(x, chunks, scale, esc_rowptr, esc_row, esc_col, esc_val,
+                                   esc_delta, esc_order, bias, n, k,
                                    block_m=large.block_m, warpgroups=large.tiles // 4,
                                    x_stages=large.num_stages, w_stages=large.w_stages,
                                    splits=large.splits)

@@ -72,7 +72,9 @@ class PackedW12:
     ``chunks``: int32 [Np/16, Kp/64, 384] (module docstring); ``scale``: float32 [Np]
     (2^(e0 - DECODE_BIAS)); ``e0``: uint8 [N]; ``esc_rowptr``: int32 [Np + 1];
     ``esc_row``/``esc_col``: int32 [E]; ``esc_val``: int16 [E] (BF16 bits);
-    ``esc_delta``: float32 [E].
+    ``esc_delta``: float32 [E]; ``esc_order``: int32 [E], the escape indices of each 16-row
+    tile (the range ``esc_rowptr[16 T] .. esc_rowptr[16 T + 16]``) reordered by 64-column
+    chunk (stable), the order in which the large-M kernel writes them into its decoded tiles.
     """
 
     n: int
@@ -85,6 +87,7 @@ class PackedW12:
     esc_col: torch.Tensor
     esc_val: torch.Tensor
     esc_delta: torch.Tensor
+    esc_order: torch.Tensor
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -184,7 +187,11 @@ def _escape_arrays(w: W12Tensor, np_: int):
     value = w.esc_val.view(torch.bfloat16).to(torch.float64)
     record0 = torch.exp2(w.e0.to(torch.float64) - 127.0)[rows.long()]
     delta = (value - record0).to(torch.float32)  # inf and NaN carry through
-    return rowptr, rows, w.esc_col.to(torch.int32), delta
+    cols = w.esc_col.to(torch.int32)
+    nchunks = _round_up(max(w.shape[1], 1), COL_ALIGN) // COL_ALIGN
+    key = (rows.to(torch.int64) // ROW_ALIGN) * nchunks + cols.to(torch.int64) // COL_ALIGN
+    order = torch.argsort(key, stable=True).to(torch.int32)  # rows are sorted: tiles stay put
+    return rowptr, rows, cols, delta, order
 
 
 def prepare_weight(w: W12Tensor, *, device: torch.device | str | None = None) -> PackedW12:
@@ -203,7 +210,7 @@ def prepare_weight(w: W12Tensor, *, device: torch.device | str | None = None) ->
     e0 = w.e0.to(torch.int32)
     scale = torch.ones(np_, dtype=torch.float32, device=w.device)
     scale[:n] = torch.exp2((e0 - DECODE_BIAS).to(torch.float32))
-    rowptr, rows, cols, delta = _escape_arrays(w, np_)
+    rowptr, rows, cols, delta, order = _escape_arrays(w, np_)
     return PackedW12(
         n=n,
         k=k,
@@ -215,6 +222,7 @@ def prepare_weight(w: W12Tensor, *, device: torch.device | str | None = None) ->
         esc_col=cols,
         esc_val=w.esc_val.clone(),
         esc_delta=delta,
+        esc_order=order,
     )
 
 

@@ -26,6 +26,7 @@ def _linear_op(
     esc_col: torch.Tensor,
     esc_val: torch.Tensor,
     esc_delta: torch.Tensor,
+    esc_order: torch.Tensor,
     bias: torch.Tensor | None,
     n: int,
     k: int,
@@ -34,7 +35,7 @@ def _linear_op(
         from w12_kernels.gemm import launcher
 
         return launcher.linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val,
-                               esc_delta, bias, n, k)
+                               esc_delta, esc_order, bias, n, k)
     if chunks.device.type == "cpu":
         from w12_kernels.gemm.cpu_decode import decode_packed_cpu
 
@@ -46,7 +47,7 @@ def _linear_op(
 
 @_linear_op.register_fake
 def _linear_fake(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delta,
-                 bias, n, k):
+                 esc_order, bias, n, k):
     return x.new_empty((x.shape[0], n))
 
 
@@ -82,6 +83,6 @@ def w12_linear(
         rows = rows.contiguous()
     y = _linear_op(
         rows, w.chunks, w.scale, w.e0, w.esc_rowptr, w.esc_row, w.esc_col, w.esc_val,
-        w.esc_delta, bias, w.n, w.k,
+        w.esc_delta, w.esc_order, bias, w.n, w.k,
     )
     return y.reshape(*x.shape[:-1], w.n)
