@@ -16,16 +16,17 @@
 //
 // wgl_body<BN, WGS, SX, SW, SPLIT>: y[M, N] = x[M, K] @ W^T. A block holds WGS consumer
 // warpgroups, each with 64 weight rows, BN activation rows shared by all of them, and one
-// producer warp. The producer starts bulk copies (cp.async.bulk, completing on mbarriers) of
-// each chunk column's activation image into one of SX stages (SX - 2 columns ahead) and of its
-// chunk words (4 WGS tiles) into one of SW stages (SW columns ahead). Every consumer warp
-// decodes its tile's words from there into the A fragments of the mma.sync kernel and stores
-// them into one of two A buffers; each warpgroup then runs four wgmma m64nBNk16 with both
-// operands from shared memory, leaving one column of MMAs in flight while the next column is
-// decoded. One block barrier per column. With SPLIT > 1 the chunk columns are cut into SPLIT
-// contiguous ranges, one per block of a thread-block cluster (1, 1, SPLIT), and the partial
-// tiles are added in rank order 0, 1, ... through distributed shared memory (deterministic,
-// no atomics, no workspace).
+// producer warp. The producer starts bulk copies (cp.async.bulk, completing on "full"
+// mbarriers) of each chunk column's activation image into one of SX stages and of its chunk
+// words (4 WGS tiles) into one of SW stages, as far ahead as the stages allow: a weight stage
+// is refilled once every consumer warp has read it, an activation stage once every
+// warpgroup's MMAs of it are done ("empty" mbarriers). Each warpgroup goes on its own: its
+// warps decode their tiles' words into the A fragments of the mma.sync kernel and store them
+// into one of three A buffers, meet at the warpgroup's barrier, and run four wgmma
+// m64nBNk16 with both operands from shared memory, two columns of MMAs left in flight. With
+// SPLIT > 1 the chunk columns are cut into SPLIT contiguous ranges, one per block of a
+// thread-block cluster (1, 1, SPLIT), and the partial tiles are added in rank order 0, 1, ...
+// through distributed shared memory (deterministic, no atomics, no workspace).
 //
 // Escapes: every escape whose exact value v, divided by its row's scale 2^(e0 - 112), is a
 // BF16 zero or normal number a (patch_value) is written as a into the decoded tile, over the
@@ -36,11 +37,13 @@
 // the patched escapes left out: only escapes that cannot be patched (inf, NaN, values whose
 // scaled form would be subnormal or out of range) still cost activation loads there.
 //
-// What shaped it (docs/PERF_GEMM.md, #19): with the A operand in registers, ptxas reused the
-// fragment registers of the MMAs still in flight for the next column's decode (wrong sums);
-// a branch on the thread index around the MMAs made ptxas serialize them (the role is
-// broadcast with a shuffle so that the branch is warp-uniform). The copies are bulk copies
-// started by a warp that never runs the proxy fence, so that no fence waits on them.
+// What shaped it (docs/PERF_GEMM.md, #19, #20): with the A operand in registers, ptxas reused
+// the fragment registers of the MMAs still in flight for the next column's decode (wrong
+// sums); a branch on the thread index around the MMAs, or a spin loop inside one, made ptxas
+// serialize them (ptxas C7518; the roles are warp-uniform, the arrivals predicated). The
+// copies are started by a warp that never runs the proxy fence, so that no fence waits on
+// them. An unrolled epilogue loop several times the size of the main loop ran ~3x slower
+// than a short one.
 
 extern "C" __global__ void __launch_bounds__(256)
 w12_permute_x(const bf16_t* __restrict__ x, u32* __restrict__ xp, int M, int K, int ldx,
