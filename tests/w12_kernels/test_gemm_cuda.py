@@ -171,14 +171,17 @@ def _check_large_kernel(run, shapes) -> None:
         assert torch.equal(outs[0], outs[1]), f"{n}x{k} M={m}: not deterministic"
 
 
-WGMMA_CONFIGS = [(256, 2, 4, 3, 1), (256, 2, 3, 5, 2), (128, 2, 4, 8, 2), (256, 2, 4, 3, 4),
-                 (128, 1, 6, 12, 1), (64, 1, 3, 2, 1), (192, 2, 3, 3, 4), (256, 1, 4, 10, 2),
-                 (128, 1, 3, 2, 2)]
+WGMMA_CONFIGS = [(256, 2, 4, 3, 1, 0), (256, 2, 3, 5, 2, 0), (128, 2, 4, 8, 2, 0),
+                 (256, 2, 4, 3, 4, 0), (128, 1, 6, 12, 1, 0), (64, 1, 3, 2, 1, 0),
+                 (192, 2, 3, 3, 4, 0), (256, 1, 4, 10, 2, 0), (128, 1, 3, 2, 2, 0),
+                 (128, 2, 4, 8, 2, 1), (64, 1, 3, 2, 1, 1), (256, 2, 4, 6, 1, 1),
+                 (192, 2, 3, 3, 4, 1)]
 
 
-@pytest.mark.parametrize("block_m,warpgroups,x_stages,w_stages,splits", WGMMA_CONFIGS,
-                         ids=[f"m{b}_g{g}_x{s}_w{w}_k{k}" for b, g, s, w, k in WGMMA_CONFIGS])
-def test_wgmma_large_kernel(block_m, warpgroups, x_stages, w_stages, splits):
+@pytest.mark.parametrize("block_m,warpgroups,x_stages,w_stages,splits,a_regs", WGMMA_CONFIGS,
+                         ids=[f"m{b}_g{g}_x{s}_w{w}_k{k}" + ("_r" if r else "")
+                              for b, g, s, w, k, r in WGMMA_CONFIGS])
+def test_wgmma_large_kernel(block_m, warpgroups, x_stages, w_stages, splits, a_regs):
     """The warpgroup-MMA kernel for many rows (kernels_large.cu) at awkward sizes: within budget
     (escapes, NaN/inf, bias included; rows, columns and tokens not multiples of the block; K
     ranges shorter than the stages), bit-identical when run again."""
@@ -190,7 +193,8 @@ def test_wgmma_large_kernel(block_m, warpgroups, x_stages, w_stages, splits):
         cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row, pw.esc_col,
                             pw.esc_val, pw.esc_delta, pw.esc_order, bias, pw.n, pw.k,
                             block_m=block_m, warpgroups=warpgroups,
-                            x_stages=x_stages, w_stages=w_stages, splits=splits, out=out)
+                            x_stages=x_stages, w_stages=w_stages, splits=splits,
+                            a_regs=a_regs, out=out)
 
     _check_large_kernel(run, ((300, 1000, 129), (4096, 4096, 300), (130, 72, 1000), (1, 64, 70),
                               (200, 200, 3)))

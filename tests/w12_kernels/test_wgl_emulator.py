@@ -85,7 +85,7 @@ def test_a_wrong_swizzle_is_caught(monkeypatch):
 def test_configurations_fit_the_shared_memory():
     for cand in (*_bench().WGMMA_CANDIDATES, (64, 1, 3, 2, 1), (192, 2, 3, 3, 4)):
         cuda_large.check_config(*cand)
-        assert cuda_large.shared_bytes(*cand[:4]) <= 227 * 1024
+        assert cuda_large.shared_bytes(*cand[:4], *cand[5:]) <= 227 * 1024
     for bad in ((96, 2, 4, 3, 1), (256, 3, 4, 3, 1), (256, 2, 4, 3, 3), (256, 2, 4, 5, 1),
                 (128, 2, 2, 8, 1)):
         with pytest.raises(ValueError, match="bad configuration"):
@@ -118,7 +118,7 @@ def _bench():
 
 def test_large_table_entry_for_the_warpgroup_kernel():
     bench = _bench()
-    cand = ("wgmma", 256, 2, 4, 3, 2)
+    cand = ("wgmma", 256, 2, 4, 3, 2, 0)
     entry = bench._large_entry(cand)
     cfg = cfgs.large_config(4096, 4096, 256, {"default": {"kind": "decode"}, "max_m": 256,
                                               "shapes": {"4096x4096": {"256": entry}}})
@@ -158,3 +158,21 @@ def test_patched_escapes_are_the_exact_finite_ones():
     assert ok[vals == 0].all() and not ok[~np.isfinite(vals)].any()
     back = stage_image._bits_f32(bits[ok]) * pw.scale.numpy()[pw.esc_row.numpy()[ok]]
     assert np.array_equal(back, vals[ok])
+
+
+def test_register_operand_configuration():
+    """``a_regs``: its own entry point and wrapper, no A buffers in shared memory, and a table
+    entry that carries it to the launcher."""
+    src = cuda_large.source(128, 2, 4, 8, 2, True)
+    assert "w12_wgl_128_2_4_8_2_r(" in src and "2, true>(" in src
+    assert "struct WgmmaRS<128>" in src and "w12_wgl_128_2_4_8_2(" not in src
+    assert (cuda_large.shared_bytes(128, 2, 4, 8) - cuda_large.shared_bytes(128, 2, 4, 8, True)
+            == 3 * 2 * 8192)
+    bench = _bench()
+    cand = ("wgmma", 256, 2, 4, 6, 1, 1)
+    assert bench._large_label(cand) == "wgmma_m256_g2_x4_w6_k1_r"
+    entry = bench._large_entry(cand)
+    cfg = cfgs.large_config(4096, 4096, 256, {"default": {"kind": "decode"}, "max_m": 256,
+                                              "shapes": {"4096x4096": {"256": entry}}})
+    assert cfg.a_regs and cfg.kind == "wgmma" and cfg.w_stages == 6
+    assert "a_regs" not in bench._large_entry(("wgmma", 256, 2, 4, 3, 1, 0))

@@ -117,6 +117,7 @@ class LargeConfig:
     maxnreg: int = 0  # register cap per thread (0: the compiler's choice)
     splits: int = 1  # K ranges (fused: through a workspace, the launcher may lower it;
     # wgmma: the blocks of a cluster)
+    a_regs: bool = False  # wgmma: the decoded weights as the MMA's register operand
 
 
 @functools.cache

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from w12_kernels.gemm import cuda
+from w12_kernels.gemm import cuda, wgmma
 
 SOURCE_PATH = Path(__file__).with_name("kernels_large.cu")
 BLOCK_M = (64, 128, 192, 256)  # activation rows per block (the wgmma N)
@@ -39,27 +39,30 @@ def available() -> bool:
 
 
 def kernel_name(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
-                splits: int) -> str:
-    return f"w12_wgl_{block_m}_{warpgroups}_{x_stages}_{w_stages}_{splits}"
+                splits: int, a_regs: bool = False) -> str:
+    return (f"w12_wgl_{block_m}_{warpgroups}_{x_stages}_{w_stages}_{splits}"
+            + ("_r" if a_regs else ""))
 
 
-def shared_bytes(block_m: int, warpgroups: int, x_stages: int, w_stages: int) -> int:
-    """The activation stages, the chunk-word stages, three buffers of decoded weights and the
-    stages' full and empty mbarriers, or (after the main loop) the float32 partial tile,
-    whichever is larger, plus what aligning them to 1024 bytes (the swizzle atom) may take."""
+def shared_bytes(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
+                 a_regs: bool = False) -> int:
+    """The activation stages, the chunk-word stages, three buffers of decoded weights (none
+    with ``a_regs``: the A operand in registers) and the stages' full and empty mbarriers, or
+    (after the main loop) the float32 partial tile, whichever is larger, plus what aligning
+    them to 1024 bytes (the swizzle atom) may take."""
     main = (x_stages * block_m * 128 + w_stages * 4 * warpgroups * 1536
-            + 3 * warpgroups * 8192 + 16 * (x_stages + w_stages))
+            + (0 if a_regs else 3 * warpgroups * 8192) + 16 * (x_stages + w_stages))
     return 1024 + max(main, block_m * (64 * warpgroups + 4) * 4)
 
 
 def check_config(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
-                 splits: int) -> None:
+                 splits: int, a_regs: bool = False) -> None:
     if (block_m not in BLOCK_M or warpgroups not in WARPGROUPS or splits not in SPLITS
-            or not 3 <= x_stages <= 8 or not 2 <= w_stages <= 16
-            or shared_bytes(block_m, warpgroups, x_stages, w_stages) > 227 * 1024):
+            or not 3 <= x_stages <= 8 or not 2 <= w_stages <= 16 or a_regs not in (0, 1)
+            or shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs) > 227 * 1024):
         raise ValueError(f"gemm_wgl: bad configuration block_m={block_m} "
                          f"warpgroups={warpgroups} x_stages={x_stages} w_stages={w_stages} "
-                         f"splits={splits}")
+                         f"splits={splits} a_regs={a_regs}")
 
 
 def wrapper(n: int) -> str:
@@ -82,20 +85,27 @@ def wrapper(n: int) -> str:
     )
 
 
-def blocks_per_sm(block_m: int, warpgroups: int, x_stages: int, w_stages: int) -> int:
+def blocks_per_sm(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
+                  a_regs: bool = False) -> int:
     """2 where the shared memory of two blocks fits a multiprocessor (228 KiB, 1 KiB of it
-    reserved per block): the kernel then caps its registers so that their registers fit too."""
-    return 2 if 2 * (shared_bytes(block_m, warpgroups, x_stages, w_stages) + 1024) <= 228 * 1024 \
-        else 1
+    reserved per block) and the accumulators (``block_m / 2`` registers per thread) leave room
+    under the register cap of two blocks (each of the 4 quarters of a multiprocessor holds
+    16,384 registers for its share of the two blocks' warps); the kernel then caps them."""
+    one = shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs)
+    warps = 2 * (4 * warpgroups + 1)
+    cap = 16384 // (32 * math.ceil(warps / 4)) // 8 * 8
+    fits = block_m // 2 + (64 if a_regs else 40) <= cap
+    return 2 if fits and 2 * (one + 1024) <= 228 * 1024 else 1
 
 
-def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int) -> str:
+def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
+           a_regs: bool = False) -> str:
     cluster = f" __cluster_dims__(1, 1, {splits})" if splits > 1 else ""
-    min_blocks = blocks_per_sm(block_m, warpgroups, x_stages, w_stages)
+    min_blocks = blocks_per_sm(block_m, warpgroups, x_stages, w_stages, a_regs)
     return (
         f'extern "C" __global__ void __launch_bounds__({128 * warpgroups + 32}, {min_blocks})'
         f"{cluster}\n"
-        f"{kernel_name(block_m, warpgroups, x_stages, w_stages, splits)}(\n"
+        f"{kernel_name(block_m, warpgroups, x_stages, w_stages, splits, a_regs)}(\n"
         "    const Words4* __restrict__ chunks, const bf16_t* __restrict__ xp,\n"
         "    const bf16_t* __restrict__ x, int ldx, bf16_t* __restrict__ y,\n"
         "    const float* __restrict__ scale, const int* __restrict__ rowptr,\n"
@@ -103,22 +113,25 @@ def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
         "    const bf16_t* __restrict__ esc_val, const float* __restrict__ esc_delta,\n"
         "    const int* __restrict__ esc_order, const bf16_t* __restrict__ bias, int M,\n"
         "    int n_rows, int ntiles, int nchunks) {\n"
-        f"  wgl_body<{block_m}, {warpgroups}, {x_stages}, {w_stages}, {splits}>(\n"
+        f"  wgl_body<{block_m}, {warpgroups}, {x_stages}, {w_stages}, {splits}, "
+        f"{'true' if a_regs else 'false'}>(\n"
         "      chunks, xp, x, ldx, y, scale, rowptr, esc_row, esc_col, esc_val, esc_delta,\n"
         "      esc_order, bias, M, n_rows, ntiles, nchunks);\n}\n")
 
 
-def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int) -> str:
-    """kernels.cu, the wgmma wrapper for ``block_m``, kernels_large.cu and the entry point of
+def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
+           a_regs: bool = False) -> str:
+    """kernels.cu, the wgmma wrappers for ``block_m``, kernels_large.cu and the entry point of
     one configuration."""
-    return (_base_source(wrapper(block_m))
-            + _entry(block_m, warpgroups, x_stages, w_stages, splits))
+    return (_base_source(wrapper(block_m) + wgmma.wrapper(block_m, "WgmmaRS"))
+            + _entry(block_m, warpgroups, x_stages, w_stages, splits, a_regs))
 
 
 def _base_source(wrappers: str = "") -> str:
     """kernels.cu and kernels_large.cu (w12_permute_x, and wgl_body uninstantiated)."""
-    return (cuda.SOURCE_PATH.read_text() + "\ntemplate <int N> struct WgmmaSS;\n" + wrappers
-            + "\n" + SOURCE_PATH.read_text() + "\n")
+    return (cuda.SOURCE_PATH.read_text()
+            + "\ntemplate <int N> struct WgmmaSS;\ntemplate <int N> struct WgmmaRS;\n"
+            + wrappers + "\n" + SOURCE_PATH.read_text() + "\n")
 
 
 @functools.cache
@@ -158,11 +171,12 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
              esc_val: torch.Tensor, esc_delta: torch.Tensor, esc_order: torch.Tensor,
              bias: torch.Tensor | None, n: int, k: int, *, block_m: int = 128,
              warpgroups: int = 2, x_stages: int = 4, w_stages: int = 6, splits: int = 1,
-             out: torch.Tensor | None = None) -> torch.Tensor:
+             a_regs: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]``, any M: blocks of ``64 * warpgroups`` weight
     rows x ``block_m`` activation rows, ``x_stages`` activation and ``w_stages`` chunk-word
-    stages in shared memory, ``splits`` K ranges per cluster."""
-    config = (block_m, warpgroups, x_stages, w_stages, splits)
+    stages in shared memory, ``splits`` K ranges per cluster, the decoded weights as the MMA's
+    register operand with ``a_regs`` (else from shared memory)."""
+    config = (block_m, warpgroups, x_stages, w_stages, splits, bool(a_regs))
     check_config(*config)
     m = x.shape[0]
     if out is None:
@@ -175,7 +189,7 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     xp = permute_x(x, nchunks, block_m)
     device = x.device
     func = _module(cuda._index(device), config).get_function(kernel_name(*config))
-    smem = shared_bytes(block_m, warpgroups, x_stages, w_stages)
+    smem = shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs)
     args = (cuda._ptr(chunks), cuda._ptr(xp), cuda._ptr(x), np.int32(x.stride(0)),
             cuda._ptr(out), cuda._ptr(scale), cuda._ptr(esc_rowptr), cuda._ptr(esc_row),
             cuda._ptr(esc_col), cuda._ptr(esc_val), cuda._ptr(esc_delta), cuda._ptr(esc_order),

@@ -127,7 +127,16 @@ __device__ __forceinline__ bool patch_value(bf16_t v, float sc, bf16_t& a) {
   return (mag == 0u || (expo != 0u && expo != 0x7F80u)) && bf16_to_float(a) * sc == vf;
 }
 
-template <int BN, int WGS, int SX, int SW, int SPLIT>
+// Keeps registers alive (for the compiler) up to this point: the A fragments of a wgmma that
+// may still be reading them must not be given to other values before its wait_group.
+__device__ __forceinline__ void keep_regs(u32 (&a)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[j][r])::"memory");
+}
+
+template <int BN, int WGS, int SX, int SW, int SPLIT, bool AREG>
 __device__ __forceinline__ void wgl_body(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ xp,
     const bf16_t* __restrict__ x, int ldx, bf16_t* __restrict__ y,
@@ -148,8 +157,9 @@ __device__ __forceinline__ void wgl_body(
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   unsigned char* wstages = smem + SX * XSTAGE;
-  unsigned char* abufs = wstages + SW * WSTAGE;  // [NA][WGS][ABUF]
-  unsigned long long* xfull = reinterpret_cast<unsigned long long*>(abufs + NA * WGS * ABUF);
+  unsigned char* abufs = wstages + SW * WSTAGE;  // [NA][WGS][ABUF], none with AREG
+  unsigned long long* xfull =
+      reinterpret_cast<unsigned long long*>(abufs + (AREG ? 0 : NA * WGS * ABUF));
   unsigned long long* wfull = xfull + SX;
   unsigned long long* xempty = wfull + SW;  // arrived at by each warpgroup's MMAs being done
   unsigned long long* wempty = xempty + SX;  // arrived at by each consumer warp's loads
@@ -254,7 +264,9 @@ __device__ __forceinline__ void wgl_body(
   const int woff = (wg * 4 + warp) * 1536 + lane * 16;  // Words4 lane, lane + 32, lane + 64
 
   // This warp's tile's escapes, in chunk order, 32 at a time: lane l holds entry ebase + l as
-  // its chunk column (ecol; INT_MAX past the end), its byte in the A buffer and its value.
+  // its chunk column (ecol; INT_MAX past the end), where it goes (epos: its byte in the A
+  // buffer; with AREG the lane that holds it in registers, 256 x, plus 2 x its register
+  // 4 j + r and its half) and its value.
   const int mytile = min(tile0 + wg * 4 + warp, ntiles - 1);
   const int eend = producer ? 0 : rowptr[16 * mytile + 16];
   int ebase = producer ? 0 : rowptr[16 * mytile];
@@ -273,15 +285,80 @@ __device__ __forceinline__ void wgl_body(
       const int r = 16 * warp + (row & 15);  // row within the warpgroup's A buffer
       const int cc = col & 63;               // unit 2 j + h, element 2 t + b (see the top)
       const int unit = 2 * ((cc & 15) >> 2) + ((cc >> 1) & 1);
-      epos = wg * ABUF + r * 128 + ((unit ^ (r & 7)) << 4) + 4 * (cc >> 4) + 2 * (cc & 1);
+      if (AREG)
+        epos = ((4 * (row & 7) + (cc >> 4)) << 8) |
+               ((4 * ((cc & 15) >> 2) + ((row >> 3) & 1) + 2 * ((cc >> 1) & 1)) << 1) | (cc & 1);
+      else
+        epos = wg * ABUF + r * 128 + ((unit ^ (r & 7)) << 4) + 4 * (cc >> 4) + 2 * (cc & 1);
     }
   };
   if (ebase < eend) load_escape();
 
-  // Per column, each warpgroup on its own: decode into A buffer i % NA (last read by the MMAs
-  // of column i - NA, done), a warpgroup barrier, the MMAs, then wait until those of column
-  // i - 2 are done and release its activation stage.
-  for (int i = 0; i < n && !producer; ++i) {
+  // AREG: each warp decodes column i straight into the A fragment registers of wgmma (set
+  // i % 2), writes its escapes into them (the lane holding an escape hands it to the lane that
+  // owns its element), and runs the MMAs with A from those registers; waiting until column
+  // i - 1 is multiplied frees the other set and that column's activation stage. No A buffer,
+  // no proxy fence, no barrier.
+  auto column_regs = [&](int i, u32 (&a)[4][4], u32 (&prev)[4][4]) {
+    mbar_wait(wfull + i % SW, (u32)(i / SW) & 1u);  // column i's chunk words have landed
+    const unsigned char* wsrc = wstages + (i % SW) * WSTAGE + woff;
+    const Words4 w0 = *reinterpret_cast<const Words4*>(wsrc);
+    const Words4 w1 = *reinterpret_cast<const Words4*>(wsrc + 512);
+    const Words4 w2 = *reinterpret_cast<const Words4*>(wsrc + 1024);
+    decode8(w0.x, w1.x, w2.x, a[0]);
+    decode8(w0.y, w1.y, w2.y, a[1]);
+    decode8(w0.z, w1.z, w2.z, a[2]);
+    decode8(w0.w, w1.w, w2.w, a[3]);
+    __syncwarp();  // every lane's words are read (and used): the warp releases the stage
+    arrive_if(lane == 0, wempty + i % SW);
+    const int gc = c0 + i;
+    for (;;) {
+      u32 hits = __ballot_sync(0xffffffffu, ecol == gc && eok);
+      while (hits) {
+        const int src = __ffs(hits) - 1;
+        hits &= hits - 1;
+        const int pk = __shfl_sync(0xffffffffu, epos, src);
+        const u32 v = __shfl_sync(0xffffffffu, (u32)eval, src);
+        const bool mine = (pk >> 8) == lane;
+        const int q = (pk >> 1) & 15;
+        const u32 sh = (u32)(pk & 1) * 16u;
+#pragma unroll
+        for (int qq = 0; qq < 16; ++qq) {  // selects, no branch: the register index is dynamic
+          u32& w = a[qq >> 2][qq & 3];
+          const u32 patched = (w & ~(0xFFFFu << sh)) | (v << sh);
+          w = (mine && q == qq) ? patched : w;
+        }
+      }
+      if (__shfl_sync(0xffffffffu, ecol, 31) > gc || ebase + 32 >= eend) break;
+      ebase += 32;
+      load_escape();
+    }
+    mbar_wait(xfull + i % SX, (u32)(i / SX) & 1u);  // column i's activations have landed
+    const unsigned char* stage = smem + (i % SX) * XSTAGE;
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int j = 0; j < 4; ++j) WgmmaRS<BN>::mma(acc, a[j], sw128_desc(stage + 32 * j));
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    wgmma_wait<1>();  // column i - 1 is multiplied: its registers and activation stage are free
+    keep_regs(prev);
+    arrive_if(i >= 1 && (tid & 127) == 0, xempty + (i + SX - 1) % SX);
+  };
+  if (AREG) {
+    u32 a0[4][4], a1[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) a0[j][r] = a1[j][r] = 0u;
+    for (int i = 0; i < n && !producer; i += 2) {
+      column_regs(i, a0, a1);
+      if (i + 1 < n) column_regs(i + 1, a1, a0);
+    }
+  }
+
+  // Otherwise per column, each warpgroup on its own: decode into A buffer i % NA (last read by
+  // the MMAs of column i - NA, done), a warpgroup barrier, the MMAs, then wait until those of
+  // column i - 2 are done and release its activation stage.
+  for (int i = 0; i < n && !producer && !AREG; ++i) {
     unsigned char* abuf = abufs + (i % NA) * WGS * ABUF;
     mbar_wait(wfull + i % SW, (u32)(i / SW) & 1u);  // column i's chunk words have landed
     const unsigned char* wsrc = wstages + (i % SW) * WSTAGE + woff;

@@ -29,14 +29,15 @@ def available() -> bool:
     return cuda.available() and torch.cuda.get_device_capability()[0] == 9
 
 
-def _wrapper(n: int) -> str:
-    """``Wgmma<n>::mma(d, a, desc)``: d[n/2] += A(regs) x B(desc), m64nNk16, bf16 -> f32."""
+def wrapper(n: int, struct: str = "Wgmma") -> str:
+    """``<struct><n>::mma(d, a, desc)``: d[n/2] += A(regs) x B(desc), m64nNk16, bf16 -> f32
+    (``struct`` names the template, declared by whoever includes it)."""
     regs = n // 2
     d = ", ".join(f"%{i}" for i in range(regs))
     a = ", ".join(f"%{regs + i}" for i in range(4))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     return (
-        f"template <> struct Wgmma<{n}> {{\n"
+        f"template <> struct {struct}<{n}> {{\n"
         f"  __device__ __forceinline__ static void mma(float (&d)[{regs}], const u32 (&a)[4],\n"
         f"                                             unsigned long long desc) {{\n"
         f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n"\n'
@@ -52,7 +53,7 @@ def _wrapper(n: int) -> str:
 @functools.cache
 def source() -> str:
     """kernels.cu (loads, decode8, conversions), the wrappers, then kernels_wgmma.cu."""
-    wrappers = "template <int N> struct Wgmma;\n" + "".join(_wrapper(n) for n in N_BLOCKS)
+    wrappers = "template <int N> struct Wgmma;\n" + "".join(wrapper(n) for n in N_BLOCKS)
     return cuda.SOURCE_PATH.read_text() + "\n" + wrappers + "\n" + SOURCE_PATH.read_text()
 
 
