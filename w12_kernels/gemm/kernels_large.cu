@@ -23,7 +23,8 @@
 // warpgroup's MMAs of it are done ("empty" mbarriers). Each warpgroup goes on its own: its
 // warps decode their tiles' words into the A fragments of the mma.sync kernel and store them
 // into one of three A buffers, meet at the warpgroup's barrier, and run four wgmma
-// m64nBNk16 with both operands from shared memory, two columns of MMAs left in flight. With
+// m64nBNk16 with both operands from shared memory, two columns of MMAs left in flight (with
+// AREG the decoded fragments stay in registers as the MMA's A operand instead). With
 // SPLIT > 1 the chunk columns are cut into SPLIT contiguous ranges, one per block of a
 // thread-block cluster (1, 1, SPLIT), and the partial tiles are added in rank order 0, 1, ...
 // through distributed shared memory (deterministic, no atomics, no workspace).
