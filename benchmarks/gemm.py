@@ -408,7 +408,9 @@ WGMMA_CANDIDATES = ((256, 2, 4, 3, 1, 0), (256, 2, 4, 3, 2, 0), (256, 2, 4, 3, 4
                     (128, 1, 3, 2, 1, 0), (128, 1, 3, 2, 2, 0),
                     # the decoded weights as the register operand (no A buffers)
                     (128, 2, 4, 8, 1, 1), (128, 2, 4, 8, 2, 1), (128, 2, 6, 8, 2, 1),
-                    (256, 2, 4, 6, 1, 1), (256, 2, 4, 6, 2, 1))
+                    (256, 2, 4, 6, 1, 1), (256, 2, 4, 6, 2, 1),
+                    # and a producer warpgroup that gives its registers away (not yet timed)
+                    (256, 2, 4, 6, 1, 2), (256, 2, 4, 6, 2, 2), (256, 2, 4, 5, 4, 2))
 WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs")
 
 
@@ -439,7 +441,7 @@ def _large_label(cand: tuple | None) -> str:
     if cand is None:
         return "decode"
     if cand[0] == "wgmma":
-        return "wgmma_m{}_g{}_x{}_w{}_k{}".format(*cand[1:6]) + ("_r" if cand[6] else "")
+        return "wgmma_m{}_g{}_x{}_w{}_k{}".format(*cand[1:6]) + ("", "_r", "_rp")[cand[6]]
     return ("fused_t{}_m{}_w{}_s{}".format(*cand[:4]) + (f"_r{cand[4]}" if cand[4] else "")
             + (f"_k{cand[5]}" if cand[5] > 1 else ""))
 
@@ -465,7 +467,7 @@ def _large_entry(cand: tuple | None) -> dict:
         block_m, warpgroups, x_stages, w_stages, splits, a_regs = cand[1:]
         return {"kind": "wgmma", "tiles": 4 * warpgroups, "block_m": block_m,
                 "num_stages": x_stages, "w_stages": w_stages, "splits": splits,
-                **({"a_regs": True} if a_regs else {})}
+                **({"a_regs": a_regs} if a_regs else {})}
     return {"kind": "fused", **dict(zip(LARGE_KEYS, cand, strict=True))}
 
 

@@ -175,11 +175,12 @@ WGMMA_CONFIGS = [(256, 2, 4, 3, 1, 0), (256, 2, 3, 5, 2, 0), (128, 2, 4, 8, 2, 0
                  (256, 2, 4, 3, 4, 0), (128, 1, 6, 12, 1, 0), (64, 1, 3, 2, 1, 0),
                  (192, 2, 3, 3, 4, 0), (256, 1, 4, 10, 2, 0), (128, 1, 3, 2, 2, 0),
                  (128, 2, 4, 8, 2, 1), (64, 1, 3, 2, 1, 1), (256, 2, 4, 6, 1, 1),
-                 (192, 2, 3, 3, 4, 1)]
+                 (192, 2, 3, 3, 4, 1), (256, 2, 4, 6, 1, 2), (256, 2, 4, 6, 2, 2),
+                 (128, 2, 4, 8, 4, 2)]
 
 
 @pytest.mark.parametrize("block_m,warpgroups,x_stages,w_stages,splits,a_regs", WGMMA_CONFIGS,
-                         ids=[f"m{b}_g{g}_x{s}_w{w}_k{k}" + ("_r" if r else "")
+                         ids=[f"m{b}_g{g}_x{s}_w{w}_k{k}" + ("", "_r", "_rp")[r]
                               for b, g, s, w, k, r in WGMMA_CONFIGS])
 def test_wgmma_large_kernel(block_m, warpgroups, x_stages, w_stages, splits, a_regs):
     """The warpgroup-MMA kernel for many rows (kernels_large.cu) at awkward sizes: within budget

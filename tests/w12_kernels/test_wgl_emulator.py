@@ -163,10 +163,10 @@ def test_patched_escapes_are_the_exact_finite_ones():
 def test_register_operand_configuration():
     """``a_regs``: its own entry point and wrapper, no A buffers in shared memory, and a table
     entry that carries it to the launcher."""
-    src = cuda_large.source(128, 2, 4, 8, 2, True)
-    assert "w12_wgl_128_2_4_8_2_r(" in src and "2, true>(" in src
+    src = cuda_large.source(128, 2, 4, 8, 2, 1)
+    assert "w12_wgl_128_2_4_8_2_r(" in src and "2, 1>(" in src
     assert "struct WgmmaRS<128>" in src and "w12_wgl_128_2_4_8_2(" not in src
-    assert (cuda_large.shared_bytes(128, 2, 4, 8) - cuda_large.shared_bytes(128, 2, 4, 8, True)
+    assert (cuda_large.shared_bytes(128, 2, 4, 8) - cuda_large.shared_bytes(128, 2, 4, 8, 1)
             == 3 * 2 * 8192)
     bench = _bench()
     cand = ("wgmma", 256, 2, 4, 6, 1, 1)
@@ -176,3 +176,21 @@ def test_register_operand_configuration():
                                               "shapes": {"4096x4096": {"256": entry}}})
     assert cfg.a_regs and cfg.kind == "wgmma" and cfg.w_stages == 6
     assert "a_regs" not in bench._large_entry(("wgmma", 256, 2, 4, 3, 1, 0))
+
+
+def test_producer_warpgroup_configuration():
+    """``a_regs`` 2: a producer warpgroup (384 threads for two MMA warpgroups) that hands its
+    registers over with setmaxnreg, one block per multiprocessor, its own entry point."""
+    src = cuda_large.source(256, 2, 4, 6, 1, 2)
+    assert "w12_wgl_256_2_4_6_1_rp(" in src and "__launch_bounds__(384, 1)" in src
+    assert "setmaxnreg.dec" in src and "1, 2>(" in src
+    assert cuda_large.threads(2, 2) == 384 and cuda_large.threads(2, 1) == 288
+    assert cuda_large.blocks_per_sm(64, 2, 3, 2, 2) == 1
+    assert cuda_large.blocks_per_sm(64, 1, 3, 2, 1) == 2
+    with pytest.raises(ValueError, match="bad configuration"):
+        cuda_large.check_config(128, 1, 4, 8, 1, 2)
+    bench = _bench()
+    entry = bench._large_entry(("wgmma", 256, 2, 4, 6, 1, 2))
+    assert entry["a_regs"] == 2 and bench._large_label(("wgmma", 256, 2, 4, 6, 1, 2)).endswith(
+        "_k1_rp")
+    assert cfgs.LargeConfig(**entry).a_regs == 2

@@ -117,7 +117,8 @@ class LargeConfig:
     maxnreg: int = 0  # register cap per thread (0: the compiler's choice)
     splits: int = 1  # K ranges (fused: through a workspace, the launcher may lower it;
     # wgmma: the blocks of a cluster)
-    a_regs: bool = False  # wgmma: the decoded weights as the MMA's register operand
+    a_regs: int = 0  # wgmma: 1 (or true): the decoded weights as the MMA's register operand;
+    # 2: that, with a producer warpgroup giving its registers to the MMA warpgroups
 
 
 @functools.cache

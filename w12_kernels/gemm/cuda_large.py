@@ -41,13 +41,18 @@ def available() -> bool:
 
 
 def kernel_name(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
-                splits: int, a_regs: bool = False) -> str:
+                splits: int, a_regs: int = 0) -> str:
     return (f"w12_wgl_{block_m}_{warpgroups}_{x_stages}_{w_stages}_{splits}"
-            + ("_r" if a_regs else ""))
+            + ("", "_r", "_rp")[int(a_regs)])
+
+
+def threads(warpgroups: int, a_regs: int = 0) -> int:
+    """The MMA warpgroups plus a producer warp, or (``a_regs`` 2) a producer warpgroup."""
+    return 128 * warpgroups + (128 if a_regs == 2 else 32)
 
 
 def shared_bytes(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
-                 a_regs: bool = False) -> int:
+                 a_regs: int = 0) -> int:
     """The activation stages, the chunk-word stages, three buffers of decoded weights (none
     with ``a_regs``: the A operand in registers) and the stages' full and empty mbarriers, or
     (after the main loop) the float32 partial tile, whichever is larger, plus what aligning
@@ -58,9 +63,10 @@ def shared_bytes(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
 
 
 def check_config(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
-                 splits: int, a_regs: bool = False) -> None:
+                 splits: int, a_regs: int = 0) -> None:
     if (block_m not in BLOCK_M or warpgroups not in WARPGROUPS or splits not in SPLITS
-            or not 3 <= x_stages <= 8 or not 2 <= w_stages <= 16 or a_regs not in (0, 1)
+            or not 3 <= x_stages <= 8 or not 2 <= w_stages <= 16 or a_regs not in (0, 1, 2)
+            or (a_regs == 2 and warpgroups != 2)  # setmaxnreg's split is made for two
             or shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs) > 227 * 1024):
         raise ValueError(f"gemm_wgl: bad configuration block_m={block_m} "
                          f"warpgroups={warpgroups} x_stages={x_stages} w_stages={w_stages} "
@@ -88,24 +94,27 @@ def wrapper(n: int) -> str:
 
 
 def blocks_per_sm(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
-                  a_regs: bool = False) -> int:
+                  a_regs: int = 0) -> int:
     """2 where the shared memory of two blocks fits a multiprocessor (228 KiB, 1 KiB of it
     reserved per block) and the accumulators (``block_m / 2`` registers per thread) leave room
     under the register cap of two blocks (each of the 4 quarters of a multiprocessor holds
     16,384 registers for its share of the two blocks' warps); the kernel then caps them."""
+    if a_regs == 2:  # the register split of setmaxnreg is made for one block
+        return 1
     one = shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs)
-    warps = 2 * (4 * warpgroups + 1)
+    warps = 2 * threads(warpgroups, a_regs) // 32
     cap = 16384 // (32 * math.ceil(warps / 4)) // 8 * 8
     fits = block_m // 2 + (64 if a_regs else 40) <= cap
     return 2 if fits and 2 * (one + 1024) <= 228 * 1024 else 1
 
 
 def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
-           a_regs: bool = False) -> str:
+           a_regs: int = 0) -> str:
     cluster = f" __cluster_dims__(1, 1, {splits})" if splits > 1 else ""
     min_blocks = blocks_per_sm(block_m, warpgroups, x_stages, w_stages, a_regs)
     return (
-        f'extern "C" __global__ void __launch_bounds__({128 * warpgroups + 32}, {min_blocks})'
+        f'extern "C" __global__ void __launch_bounds__({threads(warpgroups, a_regs)}, '
+        f'{min_blocks})'
         f"{cluster}\n"
         f"{kernel_name(block_m, warpgroups, x_stages, w_stages, splits, a_regs)}(\n"
         "    const Words4* __restrict__ chunks, const bf16_t* __restrict__ xp,\n"
@@ -116,13 +125,13 @@ def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
         "    const int* __restrict__ esc_order, const bf16_t* __restrict__ bias, int M,\n"
         "    int n_rows, int ntiles, int nchunks) {\n"
         f"  wgl_body<{block_m}, {warpgroups}, {x_stages}, {w_stages}, {splits}, "
-        f"{'true' if a_regs else 'false'}>(\n"
+        f"{int(a_regs)}>(\n"
         "      chunks, xp, x, ldx, y, scale, rowptr, esc_row, esc_col, esc_val, esc_delta,\n"
         "      esc_order, bias, M, n_rows, ntiles, nchunks);\n}\n")
 
 
 def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
-           a_regs: bool = False) -> str:
+           a_regs: int = 0) -> str:
     """kernels.cu, the wgmma wrappers for ``block_m``, kernels_large.cu and the entry point of
     one configuration."""
     return (_base_source(wrapper(block_m) + wgmma.wrapper(block_m, "WgmmaRS"))
@@ -173,12 +182,13 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
              esc_val: torch.Tensor, esc_delta: torch.Tensor, esc_order: torch.Tensor,
              bias: torch.Tensor | None, n: int, k: int, *, block_m: int = 128,
              warpgroups: int = 2, x_stages: int = 4, w_stages: int = 6, splits: int = 1,
-             a_regs: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+             a_regs: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]``, any M: blocks of ``64 * warpgroups`` weight
     rows x ``block_m`` activation rows, ``x_stages`` activation and ``w_stages`` chunk-word
     stages in shared memory, ``splits`` K ranges per cluster, the decoded weights as the MMA's
-    register operand with ``a_regs`` (else from shared memory)."""
-    config = (block_m, warpgroups, x_stages, w_stages, splits, bool(a_regs))
+    register operand with ``a_regs`` 1 (else from shared memory), and with ``a_regs`` 2 also a
+    producer warpgroup that gives its registers to the MMA warpgroups."""
+    config = (block_m, warpgroups, x_stages, w_stages, splits, int(a_regs))
     check_config(*config)
     m = x.shape[0]
     if out is None:
@@ -199,5 +209,5 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     grid = (math.ceil(ntiles / (4 * warpgroups)), math.ceil(m / block_m), splits)
     with cuda._on(device):
         cuda.allow_shared_memory(func, smem)
-        func(grid, (128 * warpgroups + 32,), args, shared_mem=smem)
+        func(grid, (threads(warpgroups, a_regs),), args, shared_mem=smem)
     return out

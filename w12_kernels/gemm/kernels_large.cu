@@ -24,7 +24,9 @@
 // warps decode their tiles' words into the A fragments of the mma.sync kernel and store them
 // into one of three A buffers, meet at the warpgroup's barrier, and run four wgmma
 // m64nBNk16 with both operands from shared memory, two columns of MMAs left in flight (with
-// AREG the decoded fragments stay in registers as the MMA's A operand instead). With
+// AREG 1 the decoded fragments stay in registers as the MMA's A operand instead; AREG 2 adds a
+// producer warpgroup that hands its registers to the MMA warpgroups through setmaxnreg, so
+// that 256 activation rows fit: not yet run on a GPU, docs/PERF_GEMM.md #21). With
 // SPLIT > 1 the chunk columns are cut into SPLIT contiguous ranges, one per block of a
 // thread-block cluster (1, 1, SPLIT), and the partial tiles are added in rank order 0, 1, ...
 // through distributed shared memory (deterministic, no atomics, no workspace).
@@ -137,7 +139,7 @@ __device__ __forceinline__ void keep_regs(u32 (&a)[4][4]) {
     for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[j][r])::"memory");
 }
 
-template <int BN, int WGS, int SX, int SW, int SPLIT, bool AREG>
+template <int BN, int WGS, int SX, int SW, int SPLIT, int AREG>
 __device__ __forceinline__ void wgl_body(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ xp,
     const bf16_t* __restrict__ x, int ldx, bf16_t* __restrict__ y,
@@ -160,7 +162,7 @@ __device__ __forceinline__ void wgl_body(
   unsigned char* wstages = smem + SX * XSTAGE;
   unsigned char* abufs = wstages + SW * WSTAGE;  // [NA][WGS][ABUF], none with AREG
   unsigned long long* xfull =
-      reinterpret_cast<unsigned long long*>(abufs + (AREG ? 0 : NA * WGS * ABUF));
+      reinterpret_cast<unsigned long long*>(abufs + (AREG != 0 ? 0 : NA * WGS * ABUF));
   unsigned long long* wfull = xfull + SX;
   unsigned long long* xempty = wfull + SW;  // arrived at by each warpgroup's MMAs being done
   unsigned long long* wempty = xempty + SX;  // arrived at by each consumer warp's loads
@@ -222,7 +224,7 @@ __device__ __forceinline__ void wgl_body(
   // What the epilogue needs of its row (thread (group, r) finishes row r, see the end), read
   // now so that the loads are long done by then: its scale, its bias and where its escapes
   // that the tiles cannot hold start (epatch: none when the row has none of those).
-  constexpr int GROUPS = (THREADS + 32) / R;
+  constexpr int GROUPS = THREADS / R;  // the consumer threads only
   const int r_out = tid % R, group = tid / R;
   const int row_out = blockIdx.x * R + r_out;
   const bool out_live = group < GROUPS && row_out < n_rows;
@@ -239,19 +241,36 @@ __device__ __forceinline__ void wgl_body(
   // the extra warp only starts the copies (broadcast from lane 0, so that ptxas sees a
   // warp-uniform branch and does not serialize the MMAs)
   const bool producer = __shfl_sync(0xffffffffu, tid >= THREADS ? 1 : 0, 0) != 0;
-  if (producer) {
-    // Each stage is refilled once every warp has read its chunk words (wempty) or once every
-    // warpgroup's MMAs of its activations are done (xempty); the copies are started by a
-    // thread that never runs the proxy fence (a fence may wait for what its thread has in
-    // flight). Nothing here waits on the consumers except for a stage to refill.
-    // (the whole warp waits, so that no spin loop sits in a thread-dependent branch: that
-    // too makes ptxas serialize the MMAs)
+  // Each stage is refilled once every warp has read its chunk words (wempty) or once every
+  // warpgroup's MMAs of its activations are done (xempty); the copies are started by a thread
+  // that never runs the proxy fence (a fence may wait for what its thread has in flight).
+  // Nothing here waits on the consumers except for a stage to refill. (The whole warp waits,
+  // so that no spin loop sits in a thread-dependent branch: that too makes ptxas serialize
+  // the MMAs.)
+  auto produce = [&]() {
     for (int col = 0; col < n; ++col) {
       if (col >= SW) mbar_wait(wempty + col % SW, (u32)(col / SW - 1) & 1u);
       if (lane == 0) issue_w(col);
       if (col >= SX) mbar_wait(xempty + col % SX, (u32)(col / SX - 1) & 1u);
       if (lane == 0) issue_x(col);
     }
+  };
+  if (AREG == 2) {
+    // A producer warpgroup that gives its registers to the two MMA warpgroups (setmaxnreg),
+    // so that 128 accumulators and two sets of A fragments fit per thread: its first warp
+    // starts the copies, then the whole warpgroup meets the consumers' block barriers (the
+    // same ones, in the same order) and leaves; none of the consumers' code runs on it.
+    if (producer) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+      if (__shfl_sync(0xffffffffu, (tid >> 5) == (THREADS >> 5) ? 1 : 0, 0)) produce();
+      __syncthreads();  // the main loop's end
+      if (SPLIT > 1) cluster_sync_all(); else __syncthreads();  // the partial tile stored
+      if (SPLIT > 1) cluster_sync_all();  // the cluster's memory read
+      return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+  } else if (producer) {
+    produce();
   }
 
   float acc[BN / 2];
@@ -286,7 +305,7 @@ __device__ __forceinline__ void wgl_body(
       const int r = 16 * warp + (row & 15);  // row within the warpgroup's A buffer
       const int cc = col & 63;               // unit 2 j + h, element 2 t + b (see the top)
       const int unit = 2 * ((cc & 15) >> 2) + ((cc >> 1) & 1);
-      if (AREG)
+      if (AREG != 0)
         epos = ((4 * (row & 7) + (cc >> 4)) << 8) |
                ((4 * ((cc & 15) >> 2) + ((row >> 3) & 1) + 2 * ((cc >> 1) & 1)) << 1) | (cc & 1);
       else
@@ -344,7 +363,7 @@ __device__ __forceinline__ void wgl_body(
     keep_regs(prev);
     arrive_if(i >= 1 && (tid & 127) == 0, xempty + (i + SX - 1) % SX);
   };
-  if (AREG) {
+  if (AREG != 0) {
     u32 a0[4][4], a1[4][4];
 #pragma unroll
     for (int j = 0; j < 4; ++j)
@@ -359,7 +378,7 @@ __device__ __forceinline__ void wgl_body(
   // Otherwise per column, each warpgroup on its own: decode into A buffer i % NA (last read by
   // the MMAs of column i - NA, done), a warpgroup barrier, the MMAs, then wait until those of
   // column i - 2 are done and release its activation stage.
-  for (int i = 0; i < n && !producer && !AREG; ++i) {
+  for (int i = 0; i < n && !producer && AREG == 0; ++i) {
     unsigned char* abuf = abufs + (i % NA) * WGS * ABUF;
     mbar_wait(wfull + i % SW, (u32)(i / SW) & 1u);  // column i's chunk words have landed
     const unsigned char* wsrc = wstages + (i % SW) * WSTAGE + woff;
