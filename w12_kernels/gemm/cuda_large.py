@@ -73,26 +73,6 @@ def check_config(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
                          f"splits={splits} a_regs={a_regs}")
 
 
-def wrapper(n: int) -> str:
-    """``WgmmaSS<n>::mma(d, desc_a, desc_b)``: d[n/2] += A x B, both from shared memory
-    (K-major, described by ``sw128_desc``), m64nNk16, bf16 -> f32."""
-    regs = n // 2
-    d = ", ".join(f"%{i}" for i in range(regs))
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
-    return (
-        f"template <> struct WgmmaSS<{n}> {{\n"
-        f"  __device__ __forceinline__ static void mma(float (&d)[{regs}], unsigned long long da,\n"
-        f"                                             unsigned long long db) {{\n"
-        f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
-        f'                 "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "\n'
-        f'                 "{{{d}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 0;\\n}}\\n"\n'
-        f"                 : {outs}\n"
-        f'                 : "l"(da), "l"(db), "r"(1)\n'
-        f'                 : "memory");\n'
-        f"  }}\n}};\n"
-    )
-
-
 def blocks_per_sm(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
                   a_regs: int = 0) -> int:
     """2 where the shared memory of two blocks fits a multiprocessor (228 KiB, 1 KiB of it
@@ -134,7 +114,8 @@ def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
            a_regs: int = 0) -> str:
     """kernels.cu, the wgmma wrappers for ``block_m``, kernels_large.cu and the entry point of
     one configuration."""
-    return (_base_source(wrapper(block_m) + wgmma.wrapper(block_m, "WgmmaRS"))
+    return (_base_source(wgmma.wrapper(block_m, "WgmmaSS", a_shared=True)
+                         + wgmma.wrapper(block_m, "WgmmaRS"))
             + _entry(block_m, warpgroups, x_stages, w_stages, splits, a_regs))
 
 

@@ -314,12 +314,9 @@ __device__ __forceinline__ void wgl_body(
   };
   if (ebase < eend) load_escape();
 
-  // AREG: each warp decodes column i straight into the A fragment registers of wgmma (set
-  // i % 2), writes its escapes into them (the lane holding an escape hands it to the lane that
-  // owns its element), and runs the MMAs with A from those registers; waiting until column
-  // i - 1 is multiplied frees the other set and that column's activation stage. No A buffer,
-  // no proxy fence, no barrier.
-  auto column_regs = [&](int i, u32 (&a)[4][4], u32 (&prev)[4][4]) {
+  // Column i's chunk words, once they have landed, decoded into this lane's A fragments; the
+  // warp then releases the weight stage.
+  auto decode_column = [&](int i, u32 (&a)[4][4]) {
     mbar_wait(wfull + i % SW, (u32)(i / SW) & 1u);  // column i's chunk words have landed
     const unsigned char* wsrc = wstages + (i % SW) * WSTAGE + woff;
     const Words4 w0 = *reinterpret_cast<const Words4*>(wsrc);
@@ -331,6 +328,15 @@ __device__ __forceinline__ void wgl_body(
     decode8(w0.w, w1.w, w2.w, a[3]);
     __syncwarp();  // every lane's words are read (and used): the warp releases the stage
     arrive_if(lane == 0, wempty + i % SW);
+  };
+
+  // AREG: each warp decodes column i straight into the A fragment registers of wgmma (set
+  // i % 2), writes its escapes into them (the lane holding an escape hands it to the lane that
+  // owns its element), and runs the MMAs with A from those registers; waiting until column
+  // i - 1 is multiplied frees the other set and that column's activation stage. No A buffer,
+  // no proxy fence, no barrier.
+  auto column_regs = [&](int i, u32 (&a)[4][4], u32 (&prev)[4][4]) {
+    decode_column(i, a);
     const int gc = c0 + i;
     for (;;) {
       u32 hits = __ballot_sync(0xffffffffu, ecol == gc && eok);
@@ -380,18 +386,8 @@ __device__ __forceinline__ void wgl_body(
   // column i - 2 are done and release its activation stage.
   for (int i = 0; i < n && !producer && AREG == 0; ++i) {
     unsigned char* abuf = abufs + (i % NA) * WGS * ABUF;
-    mbar_wait(wfull + i % SW, (u32)(i / SW) & 1u);  // column i's chunk words have landed
-    const unsigned char* wsrc = wstages + (i % SW) * WSTAGE + woff;
-    const Words4 w0 = *reinterpret_cast<const Words4*>(wsrc);
-    const Words4 w1 = *reinterpret_cast<const Words4*>(wsrc + 512);
-    const Words4 w2 = *reinterpret_cast<const Words4*>(wsrc + 1024);
     u32 a[4][4];
-    decode8(w0.x, w1.x, w2.x, a[0]);
-    decode8(w0.y, w1.y, w2.y, a[1]);
-    decode8(w0.z, w1.z, w2.z, a[2]);
-    decode8(w0.w, w1.w, w2.w, a[3]);
-    __syncwarp();  // every lane's words are read (and used): the warp releases the stage
-    arrive_if(lane == 0, wempty + i % SW);
+    decode_column(i, a);
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll

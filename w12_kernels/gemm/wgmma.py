@@ -29,22 +29,29 @@ def available() -> bool:
     return cuda.available() and torch.cuda.get_device_capability()[0] == 9
 
 
-def wrapper(n: int, struct: str = "Wgmma") -> str:
-    """``<struct><n>::mma(d, a, desc)``: d[n/2] += A(regs) x B(desc), m64nNk16, bf16 -> f32
-    (``struct`` names the template, declared by whoever includes it)."""
+def wrapper(n: int, struct: str = "Wgmma", *, a_shared: bool = False) -> str:
+    """``<struct><n>::mma(d, a, desc)``: d[n/2] += A(regs) x B(desc), m64nNk16, bf16 -> f32;
+    with ``a_shared`` ``mma(d, desc_a, desc_b)``, both operands from shared memory (K-major).
+    ``struct`` names the template, declared by whoever includes it."""
     regs = n // 2
     d = ", ".join(f"%{i}" for i in range(regs))
-    a = ", ".join(f"%{regs + i}" for i in range(4))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    if a_shared:
+        params, ins = "unsigned long long da, unsigned long long db", '"l"(da), "l"(db)'
+        operands, imm, pred = f"%{regs}, %{regs + 1}", "1, 1, 0, 0", regs + 2
+    else:
+        params = "const u32 (&a)[4], unsigned long long desc"
+        ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)'
+        a = ", ".join(f"%{regs + i}" for i in range(4))
+        operands, imm, pred = f"{{{a}}}, %{regs + 4}", "1, 1, 0", regs + 5
     return (
         f"template <> struct {struct}<{n}> {{\n"
-        f"  __device__ __forceinline__ static void mma(float (&d)[{regs}], const u32 (&a)[4],\n"
-        f"                                             unsigned long long desc) {{\n"
-        f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n"\n'
+        f"  __device__ __forceinline__ static void mma(float (&d)[{regs}], {params}) {{\n"
+        f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{pred}, 0;\\n"\n'
         f'                 "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "\n'
-        f'                 "{{{d}}}, {{{a}}}, %{regs + 4}, p, 1, 1, 0;\\n}}\\n"\n'
+        f'                 "{{{d}}}, {operands}, p, {imm};\\n}}\\n"\n'
         f"                 : {outs}\n"
-        f'                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)\n'
+        f'                 : {ins}, "r"(1)\n'
         f'                 : "memory");\n'
         f"  }}\n}};\n"
     )
