@@ -399,24 +399,19 @@ LARGE_CANDIDATES = ((4, 64, 4, 3, 0, 1), (4, 128, 4, 3, 0, 1), (4, 128, 4, 3, 16
                     (4, 128, 4, 3, 168, 2), (4, 128, 4, 3, 168, 4), (4, 64, 4, 3, 0, 4))
 LARGE_KEYS = ("tiles", "block_m", "num_warps", "num_stages", "maxnreg", "splits")
 # candidates of the warpgroup-MMA kernel (kernels_large.cu, Hopper only):
-# (block_m, warpgroups, x_stages, w_stages, splits, a_regs, multicast)
-WGMMA_CANDIDATES = ((256, 2, 4, 3, 1, 0, 1), (256, 2, 4, 3, 2, 0, 1), (256, 2, 4, 3, 4, 0, 1),
-                    (256, 2, 3, 5, 1, 0, 1), (256, 2, 3, 5, 2, 0, 1), (256, 2, 3, 6, 1, 0, 1),
-                    (128, 2, 4, 8, 1, 0, 1), (128, 2, 4, 8, 2, 0, 1), (128, 2, 6, 6, 2, 0, 1),
-                    (128, 1, 6, 12, 1, 0, 1), (256, 1, 4, 10, 1, 0, 1),
+# (block_m, warpgroups, x_stages, w_stages, splits)
+WGMMA_CANDIDATES = ((256, 2, 4, 3, 1, 0), (256, 2, 4, 3, 2, 0), (256, 2, 4, 3, 4, 0),
+                    (256, 2, 3, 5, 1, 0), (256, 2, 3, 5, 2, 0), (256, 2, 3, 6, 1, 0),
+                    (128, 2, 4, 8, 1, 0), (128, 2, 4, 8, 2, 0), (128, 2, 6, 6, 2, 0),
+                    (128, 1, 6, 12, 1, 0), (256, 1, 4, 10, 1, 0),
                     # 85 KB of shared memory, registers capped: two blocks per multiprocessor
-                    (128, 1, 3, 2, 1, 0, 1), (128, 1, 3, 2, 2, 0, 1),
+                    (128, 1, 3, 2, 1, 0), (128, 1, 3, 2, 2, 0),
                     # the decoded weights as the register operand (no A buffers)
-                    (128, 2, 4, 8, 1, 1, 1), (128, 2, 4, 8, 2, 1, 1), (128, 2, 6, 8, 2, 1, 1),
-                    (256, 2, 4, 6, 1, 1, 1), (256, 2, 4, 6, 2, 1, 1),
-                    # and a producer warpgroup that gives its registers away
-                    (256, 2, 4, 6, 1, 2, 1), (256, 2, 4, 6, 2, 2, 1), (256, 2, 4, 5, 4, 2, 1),
-                    # activation stages shared by 2 or 4 blocks (bulk-copy multicast)
-                    (256, 2, 4, 6, 1, 2, 2), (256, 2, 4, 6, 2, 2, 2), (256, 2, 4, 6, 1, 2, 4),
-                    (256, 2, 4, 6, 2, 2, 4), (256, 2, 4, 5, 4, 2, 2),
-                    (128, 2, 6, 8, 1, 1, 2), (128, 2, 6, 8, 2, 1, 2), (128, 2, 6, 8, 2, 1, 4),
-                    (128, 2, 6, 8, 4, 1, 2))
-WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs", "multicast")
+                    (128, 2, 4, 8, 1, 1), (128, 2, 4, 8, 2, 1), (128, 2, 6, 8, 2, 1),
+                    (256, 2, 4, 6, 1, 1), (256, 2, 4, 6, 2, 1),
+                    # and a producer warpgroup that gives its registers away (not yet timed)
+                    (256, 2, 4, 6, 1, 2), (256, 2, 4, 6, 2, 2), (256, 2, 4, 5, 4, 2))
+WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs")
 
 
 def _large_runner(cand: tuple | None):
@@ -446,8 +441,7 @@ def _large_label(cand: tuple | None) -> str:
     if cand is None:
         return "decode"
     if cand[0] == "wgmma":
-        return ("wgmma_m{}_g{}_x{}_w{}_k{}".format(*cand[1:6]) + ("", "_r", "_rp")[cand[6]]
-                + (f"_mc{cand[7]}" if cand[7] > 1 else ""))
+        return "wgmma_m{}_g{}_x{}_w{}_k{}".format(*cand[1:6]) + ("", "_r", "_rp")[cand[6]]
     return ("fused_t{}_m{}_w{}_s{}".format(*cand[:4]) + (f"_r{cand[4]}" if cand[4] else "")
             + (f"_k{cand[5]}" if cand[5] > 1 else ""))
 
@@ -470,11 +464,10 @@ def _large_entry(cand: tuple | None) -> dict:
     if cand is None:
         return {"kind": "decode"}
     if cand[0] == "wgmma":
-        block_m, warpgroups, x_stages, w_stages, splits, a_regs, multicast = cand[1:]
+        block_m, warpgroups, x_stages, w_stages, splits, a_regs = cand[1:]
         return {"kind": "wgmma", "tiles": 4 * warpgroups, "block_m": block_m,
                 "num_stages": x_stages, "w_stages": w_stages, "splits": splits,
-                **({"a_regs": a_regs} if a_regs else {}),
-                **({"multicast": multicast} if multicast > 1 else {})}
+                **({"a_regs": a_regs} if a_regs else {})}
     return {"kind": "fused", **dict(zip(LARGE_KEYS, cand, strict=True))}
 
 

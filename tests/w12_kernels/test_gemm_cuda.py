@@ -171,25 +171,18 @@ def _check_large_kernel(run, shapes) -> None:
         assert torch.equal(outs[0], outs[1]), f"{n}x{k} M={m}: not deterministic"
 
 
-WGMMA_CONFIGS = [(256, 2, 4, 3, 1, 0, 1), (256, 2, 3, 5, 2, 0, 1), (128, 2, 4, 8, 2, 0, 1),
-                 (256, 2, 4, 3, 4, 0, 1), (128, 1, 6, 12, 1, 0, 1), (64, 1, 3, 2, 1, 0, 1),
-                 (192, 2, 3, 3, 4, 0, 1), (256, 1, 4, 10, 2, 0, 1), (128, 1, 3, 2, 2, 0, 1),
-                 (128, 2, 4, 8, 2, 1, 1), (64, 1, 3, 2, 1, 1, 1), (256, 2, 4, 6, 1, 1, 1),
-                 (192, 2, 3, 3, 4, 1, 1), (256, 2, 4, 6, 1, 2, 1), (256, 2, 4, 6, 2, 2, 1),
-                 (128, 2, 4, 8, 4, 2, 1),
-                 # activation stages shared by the blocks of a cluster (multicast)
-                 (256, 2, 4, 6, 1, 2, 2), (256, 2, 4, 6, 2, 2, 2), (128, 2, 6, 8, 2, 1, 4),
-                 (256, 2, 4, 3, 2, 0, 2), (64, 1, 3, 2, 1, 1, 4), (192, 2, 3, 3, 4, 0, 2)]
+WGMMA_CONFIGS = [(256, 2, 4, 3, 1, 0), (256, 2, 3, 5, 2, 0), (128, 2, 4, 8, 2, 0),
+                 (256, 2, 4, 3, 4, 0), (128, 1, 6, 12, 1, 0), (64, 1, 3, 2, 1, 0),
+                 (192, 2, 3, 3, 4, 0), (256, 1, 4, 10, 2, 0), (128, 1, 3, 2, 2, 0),
+                 (128, 2, 4, 8, 2, 1), (64, 1, 3, 2, 1, 1), (256, 2, 4, 6, 1, 1),
+                 (192, 2, 3, 3, 4, 1), (256, 2, 4, 6, 1, 2), (256, 2, 4, 6, 2, 2),
+                 (128, 2, 4, 8, 4, 2)]
 
 
-def _wgmma_id(b, g, s, w, k, r, mc):
-    return f"m{b}_g{g}_x{s}_w{w}_k{k}" + ("", "_r", "_rp")[r] + (f"_mc{mc}" if mc > 1 else "")
-
-
-@pytest.mark.parametrize("block_m,warpgroups,x_stages,w_stages,splits,a_regs,multicast",
-                         WGMMA_CONFIGS, ids=[_wgmma_id(*c) for c in WGMMA_CONFIGS])
-def test_wgmma_large_kernel(block_m, warpgroups, x_stages, w_stages, splits, a_regs,
-                            multicast):
+@pytest.mark.parametrize("block_m,warpgroups,x_stages,w_stages,splits,a_regs", WGMMA_CONFIGS,
+                         ids=[f"m{b}_g{g}_x{s}_w{w}_k{k}" + ("", "_r", "_rp")[r]
+                              for b, g, s, w, k, r in WGMMA_CONFIGS])
+def test_wgmma_large_kernel(block_m, warpgroups, x_stages, w_stages, splits, a_regs):
     """The warpgroup-MMA kernel for many rows (kernels_large.cu) at awkward sizes: within budget
     (escapes, NaN/inf, bias included; rows, columns and tokens not multiples of the block; K
     ranges shorter than the stages), bit-identical when run again."""
@@ -202,38 +195,10 @@ def test_wgmma_large_kernel(block_m, warpgroups, x_stages, w_stages, splits, a_r
                             pw.esc_val, pw.esc_delta, pw.esc_order, bias, pw.n, pw.k,
                             block_m=block_m, warpgroups=warpgroups,
                             x_stages=x_stages, w_stages=w_stages, splits=splits,
-                            a_regs=a_regs, multicast=multicast, out=out)
+                            a_regs=a_regs, out=out)
 
     _check_large_kernel(run, ((300, 1000, 129), (4096, 4096, 300), (130, 72, 1000), (1, 64, 70),
                               (200, 200, 3)))
-
-
-@pytest.mark.parametrize("config", [(256, 2, 4, 6, 2, 2), (128, 2, 6, 8, 1, 1),
-                                    (128, 2, 4, 8, 2, 0)])
-def test_wgmma_multicast_keeps_the_bits(config):
-    """Sharing the activation stages across the blocks of a cluster moves bytes, not sums: the
-    output of every multicast width is the bits of the same configuration without it (rows
-    not a multiple of the cluster's blocks included)."""
-    from w12_kernels.gemm import cuda_large
-
-    if not cuda_large.available():
-        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
-    for n, k, m in ((28672, 4096, 256), (1160, 3000, 200)):
-        t, x = _inputs(n, k, m, seed=n + k)
-        pw = prepare_weight(encoded(t))
-        outs = []
-        for multicast in (1, 2, 4):
-            if multicast * config[4] > 8:
-                continue
-            out = cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
-                                      pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order, None,
-                                      n, k, block_m=config[0], warpgroups=config[1],
-                                      x_stages=config[2], w_stages=config[3],
-                                      splits=config[4], a_regs=config[5], multicast=multicast)
-            outs.append(out.view(torch.int16))
-        assert len(outs) >= 2
-        for other in outs[1:]:
-            assert torch.equal(other, outs[0]), f"{n}x{k} {config}: multicast changed bits"
 
 
 def test_wgmma_stage_images():

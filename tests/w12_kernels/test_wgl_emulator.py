@@ -85,9 +85,9 @@ def test_a_wrong_swizzle_is_caught(monkeypatch):
 def test_configurations_fit_the_shared_memory():
     for cand in (*_bench().WGMMA_CANDIDATES, (64, 1, 3, 2, 1), (192, 2, 3, 3, 4)):
         cuda_large.check_config(*cand)
-        assert cuda_large.shared_bytes(*cand[:4], *cand[5:6]) <= 227 * 1024
+        assert cuda_large.shared_bytes(*cand[:4], *cand[5:]) <= 227 * 1024
     for bad in ((96, 2, 4, 3, 1), (256, 3, 4, 3, 1), (256, 2, 4, 3, 3), (256, 2, 4, 5, 1),
-                (128, 2, 2, 8, 1), (256, 2, 4, 6, 1, 2, 3), (128, 2, 6, 8, 4, 1, 4)):
+                (128, 2, 2, 8, 1)):
         with pytest.raises(ValueError, match="bad configuration"):
             cuda_large.check_config(*bad)
 
@@ -108,22 +108,6 @@ def test_source_has_one_entry_point_per_configuration():
     assert "m64n256k16" in src
 
 
-def test_multicast_configuration():
-    """``multicast``: the blocks of consecutive weight rows of a cluster (MC, 1, splits) share
-    their activation stages; its own entry point, and a table entry that carries it."""
-    src = cuda_large.source(256, 2, 4, 6, 2, 2, 2)
-    assert "w12_wgl_256_2_4_6_2_rp_mc2(" in src and "__cluster_dims__(2, 1, 2)" in src
-    assert "2, 2, 2>(" in src and ".multicast::cluster" in src
-    assert "__cluster_dims__(4, 1, 1)" in cuda_large.source(128, 2, 6, 8, 1, 1, 4)
-    bench = _bench()
-    cand = ("wgmma", 256, 2, 4, 6, 1, 2, 2)
-    assert bench._large_label(cand) == "wgmma_m256_g2_x4_w6_k1_rp_mc2"
-    entry = bench._large_entry(cand)
-    assert entry["multicast"] == 2 and cfgs.LargeConfig(**entry).multicast == 2
-    assert "multicast" not in bench._large_entry(("wgmma", 256, 2, 4, 6, 1, 2, 1))
-    assert cfgs.LargeConfig().multicast == 1
-
-
 def _bench():
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "gemm.py"
     spec = importlib.util.spec_from_file_location("gemm_benchmark_wgl", path)
@@ -134,7 +118,7 @@ def _bench():
 
 def test_large_table_entry_for_the_warpgroup_kernel():
     bench = _bench()
-    cand = ("wgmma", 256, 2, 4, 3, 2, 0, 1)
+    cand = ("wgmma", 256, 2, 4, 3, 2, 0)
     entry = bench._large_entry(cand)
     cfg = cfgs.large_config(4096, 4096, 256, {"default": {"kind": "decode"}, "max_m": 256,
                                               "shapes": {"4096x4096": {"256": entry}}})
@@ -180,18 +164,18 @@ def test_register_operand_configuration():
     """``a_regs``: its own entry point and wrapper, no A buffers in shared memory, and a table
     entry that carries it to the launcher."""
     src = cuda_large.source(128, 2, 4, 8, 2, 1)
-    assert "w12_wgl_128_2_4_8_2_r(" in src and "2, 1, 1>(" in src
+    assert "w12_wgl_128_2_4_8_2_r(" in src and "2, 1>(" in src
     assert "struct WgmmaRS<128>" in src and "w12_wgl_128_2_4_8_2(" not in src
     assert (cuda_large.shared_bytes(128, 2, 4, 8) - cuda_large.shared_bytes(128, 2, 4, 8, 1)
             == 3 * 2 * 8192)
     bench = _bench()
-    cand = ("wgmma", 256, 2, 4, 6, 1, 1, 1)
+    cand = ("wgmma", 256, 2, 4, 6, 1, 1)
     assert bench._large_label(cand) == "wgmma_m256_g2_x4_w6_k1_r"
     entry = bench._large_entry(cand)
     cfg = cfgs.large_config(4096, 4096, 256, {"default": {"kind": "decode"}, "max_m": 256,
                                               "shapes": {"4096x4096": {"256": entry}}})
     assert cfg.a_regs and cfg.kind == "wgmma" and cfg.w_stages == 6
-    assert "a_regs" not in bench._large_entry(("wgmma", 256, 2, 4, 3, 1, 0, 1))
+    assert "a_regs" not in bench._large_entry(("wgmma", 256, 2, 4, 3, 1, 0))
 
 
 def test_producer_warpgroup_configuration():
@@ -199,14 +183,14 @@ def test_producer_warpgroup_configuration():
     registers over with setmaxnreg, one block per multiprocessor, its own entry point."""
     src = cuda_large.source(256, 2, 4, 6, 1, 2)
     assert "w12_wgl_256_2_4_6_1_rp(" in src and "__launch_bounds__(384, 1)" in src
-    assert "setmaxnreg.dec" in src and "1, 2, 1>(" in src
+    assert "setmaxnreg.dec" in src and "1, 2>(" in src
     assert cuda_large.threads(2, 2) == 384 and cuda_large.threads(2, 1) == 288
     assert cuda_large.blocks_per_sm(64, 2, 3, 2, 2) == 1
     assert cuda_large.blocks_per_sm(64, 1, 3, 2, 1) == 2
     with pytest.raises(ValueError, match="bad configuration"):
         cuda_large.check_config(128, 1, 4, 8, 1, 2)
     bench = _bench()
-    entry = bench._large_entry(("wgmma", 256, 2, 4, 6, 1, 2, 1))
-    assert entry["a_regs"] == 2 and bench._large_label(("wgmma", 256, 2, 4, 6, 1, 2, 1)).endswith(
+    entry = bench._large_entry(("wgmma", 256, 2, 4, 6, 1, 2))
+    assert entry["a_regs"] == 2 and bench._large_label(("wgmma", 256, 2, 4, 6, 1, 2)).endswith(
         "_k1_rp")
     assert cfgs.LargeConfig(**entry).a_regs == 2

@@ -119,7 +119,6 @@ class LargeConfig:
     # wgmma: the blocks of a cluster)
     a_regs: int = 0  # wgmma: 1 (or true): the decoded weights as the MMA's register operand;
     # 2: that, with a producer warpgroup giving its registers to the MMA warpgroups
-    multicast: int = 1  # wgmma: blocks of a cluster that share each activation stage
 
 
 @functools.cache

@@ -34,7 +34,6 @@ SOURCE_PATH = Path(__file__).with_name("kernels_large.cu")
 BLOCK_M = (64, 128, 192, 256)  # activation rows per block (the wgmma N)
 WARPGROUPS = (1, 2)  # 64 weight rows each
 SPLITS = (1, 2, 4)  # K ranges, one per block of a cluster
-MULTICAST = (1, 2, 4)  # blocks of a cluster that share their activation stages
 
 
 def available() -> bool:
@@ -42,9 +41,9 @@ def available() -> bool:
 
 
 def kernel_name(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
-                splits: int, a_regs: int = 0, multicast: int = 1) -> str:
+                splits: int, a_regs: int = 0) -> str:
     return (f"w12_wgl_{block_m}_{warpgroups}_{x_stages}_{w_stages}_{splits}"
-            + ("", "_r", "_rp")[int(a_regs)] + (f"_mc{multicast}" if multicast > 1 else ""))
+            + ("", "_r", "_rp")[int(a_regs)])
 
 
 def threads(warpgroups: int, a_regs: int = 0) -> int:
@@ -64,15 +63,14 @@ def shared_bytes(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
 
 
 def check_config(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
-                 splits: int, a_regs: int = 0, multicast: int = 1) -> None:
+                 splits: int, a_regs: int = 0) -> None:
     if (block_m not in BLOCK_M or warpgroups not in WARPGROUPS or splits not in SPLITS
             or not 3 <= x_stages <= 8 or not 2 <= w_stages <= 16 or a_regs not in (0, 1, 2)
             or (a_regs == 2 and warpgroups != 2)  # setmaxnreg's split is made for two
-            or multicast not in MULTICAST or multicast * splits > 8  # cluster size
             or shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs) > 227 * 1024):
         raise ValueError(f"gemm_wgl: bad configuration block_m={block_m} "
                          f"warpgroups={warpgroups} x_stages={x_stages} w_stages={w_stages} "
-                         f"splits={splits} a_regs={a_regs} multicast={multicast}")
+                         f"splits={splits} a_regs={a_regs}")
 
 
 def blocks_per_sm(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
@@ -91,16 +89,14 @@ def blocks_per_sm(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
 
 
 def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
-           a_regs: int = 0, multicast: int = 1) -> str:
-    cluster = (f" __cluster_dims__({multicast}, 1, {splits})"
-               if splits * multicast > 1 else "")
+           a_regs: int = 0) -> str:
+    cluster = f" __cluster_dims__(1, 1, {splits})" if splits > 1 else ""
     min_blocks = blocks_per_sm(block_m, warpgroups, x_stages, w_stages, a_regs)
     return (
         f'extern "C" __global__ void __launch_bounds__({threads(warpgroups, a_regs)}, '
         f'{min_blocks})'
         f"{cluster}\n"
-        f"{kernel_name(block_m, warpgroups, x_stages, w_stages, splits, a_regs, multicast)}"
-        "(\n"
+        f"{kernel_name(block_m, warpgroups, x_stages, w_stages, splits, a_regs)}(\n"
         "    const Words4* __restrict__ chunks, const bf16_t* __restrict__ xp,\n"
         "    const bf16_t* __restrict__ x, int ldx, bf16_t* __restrict__ y,\n"
         "    const float* __restrict__ scale, const int* __restrict__ rowptr,\n"
@@ -109,18 +105,18 @@ def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
         "    const int* __restrict__ esc_order, const bf16_t* __restrict__ bias, int M,\n"
         "    int n_rows, int ntiles, int nchunks) {\n"
         f"  wgl_body<{block_m}, {warpgroups}, {x_stages}, {w_stages}, {splits}, "
-        f"{int(a_regs)}, {multicast}>(\n"
+        f"{int(a_regs)}>(\n"
         "      chunks, xp, x, ldx, y, scale, rowptr, esc_row, esc_col, esc_val, esc_delta,\n"
         "      esc_order, bias, M, n_rows, ntiles, nchunks);\n}\n")
 
 
 def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
-           a_regs: int = 0, multicast: int = 1) -> str:
+           a_regs: int = 0) -> str:
     """kernels.cu, the wgmma wrappers for ``block_m``, kernels_large.cu and the entry point of
     one configuration."""
     return (_base_source(wgmma.wrapper(block_m, "WgmmaSS", a_shared=True)
                          + wgmma.wrapper(block_m, "WgmmaRS"))
-            + _entry(block_m, warpgroups, x_stages, w_stages, splits, a_regs, multicast))
+            + _entry(block_m, warpgroups, x_stages, w_stages, splits, a_regs))
 
 
 def _base_source(wrappers: str = "") -> str:
@@ -167,15 +163,13 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
              esc_val: torch.Tensor, esc_delta: torch.Tensor, esc_order: torch.Tensor,
              bias: torch.Tensor | None, n: int, k: int, *, block_m: int = 128,
              warpgroups: int = 2, x_stages: int = 4, w_stages: int = 6, splits: int = 1,
-             a_regs: int = 0, multicast: int = 1,
-             out: torch.Tensor | None = None) -> torch.Tensor:
+             a_regs: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]``, any M: blocks of ``64 * warpgroups`` weight
     rows x ``block_m`` activation rows, ``x_stages`` activation and ``w_stages`` chunk-word
     stages in shared memory, ``splits`` K ranges per cluster, the decoded weights as the MMA's
     register operand with ``a_regs`` 1 (else from shared memory), and with ``a_regs`` 2 also a
-    producer warpgroup that gives its registers to the MMA warpgroups; ``multicast`` blocks of
-    consecutive weight rows share each activation stage (one bulk-copy multicast each)."""
-    config = (block_m, warpgroups, x_stages, w_stages, splits, int(a_regs), int(multicast))
+    producer warpgroup that gives its registers to the MMA warpgroups."""
+    config = (block_m, warpgroups, x_stages, w_stages, splits, int(a_regs))
     check_config(*config)
     m = x.shape[0]
     if out is None:
@@ -193,10 +187,7 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
             cuda._ptr(out), cuda._ptr(scale), cuda._ptr(esc_rowptr), cuda._ptr(esc_row),
             cuda._ptr(esc_col), cuda._ptr(esc_val), cuda._ptr(esc_delta), cuda._ptr(esc_order),
             cuda._ptr(bias), np.int32(m), np.int32(n), np.int32(ntiles), np.int32(nchunks))
-    # the blocks past the last weight rows (the grid's x a multiple of the cluster's) store
-    # nothing
-    row_blocks = math.ceil(ntiles / (4 * warpgroups))
-    grid = (math.ceil(row_blocks / multicast) * multicast, math.ceil(m / block_m), splits)
+    grid = (math.ceil(ntiles / (4 * warpgroups)), math.ceil(m / block_m), splits)
     with cuda._on(device):
         cuda.allow_shared_memory(func, smem)
         func(grid, (threads(warpgroups, a_regs),), args, shared_mem=smem)

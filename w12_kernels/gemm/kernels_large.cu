@@ -14,7 +14,7 @@
 // every block of BN tokens and every 64-column chunk, BN * 128 contiguous bytes in that
 // layout. Tokens past M and columns past K come out as zeros.
 //
-// wgl_body<BN, WGS, SX, SW, SPLIT, AREG, MC>: y[M, N] = x[M, K] @ W^T. A block holds WGS consumer
+// wgl_body<BN, WGS, SX, SW, SPLIT>: y[M, N] = x[M, K] @ W^T. A block holds WGS consumer
 // warpgroups, each with 64 weight rows, BN activation rows shared by all of them, and one
 // producer warp. The producer starts bulk copies (cp.async.bulk, completing on "full"
 // mbarriers) of each chunk column's activation image into one of SX stages and of its chunk
@@ -26,13 +26,10 @@
 // m64nBNk16 with both operands from shared memory, two columns of MMAs left in flight (with
 // AREG 1 the decoded fragments stay in registers as the MMA's A operand instead; AREG 2 adds a
 // producer warpgroup that hands its registers to the MMA warpgroups through setmaxnreg, so
-// that 256 activation rows fit, docs/PERF_GEMM.md #21). With SPLIT > 1 the chunk columns are
-// cut into SPLIT contiguous ranges, one per block of a thread-block cluster (MC, 1, SPLIT),
-// and the partial tiles are added in rank order 0, 1, ... through distributed shared memory
-// (deterministic, no atomics, no workspace). With MC > 1 the MC blocks of consecutive weight
-// rows in a cluster share their activation stages: each copies 1 / MC of every stage into all
-// of them (bulk-copy multicast), and a stage is refilled once all their warpgroups are done
-// with it, so that the activations cross from L2 once per MC blocks (docs/PERF_GEMM.md #22).
+// that 256 activation rows fit: not yet run on a GPU, docs/PERF_GEMM.md #21). With
+// SPLIT > 1 the chunk columns are cut into SPLIT contiguous ranges, one per block of a
+// thread-block cluster (1, 1, SPLIT), and the partial tiles are added in rank order 0, 1, ...
+// through distributed shared memory (deterministic, no atomics, no workspace).
 //
 // Escapes: every escape whose exact value v, divided by its row's scale 2^(e0 - 112), is a
 // BF16 zero or normal number a (patch_value) is written as a into the decoded tile, over the
@@ -117,16 +114,6 @@ __device__ __forceinline__ void mbar_wait(const unsigned long long* bar, u32 par
   } while (!done);
 }
 
-// A bulk copy into the same offset of the shared memory of every block of the cluster in
-// `mask`, each completing its bytes on its own mbarrier at the offset of `bar`.
-__device__ __forceinline__ void bulk_copy_multicast(void* dst, const void* src, u32 bytes,
-                                                    unsigned long long* bar, u32 mask) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-               ".multicast::cluster [%0], [%1], %2, [%3], %4;"
-               :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)),
-                  "h"((unsigned short)mask) : "memory");
-}
-
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes,
                                           unsigned long long* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
@@ -152,7 +139,7 @@ __device__ __forceinline__ void keep_regs(u32 (&a)[4][4]) {
     for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[j][r])::"memory");
 }
 
-template <int BN, int WGS, int SX, int SW, int SPLIT, int AREG, int MC>
+template <int BN, int WGS, int SX, int SW, int SPLIT, int AREG>
 __device__ __forceinline__ void wgl_body(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ xp,
     const bf16_t* __restrict__ x, int ldx, bf16_t* __restrict__ y,
@@ -163,7 +150,6 @@ __device__ __forceinline__ void wgl_body(
     int ntiles, int nchunks) {
   static_assert(BN % 64 == 0 && BN <= 256, "BN: 64, 128, 192 or 256 activation rows");
   static_assert(SX >= 3 && SW >= 2 && (SPLIT == 1 || SPLIT == 2 || SPLIT == 4), "config");
-  static_assert((MC == 1 || MC == 2 || MC == 4) && MC * SPLIT <= 8, "cluster of MC x SPLIT");
   constexpr int THREADS = 128 * WGS;
   constexpr int NA = 3;                   // A buffers: column i decoded while i-1, i-2 multiply
   constexpr int XSTAGE = BN * 128;        // activation bytes per stage
@@ -185,10 +171,7 @@ __device__ __forceinline__ void wgl_body(
   const int warp = (tid >> 5) & 3;
   const int lane = tid & 31;
   const int tok0 = blockIdx.y * BN;
-  // cluster (MC, 1, SPLIT): the K range `rank` = z, the activation share `xr` = x % MC; the
-  // block of K range q with the same share is block xr + MC q of the cluster
-  const int rank = SPLIT > 1 ? (int)blockIdx.z : 0;
-  const int xr = MC > 1 ? (int)(blockIdx.x % MC) : 0;
+  const int rank = SPLIT > 1 ? (int)blockIdx.z : 0;  // cluster (1, 1, SPLIT): rank = z
   const int per = (nchunks + SPLIT - 1) / SPLIT;
   const int c0 = min(nchunks, rank * per);
   const int n = min(nchunks, c0 + per) - c0;
@@ -201,13 +184,8 @@ __device__ __forceinline__ void wgl_body(
     unsigned long long* bar = xfull + col % SX;
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                  :: "r"(smem_addr(bar)), "r"(XSTAGE) : "memory");
-    if (MC > 1)  // this block's share of the image, into every block of its row of the cluster
-      bulk_copy_multicast(smem + (col % SX) * XSTAGE + xr * (XSTAGE / MC),
-                          ximg + (size_t)(c0 + col) * (XSTAGE / 2) + xr * (XSTAGE / MC / 2),
-                          XSTAGE / MC, bar, ((1u << MC) - 1u) << (MC * rank));
-    else
-      bulk_copy(smem + (col % SX) * XSTAGE, ximg + (size_t)(c0 + col) * (XSTAGE / 2), XSTAGE,
-                bar);
+    bulk_copy(smem + (col % SX) * XSTAGE, ximg + (size_t)(c0 + col) * (XSTAGE / 2), XSTAGE,
+              bar);
   };
   auto issue_w = [&](int col) {
     unsigned long long* bar = wfull + col % SW;
@@ -227,26 +205,6 @@ __device__ __forceinline__ void wgl_body(
                  "@p mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n}"
                  :: "r"(smem_addr(bar)), "r"((u32)on) : "memory");
   };
-  // Activation stage `s` released by this warpgroup (where `on` holds): with MC > 1 in every
-  // block of its row of the cluster, since each of them refills a share of it in all. The
-  // MMAs' reads of the stage are complete (wait_group), so the arrival needs no ordering
-  // beyond the block's: a cluster-scope release compiles to a GPU-wide memory barrier per
-  // column, which made the kernel twice as slow (docs/PERF_GEMM.md #22).
-  auto release_x = [&](bool on, int s) {
-    if (MC == 1) {
-      arrive_if(on, xempty + s);
-    } else {
-#pragma unroll
-      for (int c = 0; c < MC; ++c) {
-        u32 remote;
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-                     : "=r"(remote) : "r"(smem_addr(xempty + s)), "r"(c + MC * rank));
-        asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %1, 0;\n"
-                     "@p mbarrier.arrive.shared::cluster.b64 _, [%0];\n}"
-                     :: "r"(remote), "r"((u32)on) : "memory");
-      }
-    }
-  };
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < SX + SW; ++s)
@@ -254,7 +212,7 @@ __device__ __forceinline__ void wgl_body(
 #pragma unroll
     for (int s = 0; s < SX; ++s)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
-                   :: "r"(smem_addr(xempty + s)), "r"(WGS * MC));
+                   :: "r"(smem_addr(xempty + s)), "r"(WGS));
 #pragma unroll
     for (int s = 0; s < SW; ++s)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
@@ -262,8 +220,7 @@ __device__ __forceinline__ void wgl_body(
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
-  // (with MC > 1 the other blocks' copies and arrivals reach these barriers)
-  if (MC > 1) cluster_sync_all(); else __syncthreads();
+  __syncthreads();
   // What the epilogue needs of its row (thread (group, r) finishes row r, see the end), read
   // now so that the loads are long done by then: its scale, its bias and where its escapes
   // that the tiles cannot hold start (epatch: none when the row has none of those).
@@ -306,7 +263,7 @@ __device__ __forceinline__ void wgl_body(
     if (producer) {
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
       if (__shfl_sync(0xffffffffu, (tid >> 5) == (THREADS >> 5) ? 1 : 0, 0)) produce();
-      if (MC > 1) cluster_sync_all(); else __syncthreads();  // the main loop's end
+      __syncthreads();  // the main loop's end
       if (SPLIT > 1) cluster_sync_all(); else __syncthreads();  // the partial tile stored
       if (SPLIT > 1) cluster_sync_all();  // the cluster's memory read
       return;
@@ -410,7 +367,7 @@ __device__ __forceinline__ void wgl_body(
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     wgmma_wait<1>();  // column i - 1 is multiplied: its registers and activation stage are free
     keep_regs(prev);
-    release_x(i >= 1 && (tid & 127) == 0, (i + SX - 1) % SX);
+    arrive_if(i >= 1 && (tid & 127) == 0, xempty + (i + SX - 1) % SX);
   };
   if (AREG != 0) {
     u32 a0[4][4], a1[4][4];
@@ -465,12 +422,10 @@ __device__ __forceinline__ void wgl_body(
       WgmmaSS<BN>::mma(acc, sw128_desc(abuf + wg * ABUF + 32 * j), sw128_desc(stage + 32 * j));
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     wgmma_wait<NA - 1>();  // column i - 2 is multiplied: its activation stage is free
-    release_x(i >= NA - 1 && (tid & 127) == 0, (i + SX - (NA - 1)) % SX);
+    arrive_if(i >= NA - 1 && (tid & 127) == 0, xempty + (i + SX - (NA - 1)) % SX);
   }
   if (!producer) wgmma_wait<0>();
-  // the stages are free: the memory takes the partial tile [BN][PST] (with MC > 1 once no
-  // other block's arrival can still reach this one's barriers)
-  if (MC > 1) cluster_sync_all(); else __syncthreads();
+  __syncthreads();  // the stages are free: the memory takes the partial tile [BN][PST]
 
   float* part = reinterpret_cast<float*>(smem);
   if (!producer) {
@@ -496,9 +451,9 @@ __device__ __forceinline__ void wgl_body(
     const float* p = part + col * PST + r_out;
     float v;
     if (SPLIT > 1) {
-      v = load_cluster(p, xr);
+      v = load_cluster(p, 0);
 #pragma unroll
-      for (int q = 1; q < SPLIT; ++q) v += load_cluster(p, xr + MC * q);  // fixed order
+      for (int q = 1; q < SPLIT; ++q) v += load_cluster(p, q);  // fixed order
     } else {
       v = *p;
     }
