@@ -13,10 +13,11 @@ so that the epilogue corrects only the others (inf, NaN, out-of-range).
 Deterministic; with ``splits`` > 1 the K ranges of a thread-block cluster are added in a fixed
 order through distributed shared memory. Needs compute capability 9.0 (``sm_90a``). Not
 batch-invariant (the launcher uses it above the rows where that is promised). Measured on an
-H200 (docs/PERF_GEMM.md #19-#21): 0.52-0.81x of cuBLAS at 256 rows (geomean 0.66), short of
+H200 (docs/PERF_GEMM.md #19-#25): 0.59-0.91x of cuBLAS at 256 rows (geomean 0.73), short of
 the 0.9x it was built for; at 1024 rows decode + cuBLAS is faster. ``a_regs`` keeps the
 decoded weights in registers as the MMA's A operand (no A buffers): 9-13% faster at 128
-activation rows, out of registers at 256.
+activation rows; at 256 rows that needs ``a_regs`` 2, a producer warpgroup that gives its
+registers to the MMA warpgroups (the table's choice on 15 of 18 shapes).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@
 // m64nBNk16 with both operands from shared memory, two columns of MMAs left in flight (with
 // AREG 1 the decoded fragments stay in registers as the MMA's A operand instead; AREG 2 adds a
 // producer warpgroup that hands its registers to the MMA warpgroups through setmaxnreg, so
-// that 256 activation rows fit: not yet run on a GPU, docs/PERF_GEMM.md #21). With
+// that 256 activation rows fit, docs/PERF_GEMM.md #22). With
 // SPLIT > 1 the chunk columns are cut into SPLIT contiguous ranges, one per block of a
 // thread-block cluster (1, 1, SPLIT), and the partial tiles are added in rank order 0, 1, ...
 // through distributed shared memory (deterministic, no atomics, no workspace).
