@@ -90,16 +90,6 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
   return (u32)__cvta_generic_to_shared(p);
 }
 
-__device__ __forceinline__ float2 load_cluster2(const float* p, int rank) {
-  u32 remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)),
-               "r"(rank));
-  float2 v;
-  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(remote)
-               : "memory");
-  return v;
-}
-
 __device__ __forceinline__ float load_cluster(const float* p, int rank) {
   u32 remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)),
@@ -231,46 +221,22 @@ __device__ __forceinline__ void wgl_body(
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
-  // What the epilogue needs of its two rows (thread (group, pr) finishes rows 2 pr and
-  // 2 pr + 1, see the end), read now so that the loads are long done by then: their scales and
-  // biases, and whether both have no escape that the tiles cannot hold (`paired`; otherwise
-  // the epilogue walks their escapes again). Four registers live through the main loop, as
-  // many as one row's data took before.
-  constexpr int PAIRS = R / 2;
-  constexpr int GROUPS = THREADS / PAIRS;  // the consumer threads only
-  const int pr = tid % PAIRS, group = tid / PAIRS;
-  const int row0 = blockIdx.x * R + 2 * pr;
-  // the first escape of row `row` (its scale `sc`) that the tiles cannot hold
-  auto first_unpatched = [&](int row, float sc) {
-    int e = rowptr[row];
-    const int end = rowptr[row + 1];
+  // What the epilogue needs of its row (thread (group, r) finishes row r, see the end), read
+  // now so that the loads are long done by then: its scale, its bias and where its escapes
+  // that the tiles cannot hold start (epatch: none when the row has none of those).
+  constexpr int GROUPS = THREADS / R;  // the consumer threads only
+  const int r_out = tid % R, group = tid / R;
+  const int row_out = blockIdx.x * R + r_out;
+  const bool out_live = group < GROUPS && row_out < n_rows;
+  float out_sc = 0.0f, out_b = 0.0f;
+  int e_first = 0, e_last = 0;
+  if (out_live) {
+    out_sc = scale[row_out];
+    out_b = bias != nullptr ? bf16_to_float(bias[row_out]) : 0.0f;
+    e_first = rowptr[row_out];
+    e_last = rowptr[row_out + 1];
     bf16_t unused;
-    while (e < end && patch_value(esc_val[e], sc, unused)) ++e;
-    return e;
-  };
-  float out_sc[2] = {0.0f, 0.0f};
-  u32 out_b2 = 0u;  // both rows' BF16 biases
-  bool paired = false;
-  if (group < GROUPS && row0 + 1 < n_rows) {
-    out_sc[0] = scale[row0];
-    out_sc[1] = scale[row0 + 1];
-    if (bias != nullptr) out_b2 = (u32)bias[row0] | ((u32)bias[row0 + 1] << 16);
-    // both rows' walks past their patched escapes, side by side (loads predicated)
-    const int end0 = rowptr[row0 + 1], end1 = rowptr[row0 + 2];
-    int e0 = rowptr[row0], e1 = end0;
-    for (;;) {
-      const bool c0 = e0 < end0, c1 = e1 < end1;
-      const bf16_t v0 = c0 ? esc_val[e0] : (bf16_t)0, v1 = c1 ? esc_val[e1] : (bf16_t)0;
-      bf16_t unused;
-      const bool a0 = c0 && patch_value(v0, out_sc[0], unused);
-      const bool a1 = c1 && patch_value(v1, out_sc[1], unused);
-      if (!a0 && !a1) break;
-      e0 += a0 ? 1 : 0;
-      e1 += a1 ? 1 : 0;
-    }
-    paired = e0 == end0 && e1 == end1;
-  } else if (group < GROUPS && row0 < n_rows) {
-    out_sc[0] = scale[row0];
+    while (e_first < e_last && patch_value(esc_val[e_first], out_sc, unused)) ++e_first;
   }
   // the extra warp only starts the copies (broadcast from lane 0, so that ptxas sees a
   // warp-uniform branch and does not serialize the MMAs)
@@ -471,21 +437,18 @@ __device__ __forceinline__ void wgl_body(
     }
   }
   if (SPLIT > 1) cluster_sync_all(); else __syncthreads();
-  // The outputs: thread (group, pr) finishes rows 2 pr and 2 pr + 1 for every GROUPS-th token
-  // of this block's share (tokens rank * TS ..): store_output's arithmetic with the corrections
-  // of the escapes written into the tiles left out. Pairs of rows without other escapes (nearly
-  // all) take a short loop of 8-byte partial-sum loads and 4-byte stores of both rows' BF16
-  // outputs (half the instructions of a row per thread); a long unrolled loop ran several times
-  // slower here, its code not staying in the instruction cache (docs/PERF_GEMM.md). Rows with
-  // escapes to correct (or an odd row count, or an output not 4-byte aligned) take TB tokens at
-  // a time, one row after the other, so that the activation loads of an escape are in flight
-  // together.
+  // The outputs: thread (group, r) finishes row r for every GROUPS-th token of this block's
+  // share (tokens rank * BN / SPLIT ..): store_output's arithmetic with the corrections of the
+  // escapes written into the tiles left out. Rows without other escapes (nearly all) take a
+  // short loop: a long unrolled one ran several times slower here, its code not staying in
+  // the instruction cache (docs/PERF_GEMM.md). Rows with escapes to correct take TB tokens at
+  // a time, so that the activation loads of an escape are in flight together.
   constexpr int TB = 4;
   constexpr int TS = BN / SPLIT;  // tokens of this block's share
   const int first = rank * TS;
   const int last = min(first + TS, M - tok0);
-  auto partial_sum = [&](int col, int k) {
-    const float* p = part + col * PST + 2 * pr + k;
+  auto partial_sum = [&](int col) {
+    const float* p = part + col * PST + r_out;
     float v;
     if (SPLIT > 1) {
       v = load_cluster(p, 0);
@@ -496,77 +459,47 @@ __device__ __forceinline__ void wgl_body(
     }
     return v;
   };
-  auto partial_pair = [&](int col) {
-    const float* p = part + col * PST + 2 * pr;
-    float2 v;
-    if (SPLIT > 1) {
-      v = load_cluster2(p, 0);
-#pragma unroll
-      for (int q = 1; q < SPLIT; ++q) {  // fixed order
-        const float2 w = load_cluster2(p, q);
-        v.x += w.x;
-        v.y += w.y;
-      }
-    } else {
-      v = *reinterpret_cast<const float2*>(p);
-    }
-    return v;
-  };
-  if (paired && (n_rows & 1) == 0 && (reinterpret_cast<size_t>(y) & 3) == 0) {
+  if (out_live && e_first == e_last) {
     // TF tokens' sums are read before any is stored, so that their (distributed) shared
     // memory loads are in flight together
     constexpr int TF = 8;
-    u32* ypair = reinterpret_cast<u32*>(y + (size_t)tok0 * n_rows + row0);
-    const size_t stride = (size_t)(n_rows / 2);
+    bf16_t* yrow = y + (size_t)tok0 * n_rows + row_out;
     for (int base = first + group; base < last; base += GROUPS * TF) {
-      float2 v[TF];
+      float v[TF];
 #pragma unroll
-      for (int u = 0; u < TF; ++u) v[u] = partial_pair(min(base + u * GROUPS, last - 1));
+      for (int u = 0; u < TF; ++u) v[u] = partial_sum(min(base + u * GROUPS, last - 1));
 #pragma unroll
       for (int u = 0; u < TF; ++u) {
         const int col = base + u * GROUPS;
-        float o0 = v[u].x * out_sc[0], o1 = v[u].y * out_sc[1];
-        if (bias != nullptr) {
-          o0 += bf16_to_float((bf16_t)(out_b2 & 0xFFFFu));
-          o1 += bf16_to_float((bf16_t)(out_b2 >> 16));
-        }
-        if (col < last)
-          ypair[(size_t)col * stride] = (u32)float_to_bf16(o0) | ((u32)float_to_bf16(o1) << 16);
+        float o = v[u] * out_sc;
+        if (bias != nullptr) o += out_b;
+        if (col < last) yrow[(size_t)col * n_rows] = float_to_bf16(o);
       }
     }
-  } else {
-    for (int k = 0; k < 2; ++k) {
-      const int row_out = row0 + k;
-      if (group >= GROUPS || row_out >= n_rows) continue;
-      const float sc = k == 0 ? out_sc[0] : out_sc[1];
-      const float b = bias != nullptr ? bf16_to_float(bias[row_out]) : 0.0f;
-      const int e_first = first_unpatched(row_out, sc), e_last = rowptr[row_out + 1];
-      for (int base = first + group; base < last; base += GROUPS * TB) {
-        float out[TB];
+  } else if (out_live) {
+    for (int base = first + group; base < last; base += GROUPS * TB) {
+      float out[TB];
+#pragma unroll
+      for (int u = 0; u < TB; ++u) out[u] = partial_sum(min(base + u * GROUPS, last - 1)) * out_sc;
+      for (int e = e_first; e < e_last; ++e) {
+        bf16_t unused;
+        if (patch_value(esc_val[e], out_sc, unused)) continue;  // multiplied in the main loop
+        const int ec = esc_col[e];
+        const float d = esc_delta[e];
+        float xv[TB];
 #pragma unroll
         for (int u = 0; u < TB; ++u)
-          out[u] = partial_sum(min(base + u * GROUPS, last - 1), k) * sc;
-        for (int e = e_first; e < e_last; ++e) {
-          bf16_t unused;
-          if (patch_value(esc_val[e], sc, unused)) continue;  // multiplied in the main loop
-          const int ec = esc_col[e];
-          const float d = esc_delta[e];
-          float xv[TB];
+          xv[u] = bf16_to_float(x[(size_t)(tok0 + min(base + u * GROUPS, last - 1)) * ldx + ec]);
 #pragma unroll
-          for (int u = 0; u < TB; ++u)
-            xv[u] =
-                bf16_to_float(x[(size_t)(tok0 + min(base + u * GROUPS, last - 1)) * ldx + ec]);
+        for (int u = 0; u < TB; ++u) out[u] += xv[u] * d;
+      }
 #pragma unroll
-          for (int u = 0; u < TB; ++u) out[u] += xv[u] * d;
-        }
-#pragma unroll
-        for (int u = 0; u < TB; ++u) {
-          const int col = base + u * GROUPS;
-          if (col < last) {
-            float o = out[u];
-            if (bias != nullptr) o += b;
-            y[(size_t)(tok0 + col) * n_rows + row_out] = float_to_bf16(o);
-          }
+      for (int u = 0; u < TB; ++u) {
+        const int col = base + u * GROUPS;
+        if (col < last) {
+          float o = out[u];
+          if (bias != nullptr) o += out_b;
+          y[(size_t)(tok0 + col) * n_rows + row_out] = float_to_bf16(o);
         }
       }
     }
