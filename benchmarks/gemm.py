@@ -413,7 +413,11 @@ WGMMA_CANDIDATES = ((256, 2, 4, 3, 1, 0), (256, 2, 4, 3, 2, 0), (256, 2, 4, 3, 4
                     (256, 2, 4, 6, 1, 2), (256, 2, 4, 6, 2, 2), (256, 2, 4, 5, 4, 2),
                     # more activation stages: the best on 17 of 18 shapes (run 92; 3 x 10,
                     # 4 x 8 and 128-row 6 x 10 won none and were dropped)
-                    (256, 2, 5, 5, 1, 2), (256, 2, 5, 5, 2, 2), (128, 2, 8, 8, 2, 1))
+                    (256, 2, 5, 5, 1, 2), (256, 2, 5, 5, 2, 2), (128, 2, 8, 8, 2, 1),
+                    # K in three ranges, clusters of 3: a 4096-row layer's 96 blocks fit one
+                    # wave (run 90: 4096x4096 24.4 us against 30.6 with two ranges); the token
+                    # shares' overrun fixed after that run, not yet run on a GPU
+                    (256, 2, 5, 5, 3, 2), (128, 2, 8, 8, 3, 1))
 WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs")
 
 

@@ -24,6 +24,7 @@ CASES = [  # (m, n, k, block_m, warpgroups, splits)
     (130, 300, 700, 128, 1, 4),  # K ranges of 3, 3, 3 and 2 chunks
     (5, 20, 64, 64, 1, 4),  # one chunk: three ranks with nothing to add
     (9, 1, 128, 192, 2, 2),
+    (200, 90, 640, 64, 1, 3),  # K ranges of 4, 4 and 2 chunks
 ]
 
 
@@ -44,7 +45,7 @@ def test_every_split_within_budget_on_the_same_inputs():
     x = torch.randn(16, 640, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     pw = prepare_weight(encoded(w))
     ref = reference_linear(x, encoded(w))
-    for splits in (1, 2, 4):
+    for splits in (1, 2, 3, 4):
         y = stage_image.gemm_wgl(x, pw, block_m=64, warpgroups=1, splits=splits)
         assert_within_budget(y, x, w, ref)
 
@@ -86,7 +87,7 @@ def test_configurations_fit_the_shared_memory():
     for cand in (*_bench().WGMMA_CANDIDATES, (64, 1, 3, 2, 1), (192, 2, 3, 3, 4)):
         cuda_large.check_config(*cand)
         assert cuda_large.shared_bytes(*cand[:4], *cand[5:]) <= 227 * 1024
-    for bad in ((96, 2, 4, 3, 1), (256, 3, 4, 3, 1), (256, 2, 4, 3, 3), (256, 2, 4, 5, 1),
+    for bad in ((96, 2, 4, 3, 1), (256, 3, 4, 3, 1), (256, 2, 4, 3, 5), (256, 2, 4, 5, 1),
                 (128, 2, 2, 8, 1)):
         with pytest.raises(ValueError, match="bad configuration"):
             cuda_large.check_config(*bad)

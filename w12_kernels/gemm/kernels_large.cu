@@ -149,7 +149,7 @@ __device__ __forceinline__ void wgl_body(
     const int* __restrict__ esc_order, const bf16_t* __restrict__ bias, int M, int n_rows,
     int ntiles, int nchunks) {
   static_assert(BN % 64 == 0 && BN <= 256, "BN: 64, 128, 192 or 256 activation rows");
-  static_assert(SX >= 3 && SW >= 2 && (SPLIT == 1 || SPLIT == 2 || SPLIT == 4), "config");
+  static_assert(SX >= 3 && SW >= 2 && SPLIT >= 1 && SPLIT <= 4, "config");
   constexpr int THREADS = 128 * WGS;
   constexpr int NA = 3;                   // A buffers: column i decoded while i-1, i-2 multiply
   constexpr int XSTAGE = BN * 128;        // activation bytes per stage
@@ -444,9 +444,12 @@ __device__ __forceinline__ void wgl_body(
   // the instruction cache (docs/PERF_GEMM.md). Rows with escapes to correct take TB tokens at
   // a time, so that the activation loads of an escape are in flight together.
   constexpr int TB = 4;
-  constexpr int TS = BN / SPLIT;  // tokens of this block's share
+  // Tokens of this block's share. With 3 ranks the shares overrun the block (3 x 86 > 256):
+  // the last one stops at the block's end, not at the next block's first tokens (which it
+  // overwrote with sums read past the partial tile, docs/PERF_GEMM.md #24).
+  constexpr int TS = (BN + SPLIT - 1) / SPLIT;
   const int first = rank * TS;
-  const int last = min(first + TS, M - tok0);
+  const int last = min(first + TS, BN % SPLIT != 0 ? min(BN, M - tok0) : M - tok0);
   auto partial_sum = [&](int col) {
     const float* p = part + col * PST + r_out;
     float v;
