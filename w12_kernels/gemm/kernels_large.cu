@@ -14,7 +14,7 @@
 // every block of BN tokens and every 64-column chunk, BN * 128 contiguous bytes in that
 // layout. Tokens past M and columns past K come out as zeros.
 //
-// wgl_body<BN, WGS, SX, SW, SPLIT>: y[M, N] = x[M, K] @ W^T. A block holds WGS consumer
+// wgl_body<BN, WGS, SX, SW, SPLIT, AREG>: y[M, N] = x[M, K] @ W^T. A block holds WGS consumer
 // warpgroups, each with 64 weight rows, BN activation rows shared by all of them, and one
 // producer warp. The producer starts bulk copies (cp.async.bulk, completing on "full"
 // mbarriers) of each chunk column's activation image into one of SX stages and of its chunk
