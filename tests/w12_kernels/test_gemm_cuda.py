@@ -79,40 +79,6 @@ def test_small_kernel_schedules_change_no_bits(tiles, min_blocks, depth, x_stage
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"M={m}"
 
 
-STREAM_CONFIGS = [(8, 1, 2, 3, 1), (4, 2, 2, 4, 4), (2, 4, 2, 6, 2), (4, 1, 3, 3, 1),
-                  (8, 2, 1, 2, 4)]
-
-
-@pytest.mark.parametrize("kw,groups,tiles,stages,producers", STREAM_CONFIGS,
-                         ids=[f"kw{a}_g{b}_t{c}_s{d}_p{e}" for a, b, c, d, e in STREAM_CONFIGS])
-def test_stream_kernel_gives_the_small_kernels_bits(kw, groups, tiles, stages, producers):
-    """The shared-memory streaming kernel (kernels_stream.cu) sums what w12_gemm_small sums at
-    the same kw: the same bits at every M up to 64, at sizes where the tiles do not fill the
-    last block (1000 rows), the columns do not fill the last group (K = 3000: 47 columns) or
-    the virtual warps outnumber the columns (K = 72), with escapes, NaN/inf and a bias; every
-    output written (the output starts as NaN)."""
-    from w12_kernels.gemm import cuda_stream
-
-    if not cuda_stream.available():
-        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
-    for n, k in ((1000, 3000), (130, 72), (4096, 4096)):
-        t, x = _inputs(n, k, 64, seed=n + kw)
-        pw = prepare_weight(encoded(t))
-        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
-        for m in (1, 16, 33, 64):
-            args = (x[:m], pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, bias,
-                    pw.n, pw.k)
-            want = cuda.gemm_small(*args, kw=kw, depth=1)
-            got = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            fit = cuda_stream.max_stages(-(-m // 8), kw, groups, tiles)
-            if fit == 0:
-                continue  # the configuration's stages do not fit at this many rows
-            cuda_stream.gemm_stream(*args, kw=kw, groups=groups, tiles=tiles,
-                                    stages=min(stages, fit), producers=producers, out=got)
-            assert_within_budget(got, x[:m], t, _ref(x[:m], t, bias), bias)
-            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"{n}x{k} M={m}"
-
-
 @needs_cupy
 def test_decode_kernel_is_exact():
     for n, k in [(513, 1000), (37, 77), (16, 64), (40, 4096)]:
