@@ -415,8 +415,7 @@ WGMMA_CANDIDATES = ((256, 2, 4, 3, 1, 0), (256, 2, 4, 3, 2, 0), (256, 2, 4, 3, 4
                     # 4 x 8 and 128-row 6 x 10 won none and were dropped)
                     (256, 2, 5, 5, 1, 2), (256, 2, 5, 5, 2, 2), (128, 2, 8, 8, 2, 1),
                     # K in three ranges, clusters of 3: a 4096-row layer's 96 blocks fit one
-                    # wave (run 90: 4096x4096 24.4 us against 30.6 with two ranges); the token
-                    # shares' overrun fixed after that run, not yet run on a GPU
+                    # wave (run 102: the 256-row one wins the three 4096-wide layers, +3-16%)
                     (256, 2, 5, 5, 3, 2), (128, 2, 8, 8, 3, 1))
 WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs")
 
@@ -522,6 +521,16 @@ def choose_large(rows: list[dict], cands: tuple | None = None) -> dict:
     return {"default": entry(default), "max_m": max(p[2] for p in points), "shapes": shapes}
 
 
+def merge_large(current: dict, swept: dict) -> dict:
+    """The large-M table after a sweep of some shapes (``--shapes``): their entries replace
+    the current ones; the default and the other shapes stay (a sweep of five shapes once would
+    have reset the default of all eighteen to the five's best)."""
+    shapes = {**current.get("shapes", {})}
+    for shape, by_m in swept.get("shapes", {}).items():
+        shapes[shape] = {**shapes.get(shape, {}), **by_m}
+    return {**current, "shapes": shapes}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -565,6 +574,8 @@ def main() -> None:
         result = dict(device=props.name, copy_tbs=ceiling, sweep=rows, table=table)
         if args.write_table:  # the other entries of the table stay as they are
             old = json.loads(cfgs.TUNED_PATH.read_text()) if cfgs.TUNED_PATH.exists() else {}
+            if args.sweep_large and args.shapes and "large" in old:
+                table = {"large": merge_large(old["large"], table["large"])}
             cfgs.TUNED_PATH.write_text(json.dumps(old | table, indent=1) + "\n")
             print(f"wrote w12_kernels/gemm/{cfgs.TUNED_PATH.name}: {json.dumps(table)}")
     else:

@@ -106,6 +106,35 @@ def test_sweep_keeps_the_layouts_of_classes_it_did_not_time(monkeypatch):
     assert shape["by_nt"]["1"] == gemm_bench._layout_dict(gemm_bench.SWEEP_LAYOUTS[1][0])
 
 
+def _gemm_benchmark():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gemm.py"
+    spec = importlib.util.spec_from_file_location("gemm_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_large_sweep_of_some_shapes_keeps_the_rest_of_the_table():
+    """A large-M sweep of a few shapes (``--shapes``) replaces their entries only: the default,
+    ``max_m`` and the other shapes' entries (other M classes of a swept shape too) stay."""
+    merge_large = _gemm_benchmark().merge_large
+    current = {"default": {"kind": "wgmma", "block_m": 256}, "max_m": 256,
+               "shapes": {"4096x4096": {"256": {"kind": "wgmma", "splits": 2},
+                                        "1024": {"kind": "decode"}},
+                          "8192x8192": {"256": {"kind": "wgmma", "splits": 2}}}}
+    swept = {"default": {"kind": "decode"}, "max_m": 256,
+             "shapes": {"4096x4096": {"256": {"kind": "wgmma", "splits": 3}}}}
+    merged = merge_large(current, swept)
+    assert merged["default"] == current["default"] and merged["max_m"] == 256
+    assert merged["shapes"]["4096x4096"] == {"256": {"kind": "wgmma", "splits": 3},
+                                             "1024": {"kind": "decode"}}
+    assert merged["shapes"]["8192x8192"] == current["shapes"]["8192x8192"]
+    assert current["shapes"]["4096x4096"]["256"]["splits"] == 2  # the input is not changed
+
+
 def test_shared_memory_opt_in_counts_static_bytes():
     """A kernel asks for more dynamic shared memory once dynamic + static bytes pass 48 KiB (a
     48 KiB request with 16 static bytes failed to launch on the H200 without it: the default

@@ -178,7 +178,7 @@ WGMMA_CONFIGS = [(256, 2, 4, 3, 1, 0), (256, 2, 3, 5, 2, 0), (128, 2, 4, 8, 2, 0
                  (192, 2, 3, 3, 4, 1), (256, 2, 4, 6, 1, 2), (256, 2, 4, 6, 2, 2),
                  (128, 2, 4, 8, 4, 2), (256, 2, 5, 5, 1, 2), (256, 2, 5, 5, 2, 2),
                  (128, 2, 8, 8, 2, 1),
-                 # K in three ranges: token shares that overrun the block (not yet run)
+                 # K in three ranges: token shares that do not divide the block
                  (256, 2, 5, 5, 3, 2), (128, 2, 8, 8, 3, 1), (64, 1, 3, 2, 3, 0)]
 
 

@@ -34,7 +34,7 @@ from w12_kernels.gemm import cuda, wgmma
 SOURCE_PATH = Path(__file__).with_name("kernels_large.cu")
 BLOCK_M = (64, 128, 192, 256)  # activation rows per block (the wgmma N)
 WARPGROUPS = (1, 2)  # 64 weight rows each
-SPLITS = (1, 2, 3, 4)  # K ranges, one per block of a cluster (3: not yet run on a GPU)
+SPLITS = (1, 2, 3, 4)  # K ranges, one per block of a cluster
 
 
 def available() -> bool:
