@@ -235,8 +235,8 @@ def geomeans(rows: list[dict]) -> dict[int, float]:
 
 SWEEP_SHAPES = sorted({(n, k) for model in MODELS for _, n, k in layer_shapes(model)})
 SWEEP_KW = (2, 4, 8)  # kw 1 never won a shape of the table
-# per NT class, the candidate schedules (depth, prefetch, tiles, min_blocks, x_stages)
-SWEEP_LAYOUTS = {
+# per NT class, the candidate schedules (depth, prefetch, tiles, min_blocks, x_stages, groups)
+_ONE_GROUP = {
     1: ((1, False, 1, 1, 0), (2, False, 1, 1, 0), (2, True, 1, 1, 0), (1, False, 1, 1, 2)),
     2: ((1, False, 1, 1, 0), (2, False, 1, 1, 0), (2, True, 1, 1, 0), (1, False, 2, 1, 0),
         (1, False, 1, 1, 3), (2, False, 1, 1, 3)),
@@ -246,7 +246,19 @@ SWEEP_LAYOUTS = {
     8: ((1, False, 1, 1, 0), (1, False, 1, 2, 0), (1, False, 2, 1, 0), (1, False, 3, 1, 0),
         (2, False, 1, 1, 0), (1, False, 2, 1, 2), (1, False, 1, 2, 3)),
 }
-LAYOUT_KEYS = ("depth", "prefetch", "tiles", "min_blocks", "x_stages")
+# several groups of kw warps per block on their own tiles, the same columns side by side, so
+# that one group's activation loads are L1 hits for the others (activations re-read from L2
+# cost ~20% at M = 32, docs/PERF_GEMM.md #27)
+_GROUPED = {
+    1: (),
+    2: ((1, False, 1, 1, 0, 2), (1, False, 1, 1, 0, 4), (2, False, 1, 1, 0, 2)),
+    4: ((1, False, 1, 1, 0, 2), (1, False, 2, 1, 0, 2), (1, False, 1, 1, 0, 4),
+        (1, False, 1, 2, 0, 2)),
+    8: ((1, False, 1, 1, 0, 2), (1, False, 2, 1, 0, 2), (1, False, 1, 1, 0, 4)),
+}
+SWEEP_LAYOUTS = {cls: tuple((*lay, 1) for lay in _ONE_GROUP[cls]) + _GROUPED[cls]
+                 for cls in _ONE_GROUP}
+LAYOUT_KEYS = ("depth", "prefetch", "tiles", "min_blocks", "x_stages", "groups")
 
 
 def _layout_dict(layout: tuple) -> dict:
@@ -326,22 +338,31 @@ def _best_layouts(rows: list[dict], kw_of, points) -> tuple[dict, float]:
     return by_nt, score
 
 
-def choose_rule(rows: list[dict], sms: int) -> tuple[dict, float]:
+def choose_rule(rows: list[dict], sms: int, keep_kw: bool = False) -> tuple[dict, float]:
     """The table ``tuned.json`` holds: per swept shape its best kw (summed log speedup over
     ``SCORED_M``, each M at its best layout) and layouts; for other shapes the kw rule and
     layouts with the best geometric-mean speedup over the swept ones. NT classes the sweep did
     not time keep the layouts of the table in use (a sweep of M = 1, 16, 32 alone once reset
-    the M = 64 layouts to the built-in defaults: 0.62x -> 0.44x)."""
+    the M = 64 layouts to the built-in defaults: 0.62x -> 0.44x). With ``keep_kw`` (each shape
+    timed at the kw of the table in use only) the kw rule stays that of the table in use and
+    the layouts for other shapes are scored at the kw each shape was timed with (scored by the
+    rules instead, every layout came out -inf and the first one was written)."""
     points = sorted({(r["n"], r["k"], r["m"]) for r in rows})
     scored = [p for p in points if p[2] in SCORED_M]
-    best, best_score = None, -math.inf
-    for rule in SWEEP_RULES:
-        def kw_of(n, k, rule=rule):
-            return cfgs.pick_kw(-(-n // 16), -(-k // 64), sms, **rule)
-        by_nt, score = _best_layouts(rows, kw_of, points)
-        if best is None or score > best_score:
-            best, best_score = dict(rule, by_nt=by_nt), score
     current = cfgs.rule()  # classes not swept keep the layouts of the table in use
+    if keep_kw:
+        timed = {(r["n"], r["k"]): r["kw"] for r in rows}
+        by_nt, best_score = _best_layouts(rows, lambda n, k: timed[(n, k)], points)
+        best = {key: current[key] for key in ("warps_per_sm", "min_chunks_per_warp", "max_kw")}
+        best["by_nt"] = by_nt
+    else:
+        best, best_score = None, -math.inf
+        for rule in SWEEP_RULES:
+            def kw_of(n, k, rule=rule):
+                return cfgs.pick_kw(-(-n // 16), -(-k // 64), sms, **rule)
+            by_nt, score = _best_layouts(rows, kw_of, points)
+            if best is None or score > best_score:
+                best, best_score = dict(rule, by_nt=by_nt), score
     for cls in map(str, cfgs.NT_CLASSES):
         best["by_nt"].setdefault(cls, current["by_nt"].get(cls, cfgs.DEFAULT_RULE["by_nt"][cls]))
     best["shapes"] = {}
@@ -371,9 +392,12 @@ def run_sweep(m_values, keep_kw: bool = False) -> tuple[list[dict], dict]:
                 if chunks // kw < 2:
                     continue
                 for lay in SWEEP_LAYOUTS[_nt_class(m)]:
-                    depth, prefetch, tiles, min_blocks, x_stages = lay
+                    depth, prefetch, tiles, min_blocks, x_stages, groups = lay
+                    if kw * groups > 32:
+                        continue
                     label = (f"kw{kw}_d{depth}{'_xpf' if prefetch else ''}_t{tiles}"
-                             f"_b{min_blocks}_xs{x_stages}")
+                             f"_b{min_blocks}_xs{x_stages}"
+                             + (f"_g{groups}" if groups > 1 else ""))
                     runs[label] = _small_runner(kw, lay)
                     meta[label] = dict(kw=kw, **_layout_dict(lay))
             t_ref, results = _measure(layer, m, runs)
@@ -382,11 +406,7 @@ def run_sweep(m_values, keep_kw: bool = False) -> tuple[list[dict], dict]:
                                  cublas_us=t_ref))
         del layer
         torch.cuda.empty_cache()
-    table, mean = choose_rule(rows, sms)
-    if keep_kw:  # only the table's kw was timed: its rule for unswept shapes stays as well
-        current = cfgs.rule()
-        table.update({key: current[key] for key in ("warps_per_sm", "min_chunks_per_warp",
-                                                    "max_kw")})
+    table, mean = choose_rule(rows, sms, keep_kw)
     print(f"rule for unswept shapes: geomean x{mean:.3f} on the swept ones; {json.dumps(table)}")
     return rows, {"small_m": table}
 

@@ -1,8 +1,9 @@
-"""NumPy emulator of the CUDA kernels ``w12_gemm_small<NT, P, XPF, TL, MINB, XS>`` and
+"""NumPy emulator of the CUDA kernels ``w12_gemm_small<NT, P, XPF, TL, MINB, XS, TG, WB>`` and
 ``w12_decode`` (``w12_kernels/gemm/kernels.cu``), lane by lane, so that the CPU can check the
 chunk layout, the fragment mapping and the decode bit tricks that only a GPU runs. It emulates
-one tile per block with activations in registers (``TL = 1``, ``XS = 0``; ``MINB`` only caps
-registers): the other schedules change no sum, which a GPU test checks bit for bit.
+one tile per block with activations in registers (``TL = TG = 1``, ``XS = 0``; ``MINB`` and
+``WB`` only cap registers): the other schedules change no sum, which a GPU test checks bit for
+bit.
 
 Written from the kernel source and the PTX ISA, not from ``layout.py``:
 
@@ -235,8 +236,8 @@ def _epilogue(acc: np.ndarray, x: torch.Tensor, scale: np.ndarray, rowptr: np.nd
 
 def gemm_small(x: torch.Tensor, pw, bias: torch.Tensor | None = None, *, kw: int,
                depth: int = 2, prefetch: bool = False) -> torch.Tensor:
-    """What ``w12_gemm_small<ceil(M/8), depth, prefetch, 1, 1, 0>`` with ``kw`` warps writes
-    for BF16 ``x [M, K]`` (M <= 64) and a ``PackedW12`` ``pw``: BF16 [M, N]."""
+    """What ``w12_gemm_small<ceil(M/8), depth, prefetch, 1, 1, 0, 1, 8>`` with ``kw`` warps
+    writes for BF16 ``x [M, K]`` (M <= 64) and a ``PackedW12`` ``pw``: BF16 [M, N]."""
     m = x.shape[0]
     if not 1 <= m <= 64:
         raise ValueError(f"w12_gemm_small takes 1..64 rows, got {m}")

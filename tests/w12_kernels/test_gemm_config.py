@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from w12_kernels.gemm import config as cfgs
+from w12_kernels.gemm import cuda
 
 
 def test_pick_kw_fills_the_gpu_and_keeps_chunks_per_warp():
@@ -42,6 +43,10 @@ def test_shipped_table_is_consistent():
         for m in (1, 16, 32, 64):
             lay = cfg.layout(m)
             assert lay.depth >= 1 and not (lay.prefetch and lay.depth % 2)
+            # what gemm_small accepts: at most 32 warps a block, the shared memory of an H200
+            assert lay.groups in cuda.GROUPS and cfg.kw * lay.groups <= 32
+            nt = -(-m // 8)
+            assert cuda.small_shared_bytes(nt, cfg.kw, lay.x_stages, lay.groups) <= 227 * 1024
 
 
 def test_large_config_by_shape_and_m_class():
@@ -115,6 +120,31 @@ def _gemm_benchmark():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_sweep_at_the_tables_kw_scores_layouts_at_that_kw(monkeypatch):
+    """A small-M sweep with ``--keep-kw`` times each shape at the kw of the table in use only:
+    the layouts for unswept shapes are the best at those kws (not the first candidate, which
+    is what scoring them under the kw rules, all -inf, once wrote) and the kw rule stays."""
+    gemm_bench = _gemm_benchmark()
+    in_use = {"warps_per_sm": 128, "min_chunks_per_warp": 2, "max_kw": 8,
+              "by_nt": {c: {"depth": 1, "prefetch": False, "tiles": 1} for c in "1248"},
+              "shapes": {}}
+    monkeypatch.setattr(cfgs, "rule", lambda: in_use)
+    layouts = gemm_bench.SWEEP_LAYOUTS[4]
+    fastest = layouts[-1]  # a grouped layout, neither the first nor a one-group one
+    rows = []
+    for (n, k), kw in (((4096, 4096), 8), ((28672, 4096), 2)):
+        for lay in layouts:
+            rows.append(dict(n=n, k=k, m=32, kw=kw, **gemm_bench._layout_dict(lay),
+                             us=9.0 if lay == fastest else 12.0, err_ratio=1.0, cublas_us=13.0))
+    table, mean = gemm_bench.choose_rule(rows, 132, keep_kw=True)
+    assert table["by_nt"]["4"] == gemm_bench._layout_dict(fastest)
+    assert mean == pytest.approx(13.0 / 9.0)
+    assert {key: table[key] for key in ("warps_per_sm", "min_chunks_per_warp", "max_kw")} == {
+        "warps_per_sm": 128, "min_chunks_per_warp": 2, "max_kw": 8}
+    assert table["shapes"]["28672x4096"]["kw"] == 2
+    assert table["shapes"]["4096x4096"]["by_nt"]["4"] == gemm_bench._layout_dict(fastest)
 
 
 def test_large_sweep_of_some_shapes_keeps_the_rest_of_the_table():

@@ -44,6 +44,7 @@ class Layout:
     tiles: int = 1  # 16-row tiles per block (each activation load serves all of them)
     min_blocks: int = 1  # blocks of 8 warps per multiprocessor the registers must allow
     x_stages: int = 0  # activations through this many shared-memory stages (0: registers)
+    groups: int = 1  # groups of kw warps per block, each on its own tiles (sharing L1)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ NT_MAX = 8  # 8 activation rows per n-tile: M <= 64
 TILES = (1, 2, 3, 4)  # 16-row tiles per block
 MIN_BLOCKS = (1, 2, 3, 4)  # blocks of 8 warps per multiprocessor the registers must allow
 X_STAGES = (0, 2, 3, 4)  # shared-memory activation stages (0: activations through registers)
+GROUPS = (1, 2, 3, 4)  # groups of kw warps per block, each on its own tiles
 
 
 @functools.cache
@@ -42,9 +43,13 @@ def available() -> bool:
 
 
 def kernel_name(nt: int, depth: int, prefetch: bool, tiles: int = 1, min_blocks: int = 1,
-                x_stages: int = 0) -> str:
+                x_stages: int = 0, groups: int = 1, kw: int = 8) -> str:
+    """The instantiation; its launch bound is 8 warps with one group (any kw), else exactly
+    the ``kw * groups`` warps of the launch (so that the register cap is not lower than it
+    needs to be)."""
+    bound = 8 if groups == 1 else kw * groups
     return (f"w12_gemm_small<{nt}, {depth}, {'true' if prefetch else 'false'}, {tiles}, "
-            f"{min_blocks}, {x_stages}>")
+            f"{min_blocks}, {x_stages}, {groups}, {bound}>")
 
 
 @functools.cache
@@ -109,6 +114,19 @@ def allow_shared_memory(func, smem: int) -> None:
         func.max_dynamic_shared_size_bytes = smem
 
 
+def small_shared_bytes(nt: int, kw: int, x_stages: int = 0, groups: int = 1) -> int:
+    """``w12_gemm_small``'s dynamic shared memory: each group's kw partial tiles (at most
+    32 KiB a group), then each warp's activation stages (1 KiB per n-tile and stage)."""
+    return groups * kw * (nt * 4 * 32 * 4 + x_stages * nt * 1024)
+
+
+@functools.cache
+def shared_memory_limit(index: int) -> int:
+    """The shared memory a block may opt in to on GPU ``index`` (227 KiB on Hopper)."""
+    props = torch.cuda.get_device_properties(index)
+    return int(getattr(props, "shared_memory_per_block_optin", 227 * 1024))
+
+
 def _padded_x(x: torch.Tensor, kp: int) -> torch.Tensor:
     """x as [M, Kp] with rows 16-byte aligned and zeros past K (the kernel reads whole chunks)."""
     m, k = x.shape
@@ -123,7 +141,8 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                esc_rowptr: torch.Tensor, esc_col: torch.Tensor, esc_delta: torch.Tensor,
                bias: torch.Tensor | None, n: int, k: int, *, kw: int, depth: int,
                prefetch: bool = False, tiles: int = 1, min_blocks: int = 1,
-               x_stages: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
+               x_stages: int = 0, groups: int = 1,
+               out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]`` with ``M <= 64``.
 
     ``kw`` warps share each 16-row tile, warp ``w`` summing chunks ``w, w + kw, ...`` (a
@@ -132,7 +151,10 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     chunk columns of loads stay in flight per warp; ``prefetch`` loads the next column's
     activations ahead into registers (``depth`` even); ``x_stages`` >= 2 instead streams
     them through that many shared-memory stages with cp.async; ``min_blocks`` caps the registers
-    so that that many blocks of 8 warps fit on a multiprocessor. None of these changes a sum.
+    so that that many blocks (of 8 warps, or ``kw * groups`` with groups) fit on a
+    multiprocessor; ``groups`` puts that many groups of ``kw`` warps, each on its own ``tiles``
+    tiles, in one block, so that the activations one group loads are in L1 for the others.
+    None of these changes a sum.
     """
     m = x.shape[0]
     if out is None:
@@ -143,25 +165,28 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
         raise ValueError(f"gemm_small takes at most {8 * NT_MAX} rows, got {m}")
     if (not 1 <= kw <= 8 or depth < 1 or (prefetch and depth % 2) or tiles not in TILES
             or min_blocks not in MIN_BLOCKS or x_stages not in X_STAGES
-            or (prefetch and x_stages)):
+            or (prefetch and x_stages) or groups not in GROUPS or kw * groups > 32):
         raise ValueError(f"gemm_small: bad configuration kw={kw} depth={depth} "
                          f"prefetch={prefetch} tiles={tiles} min_blocks={min_blocks} "
-                         f"x_stages={x_stages}")
+                         f"x_stages={x_stages} groups={groups}")
     ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
     xp = _padded_x(x, nchunks * 64)
     nt = math.ceil(m / 8)
     device = x.device
     func = _kernel(_index(device), kernel_name(nt, depth, prefetch, tiles, min_blocks,
-                                                  x_stages))
-    # the kw partial tiles (at most 32 KiB), then each warp's activation stages (1 KiB per
-    # n-tile and stage)
-    smem = kw * nt * 4 * 32 * 4 + kw * x_stages * nt * 1024
+                                                  x_stages, groups, kw))
+    smem = small_shared_bytes(nt, kw, x_stages, groups)
+    if smem > shared_memory_limit(_index(device)):
+        raise ValueError(f"gemm_small: kw={kw} groups={groups} x_stages={x_stages} need "
+                         f"{smem} bytes of shared memory at {m} rows, over the "
+                         f"{shared_memory_limit(_index(device))} a block may have here")
     args = (_ptr(chunks), _ptr(xp), _ptr(out), _ptr(scale), _ptr(esc_rowptr), _ptr(esc_col),
             _ptr(esc_delta), _ptr(bias), np.int32(m), np.int32(n), np.int32(ntiles),
             np.int32(nchunks), np.int32(xp.stride(0)), np.int32(kw))
     with _on(device):
         allow_shared_memory(func, smem)
-        func((math.ceil(ntiles / tiles),), (kw * 32,), args, shared_mem=smem)
+        func((math.ceil(ntiles / (tiles * groups)),), (kw * 32 * groups,), args,
+             shared_mem=smem)
     return out
 
 

@@ -7,16 +7,18 @@
 // own words into the exact fragment registers, so the main loop is loads, 11 integer
 // operations per 8 weights, and MMAs.
 //
-// w12_gemm_small<NT, P, XPF, TL, MINB, XS>: y[M, N] = x[M, K] @ W^T for M <= 8 * NT. One
-// block per TL consecutive 16-row tiles; its kw warps split the chunk columns, warp w taking
-// columns w, w + kw, w + 2 kw, ... of every tile of the block (so the block reads one
-// contiguous run of kw chunks per tile at a time, and each activation fragment a warp loads
-// serves TL tiles); each warp keeps P columns of weight loads in flight (a ring of registers
-// indexed by compile-time constants). Activations: loaded just before use, or with XPF one
-// column ahead into registers, or with XS >= 2 through a ring of XS stages in shared memory
-// filled by cp.async XS - 1 columns ahead. MINB caps the registers so that MINB blocks of 8
-// warps fit on a multiprocessor. The block sums the kw partial tiles in shared memory in warp
-// order 0..kw-1. None of TL, P, XPF, XS, MINB changes a sum: each row's products are
+// w12_gemm_small<NT, P, XPF, TL, MINB, XS, TG, WB>: y[M, N] = x[M, K] @ W^T for M <= 8 NT. One
+// block per TG groups of TL consecutive 16-row tiles; each group's kw warps split the chunk
+// columns, warp w taking columns w, w + kw, w + 2 kw, ... of every tile of its group (so a
+// group reads one contiguous run of kw chunks per tile at a time, each activation fragment a
+// warp loads serves TL tiles, and the TG warps of a block that take the same columns run side
+// by side, so that the activations one of them loads are in L1 for the others); each warp
+// keeps P columns of weight loads in flight (a ring of registers indexed by compile-time
+// constants). Activations: loaded just before use, or with XPF one column ahead into
+// registers, or with XS >= 2 through a ring of XS stages in shared memory filled by cp.async
+// XS - 1 columns ahead. MINB caps the registers so that MINB blocks of WB warps (at least the
+// kw TG of the launch; 8 where TG is 1) fit on a multiprocessor. The block sums each tile's kw partial tiles in shared memory in warp order
+// 0..kw-1. None of TG, TL, P, XPF, XS, MINB changes a sum: each row's products are
 // accumulated in the same order whatever they are. No atomics, and kw depends on the weight
 // shape only, so the bits of an output row do not depend on M. The epilogue scales each row
 // by 2^(e0 - 112), adds the escape corrections in list order and the bias, and rounds to BF16.
@@ -157,22 +159,24 @@ __device__ __forceinline__ void read_x(u32 (&xv)[NT][8], const u32* stage, int l
   }
 }
 
-template <int NT, int P, bool XPF, int TL, int MINB, int XS>
-__global__ void __launch_bounds__(256, MINB) w12_gemm_small(
+template <int NT, int P, bool XPF, int TL, int MINB, int XS, int TG, int WB>
+__global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
     const float* __restrict__ scale, const int* __restrict__ rowptr,
     const int* __restrict__ esc_col, const float* __restrict__ esc_delta,
     const bf16_t* __restrict__ bias, int M, int N, int ntiles, int nchunks, int ldx, int kw) {
-  extern __shared__ float partial[];  // [kw][NT * 4][32], then with XS: [kw][XS][NT][32][8]
-  const int tile0 = blockIdx.x * TL;
-  const int warp = threadIdx.x >> 5;
+  // [TG][kw][NT * 4][32], then with XS: [TG kw][XS][NT][32][8]
+  extern __shared__ float partial[];
+  const int warp = threadIdx.x >> 5;  // (grp, w): warp w of the kw of tile group grp
   const int lane = threadIdx.x & 31;
+  const int grp = TG == 1 ? 0 : warp / kw;
+  const int tile0 = (blockIdx.x * TG + grp) * TL;
   const int g = lane >> 2;
   const int t = lane & 3;
   // the warp's chunks: first + i * step for i < n
-  const int first = warp;
+  const int first = warp - grp * kw;
   const int step = kw;
-  const int n = (nchunks - warp + kw - 1) / kw;
+  const int n = (nchunks - first + kw - 1) / kw;
   // tiles past the last one re-read the last tile; their rows are >= N and never stored
   const Words4* wp[TL];
 #pragma unroll
@@ -212,7 +216,7 @@ __global__ void __launch_bounds__(256, MINB) w12_gemm_small(
   u32 xa[NT][8], xb[NT][8];
   if (XPF && n > 0) load_x<NT>(xa, xrow, live, first);
   // XS > 0: a ring of XS activation stages per warp in shared memory, XS - 1 columns ahead
-  u32* xstages = reinterpret_cast<u32*>(partial + kw * NT * 4 * 32) + warp * XS * NT * 256;
+  u32* xstages = reinterpret_cast<u32*>(partial + TG * kw * NT * 4 * 32) + warp * XS * NT * 256;
   if (XS > 0) {
 #pragma unroll
     for (int st = 0; st < XS - 1; ++st) {
@@ -271,7 +275,8 @@ __global__ void __launch_bounds__(256, MINB) w12_gemm_small(
     }
   }
 
-  // one tile at a time through shared memory: the kw partial tiles summed in warp order
+  // one tile of each group at a time through shared memory: the kw partial tiles of a tile
+  // summed in warp order
   float* mine = partial + (size_t)warp * NT * 4 * 32;
 #pragma unroll
   for (int tt = 0; tt < TL; ++tt) {
@@ -281,16 +286,17 @@ __global__ void __launch_bounds__(256, MINB) w12_gemm_small(
 #pragma unroll
       for (int r = 0; r < 4; ++r) mine[(nt * 4 + r) * 32 + lane] = acc[tt][nt][r];
     __syncthreads();
-    const int tile = tile0 + tt;
-    for (int idx = threadIdx.x; idx < NT * 4 * 32; idx += blockDim.x) {
+    for (int idx = threadIdx.x; idx < TG * NT * 4 * 32; idx += blockDim.x) {
+      const int gi = TG == 1 ? 0 : idx / (NT * 4 * 32);  // the tile group
       const int ln = idx & 31;
-      const int item = idx >> 5;  // nt * 4 + r
+      const int item = (idx >> 5) - gi * NT * 4;  // nt * 4 + r
       const int r = item & 3;
-      const int row = tile * 16 + (ln >> 2) + 8 * (r >> 1);
+      const int row = ((blockIdx.x * TG + gi) * TL + tt) * 16 + (ln >> 2) + 8 * (r >> 1);
       const int tok = (item >> 2) * 8 + 2 * (ln & 3) + (r & 1);
       if (row >= N || tok >= M) continue;
-      float v = partial[item * 32 + ln];
-      for (int w = 1; w < kw; ++w) v += partial[(w * NT * 4 + item) * 32 + ln];  // fixed order
+      const float* gp = partial + (size_t)gi * kw * NT * 4 * 32;
+      float v = gp[item * 32 + ln];
+      for (int w = 1; w < kw; ++w) v += gp[(w * NT * 4 + item) * 32 + ln];  // fixed order
       store_output(v, row, tok, x, y, scale, rowptr, esc_col, esc_delta, bias, N, ldx);
     }
   }
