@@ -436,9 +436,7 @@ WGMMA_CANDIDATES = ((256, 2, 4, 3, 1, 0), (256, 2, 4, 3, 2, 0), (256, 2, 4, 3, 4
                     (256, 2, 5, 5, 1, 2), (256, 2, 5, 5, 2, 2), (128, 2, 8, 8, 2, 1),
                     # K in three ranges, clusters of 3: a 4096-row layer's 96 blocks fit one
                     # wave (run 102: the 256-row one wins the three 4096-wide layers, +3-16%)
-                    (256, 2, 5, 5, 3, 2), (128, 2, 8, 8, 3, 1),
-                    # stream-K (splits 0): every multiprocessor the same number of columns
-                    (256, 2, 5, 5, 0, 2), (256, 2, 4, 6, 0, 2))
+                    (256, 2, 5, 5, 3, 2), (128, 2, 8, 8, 3, 1))
 WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs")
 
 
@@ -469,8 +467,7 @@ def _large_label(cand: tuple | None) -> str:
     if cand is None:
         return "decode"
     if cand[0] == "wgmma":
-        return ("wgmma_m{}_g{}_x{}_w{}_".format(*cand[1:5])
-                + (f"k{cand[5]}" if cand[5] else "sk") + ("", "_r", "_rp")[cand[6]])
+        return "wgmma_m{}_g{}_x{}_w{}_k{}".format(*cand[1:6]) + ("", "_r", "_rp")[cand[6]]
     return ("fused_t{}_m{}_w{}_s{}".format(*cand[:4]) + (f"_r{cand[4]}" if cand[4] else "")
             + (f"_k{cand[5]}" if cand[5] > 1 else ""))
 

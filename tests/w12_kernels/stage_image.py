@@ -100,38 +100,9 @@ def _a_buffer(words: np.ndarray, tiles: list[int], col: int,
     return buf
 
 
-def stream_k_pieces(row_blocks: int, nchunks: int, blocks: int) -> list[list[tuple]]:
-    """Stream-K (``wgl_body`` with SPLIT 0, ``set_piece``): per block, its pieces in the order
-    it runs them, each ``(row_block, c0, n, kind, lo)``: kind 1 a piece stored for a later
-    block, 2 the piece that finishes its row block with the stored pieces of blocks
-    ``lo .. block - 1``, 0 a whole row block."""
-    total = row_blocks * nchunks
-    out = []
-    for i in range(blocks):
-        begin, end = total * i // blocks, total * (i + 1) // blocks
-        first_rb, last_rb = begin // nchunks, (end - 1) // nchunks
-        count = last_rb - first_rb + 1
-        stored_last = (end - 1) % nchunks != nchunks - 1
-        pieces = []
-        for p in range(count):
-            k = (count - 1 if p == 0 else p - 1) if stored_last and count > 1 else p
-            rb = first_rb + k
-            c0 = begin % nchunks if k == 0 else 0
-            n = ((end - 1) % nchunks + 1 if k == count - 1 else nchunks) - c0
-            kind = 1 if c0 + n < nchunks else (2 if c0 > 0 else 0)
-            lo = i - 1
-            if kind == 2:
-                while total * lo // blocks > rb * nchunks:
-                    lo -= 1
-            pieces.append((rb, c0, n, kind, lo))
-        out.append(pieces)
-    return out
-
-
 def gemm_wgl(x: torch.Tensor, pw, bias: torch.Tensor | None = None, *, block_m: int,
-             warpgroups: int, splits: int, blocks: int = 0) -> torch.Tensor:
-    """What ``wgl_body<block_m, warpgroups, S, splits>`` writes: BF16 [M, N]; ``splits`` 0:
-    stream-K over ``blocks`` blocks."""
+             warpgroups: int, splits: int) -> torch.Tensor:
+    """What ``wgl_body<block_m, warpgroups, S, splits>`` writes: BF16 [M, N]."""
     m = x.shape[0]
     ntiles, nchunks = int(pw.chunks.shape[0]), int(pw.chunks.shape[1])
     words = _as_words(pw.chunks).reshape(ntiles, nchunks, 96, 4)
@@ -141,48 +112,27 @@ def gemm_wgl(x: torch.Tensor, pw, bias: torch.Tensor | None = None, *, block_m: 
     images = stage_images(x, nchunks, block_m).view(torch.int16).numpy().view(np.uint16)
     rows_per_block = 64 * warpgroups
     row_blocks = -(-ntiles // (4 * warpgroups))
-    per = -(-nchunks // max(splits, 1))
+    per = -(-nchunks // splits)
     v = np.zeros((row_blocks * rows_per_block, -(-m // block_m) * block_m), np.float32)
-
-    def columns(bx, by, c0, c1):  # the float32 accumulator of row block bx over c0 .. c1 - 1
-        acc = np.zeros((rows_per_block, block_m), np.float32)
-        for col in range(c0, c1):
-            image = images[(by * nchunks + col) * block_m * 64:][: block_m * 64]
-            for wg in range(warpgroups):
-                tiles = [min((bx * warpgroups + wg) * 4 + w, ntiles - 1) for w in range(4)]
-                abuf = _a_buffer(words, tiles, col, patches)
-                d = acc[wg * 64 : wg * 64 + 64]
-                for j in range(4):
-                    a = _read(abuf, 32 * j, 64)
-                    b = _read(image, 32 * j, block_m)
-                    d = (a @ b.T + d.astype(np.float64)).astype(np.float32)
-                acc[wg * 64 : wg * 64 + 64] = d
-        return acc
-
-    if splits == 0:
-        for by in range(-(-m // block_m)):
-            stored = {}
-            for i, pieces in enumerate(stream_k_pieces(row_blocks, nchunks, blocks)):
-                for rb, c0, n, kind, lo in pieces:
-                    acc = columns(rb, by, c0, c0 + n)
-                    if kind == 1:
-                        stored[i] = acc
-                        continue
-                    if kind == 2:
-                        total = stored.pop(lo)
-                        for j in range(lo + 1, i):
-                            total = total + stored.pop(j)  # float32, column order
-                        acc = total + acc
-                    v[rb * rows_per_block : (rb + 1) * rows_per_block,
-                      by * block_m : (by + 1) * block_m] = acc
-            assert not stored, "a stored piece no block finished"
-        return store_rows(v, x, pw, bias, skip=ok)
     for bx in range(row_blocks):
         for by in range(-(-m // block_m)):
             partials = []
             for rank in range(splits):
                 c0 = min(nchunks, rank * per)
-                partials.append(columns(bx, by, c0, min(nchunks, c0 + per)))
+                acc = np.zeros((rows_per_block, block_m), np.float32)
+                for col in range(c0, min(nchunks, c0 + per)):
+                    image = images[(by * nchunks + col) * block_m * 64:][: block_m * 64]
+                    for wg in range(warpgroups):
+                        tiles = [min((bx * warpgroups + wg) * 4 + w, ntiles - 1)
+                                 for w in range(4)]
+                        abuf = _a_buffer(words, tiles, col, patches)
+                        d = acc[wg * 64 : wg * 64 + 64]
+                        for j in range(4):
+                            a = _read(abuf, 32 * j, 64)
+                            b = _read(image, 32 * j, block_m)
+                            d = (a @ b.T + d.astype(np.float64)).astype(np.float32)
+                        acc[wg * 64 : wg * 64 + 64] = d
+                partials.append(acc)
             total = partials[0].copy()
             for q in range(1, splits):
                 total = total + partials[q]  # float32, rank order

@@ -28,59 +28,6 @@ CASES = [  # (m, n, k, block_m, warpgroups, splits)
 ]
 
 
-STREAM_K_CASES = [  # (m, n, k, block_m, blocks): blocks of pieces within and across row blocks
-    (70, 300, 700, 64, 7),  # 3 row blocks x 11 columns over 7 blocks: pieces of 4-5 columns
-    (9, 1000, 256, 64, 5),  # 8 row blocks x 4 columns: 6-7 columns a block, across row blocks
-    (130, 130, 640, 128, 2),  # two token blocks, 2 row blocks x 10 columns
-    (5, 700, 64, 64, 6),  # one column per row block: whole row blocks only
-]
-
-
-@pytest.mark.parametrize("m,n,k,block_m,blocks", STREAM_K_CASES,
-                         ids=[f"m{m}_n{n}_k{k}_bm{b}_sk{g}" for m, n, k, b, g in STREAM_K_CASES])
-def test_emulated_stream_k_within_budget(m, n, k, block_m, blocks):
-    """Stream-K (``wgl_body`` with SPLIT 0): the pieces, stored and added in column order by
-    the block holding each row block's last column, give the sums within budget."""
-    w = make_weight(n, k, seed=m + n + k)
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
-    bias = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)
-    y = stage_image.gemm_wgl(x, prepare_weight(encoded(w)), bias, block_m=block_m,
-                             warpgroups=2, splits=0, blocks=blocks)
-    assert_within_budget(y, x, w, reference_linear(x, encoded(w), bias), bias)
-
-
-@pytest.mark.parametrize("row_blocks,nchunks,blocks",
-                         [(48, 64, 132), (80, 80, 132), (32, 64, 132), (1188, 64, 132),
-                          (3, 11, 7), (8, 4, 5), (5, 1, 5), (2, 10, 20)])
-def test_stream_k_pieces_cover_every_column_once(row_blocks, nchunks, blocks):
-    """Every column of every row block is run by exactly one piece; each stored piece is added
-    by exactly one finishing piece of the same row block, from a lower block that stored it
-    at the start of its run (the first piece run); a finishing piece is its block's first in
-    column order (run right after its stored piece, if any), and a block stores at most one."""
-    blocks = min(blocks, row_blocks * nchunks)
-    runs = stage_image.stream_k_pieces(row_blocks, nchunks, blocks)
-    covered = np.zeros((row_blocks, nchunks), np.int64)
-    stored_by = {}
-    for i, pieces in enumerate(runs):
-        assert sum(kind == 1 for _, _, _, kind, _ in pieces) <= 1
-        for p, (rb, c0, n, kind, _) in enumerate(pieces):
-            assert n >= 1 and 0 <= c0 and c0 + n <= nchunks
-            covered[rb, c0 : c0 + n] += 1
-            if kind == 1:
-                assert p == 0, "a stored piece runs first"
-                stored_by[i] = rb
-            if kind == 2:
-                assert p <= 1
-    assert (covered == 1).all()
-    for i, pieces in enumerate(runs):
-        for rb, c0, n, kind, lo in pieces:
-            if kind == 2:
-                takers = list(range(lo, i))
-                assert takers and all(stored_by.pop(j) == rb for j in takers)
-                assert c0 + n == nchunks and c0 > 0
-    assert not stored_by
-
-
 @pytest.mark.parametrize("m,n,k,block_m,warpgroups,splits", CASES,
                          ids=[f"m{m}_n{n}_k{k}_bm{b}_g{g}_k{s}" for m, n, k, b, g, s in CASES])
 def test_emulated_large_kernel_within_budget(m, n, k, block_m, warpgroups, splits):
@@ -248,19 +195,3 @@ def test_producer_warpgroup_configuration():
     assert entry["a_regs"] == 2 and bench._large_label(("wgmma", 256, 2, 4, 6, 1, 2)).endswith(
         "_k1_rp")
     assert cfgs.LargeConfig(**entry).a_regs == 2
-
-
-def test_stream_k_configuration():
-    """Stream-K (``splits`` 0): its own entry point without a cluster, with the workspace and
-    flag arguments, only with the producer warpgroup; the sweep's label and table entry."""
-    src = cuda_large.source(256, 2, 5, 5, 0, 2)
-    assert "w12_wgl_256_2_5_5_sk_rp(" in src and "__cluster_dims__" not in src
-    assert "ws, flags);" in src and "0, 2>(" in src
-    cuda_large.check_config(256, 2, 5, 5, 0, 2)
-    for a_regs in (0, 1):
-        with pytest.raises(ValueError, match="bad configuration"):
-            cuda_large.check_config(128, 2, 4, 8, 0, a_regs)
-    bench = _bench()
-    cand = ("wgmma", 256, 2, 5, 5, 0, 2)
-    assert bench._large_label(cand) == "wgmma_m256_g2_x5_w5_sk_rp"
-    assert cfgs.LargeConfig(**bench._large_entry(cand)).splits == 0

@@ -34,7 +34,7 @@ from w12_kernels.gemm import cuda, wgmma
 SOURCE_PATH = Path(__file__).with_name("kernels_large.cu")
 BLOCK_M = (64, 128, 192, 256)  # activation rows per block (the wgmma N)
 WARPGROUPS = (1, 2)  # 64 weight rows each
-SPLITS = (0, 1, 2, 3, 4)  # K ranges, one per block of a cluster; 0: stream-K (a_regs 2 only)
+SPLITS = (1, 2, 3, 4)  # K ranges, one per block of a cluster
 
 
 def available() -> bool:
@@ -43,8 +43,8 @@ def available() -> bool:
 
 def kernel_name(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
                 splits: int, a_regs: int = 0) -> str:
-    return (f"w12_wgl_{block_m}_{warpgroups}_{x_stages}_{w_stages}_"
-            + (str(splits) if splits else "sk") + ("", "_r", "_rp")[int(a_regs)])
+    return (f"w12_wgl_{block_m}_{warpgroups}_{x_stages}_{w_stages}_{splits}"
+            + ("", "_r", "_rp")[int(a_regs)])
 
 
 def threads(warpgroups: int, a_regs: int = 0) -> int:
@@ -68,7 +68,6 @@ def check_config(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
     if (block_m not in BLOCK_M or warpgroups not in WARPGROUPS or splits not in SPLITS
             or not 3 <= x_stages <= 8 or not 2 <= w_stages <= 16 or a_regs not in (0, 1, 2)
             or (a_regs == 2 and warpgroups != 2)  # setmaxnreg's split is made for two
-            or (splits == 0 and a_regs != 2)  # stream-K is built on the producer warpgroup
             or shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs) > 227 * 1024):
         raise ValueError(f"gemm_wgl: bad configuration block_m={block_m} "
                          f"warpgroups={warpgroups} x_stages={x_stages} w_stages={w_stages} "
@@ -105,12 +104,11 @@ def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
         "    const int* __restrict__ esc_row, const int* __restrict__ esc_col,\n"
         "    const bf16_t* __restrict__ esc_val, const float* __restrict__ esc_delta,\n"
         "    const int* __restrict__ esc_order, const bf16_t* __restrict__ bias, int M,\n"
-        "    int n_rows, int ntiles, int nchunks, float* __restrict__ ws,\n"
-        "    unsigned* __restrict__ flags) {\n"
+        "    int n_rows, int ntiles, int nchunks) {\n"
         f"  wgl_body<{block_m}, {warpgroups}, {x_stages}, {w_stages}, {splits}, "
         f"{int(a_regs)}>(\n"
         "      chunks, xp, x, ldx, y, scale, rowptr, esc_row, esc_col, esc_val, esc_delta,\n"
-        "      esc_order, bias, M, n_rows, ntiles, nchunks, ws, flags);\n}\n")
+        "      esc_order, bias, M, n_rows, ntiles, nchunks);\n}\n")
 
 
 def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
@@ -161,35 +159,6 @@ def permute_x(x: torch.Tensor, nchunks: int, block_m: int) -> torch.Tensor:
     return out
 
 
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(cuda._index(device)).multi_processor_count
-
-
-# (device, stream) -> (workspace, flags) of stream-K; every buffer ever handed out stays
-# referenced (a CUDA graph captured with it may replay it later: a freed one would be written
-# after its memory was reused, docs/PERF_GEMM.md #16)
-_SK_BUFFERS: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-_SK_RETIRED: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-
-def _stream_k_buffers(device: torch.device, slots: int, block_m: int, warpgroups: int):
-    """Stream-K's float32 workspace (a partial tile per block) and its flags (zero between
-    launches: the block that reads a piece clears its flag), for the current stream; grown,
-    never freed."""
-    index = cuda._index(device)
-    key = (index, torch.cuda.current_stream(index).cuda_stream)
-    tile = block_m * (64 * warpgroups + 4)
-    have = _SK_BUFFERS.get(key)
-    if have is None or have[0].numel() < slots * tile or have[1].numel() < slots:
-        if have is not None:
-            _SK_RETIRED.append(have)
-        size = max(slots, 0 if have is None else have[1].numel())
-        have = (torch.empty(size * tile, dtype=torch.float32, device=device),
-                torch.zeros(size, dtype=torch.int32, device=device))
-        _SK_BUFFERS[key] = have
-    return have
-
-
 def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
              esc_rowptr: torch.Tensor, esc_row: torch.Tensor, esc_col: torch.Tensor,
              esc_val: torch.Tensor, esc_delta: torch.Tensor, esc_order: torch.Tensor,
@@ -215,19 +184,11 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     device = x.device
     func = _module(cuda._index(device), config).get_function(kernel_name(*config))
     smem = shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs)
-    row_blocks, token_blocks = math.ceil(ntiles / (4 * warpgroups)), math.ceil(m / block_m)
-    ws = flags = None
-    if splits == 0:  # stream-K: one block per multiprocessor, at most one per column
-        blocks = min(_num_sms(device), row_blocks * nchunks)
-        ws, flags = _stream_k_buffers(device, blocks * token_blocks, block_m, warpgroups)
-        grid = (blocks, token_blocks, 1)
-    else:
-        grid = (row_blocks, token_blocks, splits)
     args = (cuda._ptr(chunks), cuda._ptr(xp), cuda._ptr(x), np.int32(x.stride(0)),
             cuda._ptr(out), cuda._ptr(scale), cuda._ptr(esc_rowptr), cuda._ptr(esc_row),
             cuda._ptr(esc_col), cuda._ptr(esc_val), cuda._ptr(esc_delta), cuda._ptr(esc_order),
-            cuda._ptr(bias), np.int32(m), np.int32(n), np.int32(ntiles), np.int32(nchunks),
-            cuda._ptr(ws), cuda._ptr(flags))
+            cuda._ptr(bias), np.int32(m), np.int32(n), np.int32(ntiles), np.int32(nchunks))
+    grid = (math.ceil(ntiles / (4 * warpgroups)), math.ceil(m / block_m), splits)
     with cuda._on(device):
         cuda.allow_shared_memory(func, smem)
         func(grid, (threads(warpgroups, a_regs),), args, shared_mem=smem)

@@ -147,10 +147,9 @@ __device__ __forceinline__ void wgl_body(
     const int* __restrict__ esc_row, const int* __restrict__ esc_col,
     const bf16_t* __restrict__ esc_val, const float* __restrict__ esc_delta,
     const int* __restrict__ esc_order, const bf16_t* __restrict__ bias, int M, int n_rows,
-    int ntiles, int nchunks, float* __restrict__ ws, unsigned* __restrict__ flags) {
+    int ntiles, int nchunks) {
   static_assert(BN % 64 == 0 && BN <= 256, "BN: 64, 128, 192 or 256 activation rows");
-  static_assert(SX >= 3 && SW >= 2 && SPLIT >= 0 && SPLIT <= 4, "config");
-  static_assert(SPLIT != 0 || AREG == 2, "stream-K is built on the producer warpgroup");
+  static_assert(SX >= 3 && SW >= 2 && SPLIT >= 1 && SPLIT <= 4, "config");
   constexpr int THREADS = 128 * WGS;
   constexpr int NA = 3;                   // A buffers: column i decoded while i-1, i-2 multiply
   constexpr int XSTAGE = BN * 128;        // activation bytes per stage
@@ -172,61 +171,30 @@ __device__ __forceinline__ void wgl_body(
   const int warp = (tid >> 5) & 3;
   const int lane = tid & 31;
   const int tok0 = blockIdx.y * BN;
-  constexpr int SPL = SPLIT == 0 ? 1 : SPLIT;  // the blocks of a cluster (stream-K: none)
-  const int rank = SPL > 1 ? (int)blockIdx.z : 0;  // cluster (1, 1, SPLIT): rank = z
-  const int per = (nchunks + SPL - 1) / SPL;
-  // This block's columns c0 .. c0 + n - 1 of row block rb (stream-K: of its current piece, see
-  // below); qb: the columns it ran before them (its stages' running count).
-  int c0 = min(nchunks, rank * per);
-  int n = min(nchunks, c0 + per) - c0;
-  int rb = blockIdx.x;
-  int tile0 = rb * 4 * WGS;
-  int qb = 0;
+  const int rank = SPLIT > 1 ? (int)blockIdx.z : 0;  // cluster (1, 1, SPLIT): rank = z
+  const int per = (nchunks + SPLIT - 1) / SPLIT;
+  const int c0 = min(nchunks, rank * per);
+  const int n = min(nchunks, c0 + per) - c0;
+  const int tile0 = blockIdx.x * 4 * WGS;
   const bf16_t* ximg = xp + (size_t)blockIdx.y * nchunks * (XSTAGE / 2);
-  // Stream-K (SPLIT 0): the row blocks' columns, rb * nchunks + c for every row block rb and
-  // column c, cut into gridDim.x equal ranges, one per block (one block per multiprocessor), so
-  // that every multiprocessor gets the same work whatever the shape (a K split only divides
-  // each row block into whole parts, and 48 or 80 row blocks fill 132 multiprocessors badly).
-  // A range is one or more pieces, each within one row block. A piece that ends before its row
-  // block's last column is stored in float32 to this block's slot of `ws` and flagged; the
-  // block holding the row block's last column adds the pieces of the lower blocks, in column
-  // order, to its own and finishes the row block. A block runs its last piece first when that
-  // is such a stored piece, and the finishing piece is always a range's first: so a block waits
-  // only on lower blocks (started before it), for pieces they stored at their start.
-  const long long skT = (long long)((ntiles + 4 * WGS - 1) / (4 * WGS)) * nchunks;
-  const int skbegin = (int)(skT * blockIdx.x / gridDim.x);
-  const int skend = (int)(skT * (blockIdx.x + 1) / gridDim.x);
-  const int sklast = skend > skbegin ? (skend - 1) / nchunks : 0;  // row block of the last piece
-  const int npieces = SPLIT == 0 ? sklast - skbegin / nchunks + 1 : 1;
-  const bool stored_last = SPLIT == 0 && (skend - 1) % nchunks != nchunks - 1;
-  // piece p of the running order (0, 1, ...): sets rb, tile0, c0, n; returns 1 for a piece to
-  // store, 2 for one that finishes its row block with the lower blocks' pieces, 0 otherwise
-  auto set_piece = [&](int p) {
-    const int k = stored_last && npieces > 1 ? (p == 0 ? npieces - 1 : p - 1) : p;
-    rb = skbegin / nchunks + k;
-    c0 = k == 0 ? skbegin % nchunks : 0;
-    n = (k == npieces - 1 ? (skend - 1) % nchunks + 1 : nchunks) - c0;
-    tile0 = rb * 4 * WGS;
-    return c0 + n < nchunks ? 1 : (c0 > 0 ? 2 : 0);
-  };
 
   // (the producer) start the copies of column col: its activation image into stage col % SX,
   // its chunk words into weight stage col % SW
   auto issue_x = [&](int col) {
-    unsigned long long* bar = xfull + (qb + col) % SX;
+    unsigned long long* bar = xfull + col % SX;
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                  :: "r"(smem_addr(bar)), "r"(XSTAGE) : "memory");
-    bulk_copy(smem + ((qb + col) % SX) * XSTAGE, ximg + (size_t)(c0 + col) * (XSTAGE / 2),
-              XSTAGE, bar);
+    bulk_copy(smem + (col % SX) * XSTAGE, ximg + (size_t)(c0 + col) * (XSTAGE / 2), XSTAGE,
+              bar);
   };
   auto issue_w = [&](int col) {
-    unsigned long long* bar = wfull + (qb + col) % SW;
+    unsigned long long* bar = wfull + col % SW;
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                  :: "r"(smem_addr(bar)), "r"(WSTAGE) : "memory");
 #pragma unroll
     for (int tt = 0; tt < 4 * WGS; ++tt) {
       const int tile = min(tile0 + tt, ntiles - 1);  // rows past the last are not stored
-      bulk_copy(wstages + ((qb + col) % SW) * WSTAGE + tt * 1536,
+      bulk_copy(wstages + (col % SW) * WSTAGE + tt * 1536,
                 chunks + ((size_t)tile * nchunks + c0 + col) * 96, 1536, bar);
     }
   };
@@ -258,23 +226,18 @@ __device__ __forceinline__ void wgl_body(
   // that the tiles cannot hold start (epatch: none when the row has none of those).
   constexpr int GROUPS = THREADS / R;  // the consumer threads only
   const int r_out = tid % R, group = tid / R;
-  int row_out = blockIdx.x * R + r_out;
-  bool out_live = group < GROUPS && row_out < n_rows;
+  const int row_out = blockIdx.x * R + r_out;
+  const bool out_live = group < GROUPS && row_out < n_rows;
   float out_sc = 0.0f, out_b = 0.0f;
   int e_first = 0, e_last = 0;
-  auto row_data = [&]() {
-    out_sc = 0.0f, out_b = 0.0f;
-    e_first = 0, e_last = 0;
-    if (out_live) {
-      out_sc = scale[row_out];
-      out_b = bias != nullptr ? bf16_to_float(bias[row_out]) : 0.0f;
-      e_first = rowptr[row_out];
-      e_last = rowptr[row_out + 1];
-      bf16_t unused;
-      while (e_first < e_last && patch_value(esc_val[e_first], out_sc, unused)) ++e_first;
-    }
-  };
-  if (SPLIT != 0) row_data();
+  if (out_live) {
+    out_sc = scale[row_out];
+    out_b = bias != nullptr ? bf16_to_float(bias[row_out]) : 0.0f;
+    e_first = rowptr[row_out];
+    e_last = rowptr[row_out + 1];
+    bf16_t unused;
+    while (e_first < e_last && patch_value(esc_val[e_first], out_sc, unused)) ++e_first;
+  }
   // the extra warp only starts the copies (broadcast from lane 0, so that ptxas sees a
   // warp-uniform branch and does not serialize the MMAs)
   const bool producer = __shfl_sync(0xffffffffu, tid >= THREADS ? 1 : 0, 0) != 0;
@@ -286,10 +249,9 @@ __device__ __forceinline__ void wgl_body(
   // the MMAs.)
   auto produce = [&]() {
     for (int col = 0; col < n; ++col) {
-      const int q = qb + col;
-      if (q >= SW) mbar_wait(wempty + q % SW, (u32)(q / SW - 1) & 1u);
+      if (col >= SW) mbar_wait(wempty + col % SW, (u32)(col / SW - 1) & 1u);
       if (lane == 0) issue_w(col);
-      if (q >= SX) mbar_wait(xempty + q % SX, (u32)(q / SX - 1) & 1u);
+      if (col >= SX) mbar_wait(xempty + col % SX, (u32)(col / SX - 1) & 1u);
       if (lane == 0) issue_x(col);
     }
   };
@@ -300,19 +262,7 @@ __device__ __forceinline__ void wgl_body(
     // same ones, in the same order) and leaves; none of the consumers' code runs on it.
     if (producer) {
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
-      const bool starter = __shfl_sync(0xffffffffu, (tid >> 5) == (THREADS >> 5) ? 1 : 0, 0);
-      if (SPLIT == 0) {  // per piece: the consumers' barriers of a piece (see below)
-        for (int p = 0; p < npieces; ++p) {
-          set_piece(p);
-          __syncthreads();  // the previous piece's outputs are done: the stages are free
-          if (starter) produce();
-          __syncthreads();  // the main loop's end
-          __syncthreads();  // the partial tile stored
-          qb += n;
-        }
-        return;
-      }
-      if (starter) produce();
+      if (__shfl_sync(0xffffffffu, (tid >> 5) == (THREADS >> 5) ? 1 : 0, 0)) produce();
       __syncthreads();  // the main loop's end
       if (SPLIT > 1) cluster_sync_all(); else __syncthreads();  // the partial tile stored
       if (SPLIT > 1) cluster_sync_all();  // the cluster's memory read
@@ -323,15 +273,6 @@ __device__ __forceinline__ void wgl_body(
     produce();
   }
 
-  for (int piece = 0; piece < npieces; ++piece) {  // (one, except with stream-K)
-  int kind = 0;
-  if (SPLIT == 0) {
-    kind = set_piece(piece);
-    row_out = rb * R + r_out;
-    out_live = group < GROUPS && row_out < n_rows;
-    row_data();
-    __syncthreads();  // the previous piece's outputs are done: the stages are free
-  }
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
@@ -376,9 +317,8 @@ __device__ __forceinline__ void wgl_body(
   // Column i's chunk words, once they have landed, decoded into this lane's A fragments; the
   // warp then releases the weight stage.
   auto decode_column = [&](int i, u32 (&a)[4][4]) {
-    const int q = qb + i;                         // the stages' running count
-    mbar_wait(wfull + q % SW, (u32)(q / SW) & 1u);  // column i's chunk words have landed
-    const unsigned char* wsrc = wstages + (q % SW) * WSTAGE + woff;
+    mbar_wait(wfull + i % SW, (u32)(i / SW) & 1u);  // column i's chunk words have landed
+    const unsigned char* wsrc = wstages + (i % SW) * WSTAGE + woff;
     const Words4 w0 = *reinterpret_cast<const Words4*>(wsrc);
     const Words4 w1 = *reinterpret_cast<const Words4*>(wsrc + 512);
     const Words4 w2 = *reinterpret_cast<const Words4*>(wsrc + 1024);
@@ -387,7 +327,7 @@ __device__ __forceinline__ void wgl_body(
     decode8(w0.z, w1.z, w2.z, a[2]);
     decode8(w0.w, w1.w, w2.w, a[3]);
     __syncwarp();  // every lane's words are read (and used): the warp releases the stage
-    arrive_if(lane == 0, wempty + q % SW);
+    arrive_if(lane == 0, wempty + i % SW);
   };
 
   // AREG: each warp decodes column i straight into the A fragment registers of wgmma (set
@@ -419,16 +359,15 @@ __device__ __forceinline__ void wgl_body(
       ebase += 32;
       load_escape();
     }
-    const int q = qb + i;  // the stages' running count
-    mbar_wait(xfull + q % SX, (u32)(q / SX) & 1u);  // column i's activations have landed
-    const unsigned char* stage = smem + (q % SX) * XSTAGE;
+    mbar_wait(xfull + i % SX, (u32)(i / SX) & 1u);  // column i's activations have landed
+    const unsigned char* stage = smem + (i % SX) * XSTAGE;
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int j = 0; j < 4; ++j) WgmmaRS<BN>::mma(acc, a[j], sw128_desc(stage + 32 * j));
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     wgmma_wait<1>();  // column i - 1 is multiplied: its registers and activation stage are free
     keep_regs(prev);
-    arrive_if(i >= 1 && (tid & 127) == 0, xempty + (q + SX - 1) % SX);
+    arrive_if(i >= 1 && (tid & 127) == 0, xempty + (i + SX - 1) % SX);
   };
   if (AREG != 0) {
     u32 a0[4][4], a1[4][4];
@@ -486,8 +425,6 @@ __device__ __forceinline__ void wgl_body(
     arrive_if(i >= NA - 1 && (tid & 127) == 0, xempty + (i + SX - (NA - 1)) % SX);
   }
   if (!producer) wgmma_wait<0>();
-  // (stream-K: the last column's activation stage, for the next piece's copies)
-  if (SPLIT == 0) arrive_if((tid & 127) == 0, xempty + (qb + n - 1) % SX);
   __syncthreads();  // the stages are free: the memory takes the partial tile [BN][PST]
 
   float* part = reinterpret_cast<float*>(smem);
@@ -500,49 +437,6 @@ __device__ __forceinline__ void wgl_body(
     }
   }
   if (SPLIT > 1) cluster_sync_all(); else __syncthreads();
-  const size_t slot0 = (size_t)blockIdx.y * gridDim.x;  // (stream-K) this token block's slots
-  if (SPLIT == 0 && kind == 1) {
-    // a piece a later block finishes: the partial tile to this block's slot, then its flag
-    float4* dst = reinterpret_cast<float4*>(ws + (slot0 + blockIdx.x) * (BN * PST));
-    const float4* src = reinterpret_cast<const float4*>(part);
-    for (int e = tid; e < BN * PST / 4; e += THREADS) __stcg(dst + e, src[e]);
-    __threadfence();
-    asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
-    if (tid == 0)
-      asm volatile("st.release.gpu.global.u32 [%0], 1;" :: "l"(flags + slot0 + blockIdx.x)
-                   : "memory");
-    qb += n;
-    continue;
-  }
-  if (SPLIT == 0 && kind == 2) {
-    // the last piece of row block rb: the lower blocks lo .. blockIdx.x - 1 hold its others;
-    // once all are flagged, part = ((piece lo + piece lo + 1) + ...) + this block's piece
-    int lo = blockIdx.x - 1;
-    while ((long long)(skT * lo / gridDim.x) > (long long)rb * nchunks) --lo;
-    if (tid == 0) {
-      for (int j = lo; j < (int)blockIdx.x; ++j) {
-        u32 f = 0;
-        while (f == 0)
-          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(f) : "l"(flags + slot0 + j)
-                       : "memory");
-      }
-    }
-    asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
-    float4* own = reinterpret_cast<float4*>(part);
-    for (int e = tid; e < BN * PST / 4; e += THREADS) {
-      float4 v = __ldcg(reinterpret_cast<const float4*>(ws + (slot0 + lo) * (BN * PST)) + e);
-      for (int j = lo + 1; j < (int)blockIdx.x; ++j) {
-        const float4 w = __ldcg(reinterpret_cast<const float4*>(ws + (slot0 + j) * (BN * PST)) + e);
-        v.x += w.x; v.y += w.y; v.z += w.z; v.w += w.w;
-      }
-      const float4 o = own[e];
-      v.x += o.x; v.y += o.y; v.z += o.z; v.w += o.w;
-      own[e] = v;
-    }
-    asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
-    if (tid == 0)  // read: the flags start at zero for the next launch
-      for (int j = lo; j < (int)blockIdx.x; ++j) flags[slot0 + j] = 0u;
-  }
   // The outputs: thread (group, r) finishes row r for every GROUPS-th token of this block's
   // share (tokens rank * BN / SPLIT ..): store_output's arithmetic with the corrections of the
   // escapes written into the tiles left out. Rows without other escapes (nearly all) take a
@@ -553,9 +447,9 @@ __device__ __forceinline__ void wgl_body(
   // Tokens of this block's share. With 3 ranks the shares overrun the block (3 x 86 > 256):
   // the last one stops at the block's end, not at the next block's first tokens (which it
   // overwrote with sums read past the partial tile, docs/PERF_GEMM.md #24).
-  constexpr int TS = (BN + SPL - 1) / SPL;
+  constexpr int TS = (BN + SPLIT - 1) / SPLIT;
   const int first = rank * TS;
-  const int last = min(first + TS, BN % SPL != 0 ? min(BN, M - tok0) : M - tok0);
+  const int last = min(first + TS, BN % SPLIT != 0 ? min(BN, M - tok0) : M - tok0);
   auto partial_sum = [&](int col) {
     const float* p = part + col * PST + r_out;
     float v;
@@ -614,6 +508,4 @@ __device__ __forceinline__ void wgl_body(
     }
   }
   if (SPLIT > 1) cluster_sync_all();  // no block leaves while another reads its memory
-  qb += n;
-  }
 }
