@@ -17,11 +17,12 @@
 // constants). Activations: loaded just before use, or with XPF one column ahead into
 // registers, or with XS >= 2 through a ring of XS stages in shared memory filled by cp.async
 // XS - 1 columns ahead. MINB caps the registers so that MINB blocks of WB warps (at least the
-// kw TG of the launch; 8 where TG is 1) fit on a multiprocessor. The block sums each tile's kw partial tiles in shared memory in warp order
-// 0..kw-1. None of TG, TL, P, XPF, XS, MINB changes a sum: each row's products are
-// accumulated in the same order whatever they are. No atomics, and kw depends on the weight
-// shape only, so the bits of an output row do not depend on M. The epilogue scales each row
-// by 2^(e0 - 112), adds the escape corrections in list order and the bias, and rounds to BF16.
+// kw TG of the launch; 8 where TG is 1) fit on a multiprocessor. The block sums each tile's
+// kw partial tiles in shared memory in warp order 0..kw-1. None of TG, TL, P, XPF, XS, MINB
+// changes a sum: each row's products are accumulated in the same order whatever they are. No
+// atomics, and kw depends on the weight shape only, so the bits of an output row do not
+// depend on M. The epilogue scales each row by 2^(e0 - 112), adds the escape corrections in
+// list order and the bias, and rounds to BF16.
 //
 // w12_decode: the in-window weights as BF16 [N, K] (escapes come out as record 0;
 // w12_write_escapes writes them in after it).
@@ -216,7 +217,8 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
   u32 xa[NT][8], xb[NT][8];
   if (XPF && n > 0) load_x<NT>(xa, xrow, live, first);
   // XS > 0: a ring of XS activation stages per warp in shared memory, XS - 1 columns ahead
-  u32* xstages = reinterpret_cast<u32*>(partial + TG * kw * NT * 4 * 32) + warp * XS * NT * 256;
+  u32* xstages =
+      reinterpret_cast<u32*>(partial + TG * kw * NT * 4 * 32) + warp * XS * NT * 256;
   if (XS > 0) {
 #pragma unroll
     for (int st = 0; st < XS - 1; ++st) {
