@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+from pathlib import Path
+
 import torch
 
 import w12
@@ -67,3 +71,13 @@ def assert_within_budget(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     budget = 2 * max(relative_rms(torch_y, ref, finite), 1e-4)
     err = relative_rms(y, ref, finite)
     assert err <= budget, f"relative RMS error {err:.3g} over budget {budget:.3g}"
+
+
+@functools.cache
+def gemm_benchmark():
+    """``benchmarks/gemm.py`` as a module (its sweep's table logic is tested on the CPU)."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gemm.py"
+    spec = importlib.util.spec_from_file_location("gemm_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

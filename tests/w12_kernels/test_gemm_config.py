@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from gemm_helpers import gemm_benchmark
 
 from w12_kernels.gemm import config as cfgs
 from w12_kernels.gemm import cuda
@@ -84,13 +85,7 @@ def test_split_count_keeps_the_workspace_below_the_weight_bytes():
 def test_sweep_keeps_the_layouts_of_classes_it_did_not_time(monkeypatch):
     """A small-M sweep over some M classes only (here NT = 1) writes a table whose other
     classes keep the layouts of the table in use, globally and per shape."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gemm.py"
-    spec = importlib.util.spec_from_file_location("gemm_benchmark", path)
-    gemm_bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gemm_bench)
+    gemm_bench = gemm_benchmark()
     in_use = {"warps_per_sm": 16, "min_chunks_per_warp": 2, "max_kw": 8,
               "by_nt": {c: {"depth": 1, "prefetch": False, "tiles": int(c) % 3 + 1}
                         for c in ("1", "2", "4", "8")},
@@ -111,22 +106,11 @@ def test_sweep_keeps_the_layouts_of_classes_it_did_not_time(monkeypatch):
     assert shape["by_nt"]["1"] == gemm_bench._layout_dict(gemm_bench.SWEEP_LAYOUTS[1][0])
 
 
-def _gemm_benchmark():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gemm.py"
-    spec = importlib.util.spec_from_file_location("gemm_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_sweep_at_the_tables_kw_scores_layouts_at_that_kw(monkeypatch):
     """A small-M sweep with ``--keep-kw`` times each shape at the kw of the table in use only:
     the layouts for unswept shapes are the best at those kws (not the first candidate, which
     is what scoring them under the kw rules, all -inf, once wrote) and the kw rule stays."""
-    gemm_bench = _gemm_benchmark()
+    gemm_bench = gemm_benchmark()
     in_use = {"warps_per_sm": 128, "min_chunks_per_warp": 2, "max_kw": 8,
               "by_nt": {c: {"depth": 1, "prefetch": False, "tiles": 1} for c in "1248"},
               "shapes": {}}
@@ -150,7 +134,7 @@ def test_sweep_at_the_tables_kw_scores_layouts_at_that_kw(monkeypatch):
 def test_large_sweep_of_some_shapes_keeps_the_rest_of_the_table():
     """A large-M sweep of a few shapes (``--shapes``) replaces their entries only: the default,
     ``max_m`` and the other shapes' entries (other M classes of a swept shape too) stay."""
-    merge_large = _gemm_benchmark().merge_large
+    merge_large = gemm_benchmark().merge_large
     current = {"default": {"kind": "wgmma", "block_m": 256}, "max_m": 256,
                "shapes": {"4096x4096": {"256": {"kind": "wgmma", "splits": 2},
                                         "1024": {"kind": "decode"}},

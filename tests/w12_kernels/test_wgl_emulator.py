@@ -5,14 +5,11 @@ configuration plumbing (shared-memory budget, the large-M table, the sweep's ent
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 import stage_image
 import torch
-from gemm_helpers import assert_within_budget, encoded, make_weight
+from gemm_helpers import assert_within_budget, encoded, gemm_benchmark, make_weight
 
 from w12_kernels.gemm import config as cfgs
 from w12_kernels.gemm import cuda_large, prepare_weight
@@ -84,7 +81,7 @@ def test_a_wrong_swizzle_is_caught(monkeypatch):
 
 
 def test_configurations_fit_the_shared_memory():
-    for cand in (*_bench().WGMMA_CANDIDATES, (64, 1, 3, 2, 1), (192, 2, 3, 3, 4)):
+    for cand in (*gemm_benchmark().WGMMA_CANDIDATES, (64, 1, 3, 2, 1), (192, 2, 3, 3, 4)):
         cuda_large.check_config(*cand)
         assert cuda_large.shared_bytes(*cand[:4], *cand[5:]) <= 227 * 1024
     for bad in ((96, 2, 4, 3, 1), (256, 3, 4, 3, 1), (256, 2, 4, 3, 5), (256, 2, 4, 5, 1),
@@ -109,16 +106,8 @@ def test_source_has_one_entry_point_per_configuration():
     assert "m64n256k16" in src
 
 
-def _bench():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gemm.py"
-    spec = importlib.util.spec_from_file_location("gemm_benchmark_wgl", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_large_table_entry_for_the_warpgroup_kernel():
-    bench = _bench()
+    bench = gemm_benchmark()
     cand = ("wgmma", 256, 2, 4, 3, 2, 0)
     entry = bench._large_entry(cand)
     cfg = cfgs.large_config(4096, 4096, 256, {"default": {"kind": "decode"}, "max_m": 256,
@@ -169,7 +158,7 @@ def test_register_operand_configuration():
     assert "struct WgmmaRS<128>" in src and "w12_wgl_128_2_4_8_2(" not in src
     assert (cuda_large.shared_bytes(128, 2, 4, 8) - cuda_large.shared_bytes(128, 2, 4, 8, 1)
             == 3 * 2 * 8192)
-    bench = _bench()
+    bench = gemm_benchmark()
     cand = ("wgmma", 256, 2, 4, 6, 1, 1)
     assert bench._large_label(cand) == "wgmma_m256_g2_x4_w6_k1_r"
     entry = bench._large_entry(cand)
@@ -190,7 +179,7 @@ def test_producer_warpgroup_configuration():
     assert cuda_large.blocks_per_sm(64, 1, 3, 2, 1) == 2
     with pytest.raises(ValueError, match="bad configuration"):
         cuda_large.check_config(128, 1, 4, 8, 1, 2)
-    bench = _bench()
+    bench = gemm_benchmark()
     entry = bench._large_entry(("wgmma", 256, 2, 4, 6, 1, 2))
     assert entry["a_regs"] == 2 and bench._large_label(("wgmma", 256, 2, 4, 6, 1, 2)).endswith(
         "_k1_rp")
