@@ -47,7 +47,9 @@ def test_shipped_table_is_consistent():
             # what gemm_small accepts: at most 32 warps a block, the shared memory of an H200
             assert lay.groups in cuda.GROUPS and cfg.kw * lay.groups <= 32
             nt = -(-m // 8)
-            assert cuda.small_shared_bytes(nt, cfg.kw, lay.x_stages, lay.groups) <= 227 * 1024
+            assert lay.w_stages in cuda.W_STAGES
+            assert cuda.small_shared_bytes(nt, cfg.kw, lay.x_stages, lay.groups, lay.w_stages,
+                                           lay.tiles) <= 227 * 1024
 
 
 def test_large_config_by_shape_and_m_class():
@@ -116,7 +118,7 @@ def test_sweep_at_the_tables_kw_scores_layouts_at_that_kw(monkeypatch):
               "shapes": {}}
     monkeypatch.setattr(cfgs, "rule", lambda: in_use)
     layouts = gemm_bench.SWEEP_LAYOUTS[4]
-    fastest = layouts[-1]  # a grouped layout, neither the first nor a one-group one
+    fastest = layouts[-1]  # neither the first nor a one-group register-ring layout
     rows = []
     for (n, k), kw in (((4096, 4096), 8), ((28672, 4096), 2)):
         for lay in layouts:
@@ -166,3 +168,36 @@ def test_shared_memory_opt_in_counts_static_bytes():
     assert func.max_dynamic_shared_size_bytes == 100 * 1024
     cuda.allow_shared_memory(func, 60 * 1024)
     assert func.max_dynamic_shared_size_bytes == 100 * 1024
+
+
+def test_every_sweep_candidate_is_a_valid_schedule():
+    """What the small-M sweep times is what ``gemm_small`` instantiates, and fits the shared
+    memory of an H200 at every kw it is timed with."""
+    gemm_bench = gemm_benchmark()
+    for cls, layouts in gemm_bench.SWEEP_LAYOUTS.items():
+        assert len(set(layouts)) == len(layouts)
+        for lay in layouts:
+            d = gemm_bench._layout_dict(lay)
+            for kw in gemm_bench.SWEEP_KW:
+                if kw * d["groups"] > 32:
+                    continue
+                cuda.check_small(kw, **d)
+                assert cuda.small_shared_bytes(cls, kw, d["x_stages"], d["groups"],
+                                               d["w_stages"], d["tiles"]) <= 227 * 1024
+
+
+@pytest.mark.parametrize("bad", [dict(w_stages=5), dict(w_stages=3, depth=2),
+                                 dict(w_stages=4, x_stages=3), dict(w_stages=2, depth=2,
+                                                                    prefetch=True)])
+def test_weight_stages_reject_schedules_without_an_instantiation(bad):
+    """Weight stages come with depth 1, no prefetch and activation stages of the same count
+    (one commit group per column) or none."""
+    with pytest.raises(ValueError, match="bad configuration"):
+        cuda.check_small(**{"kw": 4, "depth": 1, **bad})
+
+
+def test_weight_stages_shared_memory():
+    # partials 4 x 512 B, 3 activation stages x 4 n-tiles x 1 KiB, 3 weight stages x 2 tiles x
+    # 1.5 KiB, per warp
+    assert cuda.small_shared_bytes(4, 4, 3, 1, 3, 2) == 4 * (2048 + 12288 + 9216)
+    assert cuda.small_shared_bytes(1, 8, 0, 2, 4, 1) == 16 * (512 + 6144)

@@ -59,15 +59,20 @@ def test_small_kernel_any_split(kw, depth):
 
 
 @needs_cupy
-@pytest.mark.parametrize("tiles,min_blocks,depth,x_stages,groups",
-                         [(2, 1, 1, 0, 1), (3, 1, 1, 0, 1), (4, 2, 2, 0, 1), (1, 3, 1, 0, 1),
-                          (1, 1, 1, 2, 1), (2, 2, 1, 3, 1), (1, 1, 2, 4, 1), (1, 1, 1, 0, 2),
-                          (2, 1, 1, 0, 3), (1, 2, 1, 2, 2), (1, 1, 2, 0, 4)])
-def test_small_kernel_schedules_change_no_bits(tiles, min_blocks, depth, x_stages, groups):
+@pytest.mark.parametrize("tiles,min_blocks,depth,x_stages,groups,w_stages",
+                         [(2, 1, 1, 0, 1, 0), (3, 1, 1, 0, 1, 0), (4, 2, 2, 0, 1, 0),
+                          (1, 3, 1, 0, 1, 0), (1, 1, 1, 2, 1, 0), (2, 2, 1, 3, 1, 0),
+                          (1, 1, 2, 4, 1, 0), (1, 1, 1, 0, 2, 0), (2, 1, 1, 0, 3, 0),
+                          (1, 2, 1, 2, 2, 0), (1, 1, 2, 0, 4, 0), (1, 1, 1, 0, 1, 2),
+                          (2, 2, 1, 0, 1, 4), (1, 1, 1, 3, 1, 3), (3, 3, 1, 0, 1, 6),
+                          (2, 1, 1, 0, 2, 3), (1, 2, 1, 4, 1, 4)])
+def test_small_kernel_schedules_change_no_bits(tiles, min_blocks, depth, x_stages, groups,
+                                               w_stages):
     """Tiles per block, tile groups per block, the register cap and shared-memory activation
-    stages change how the work is scheduled, not what is summed: the same bits as the plainest
-    schedule, also when the tile count (1000 rows = 63 tiles) is not a multiple of the block's
-    ``tiles * groups``."""
+    and weight stages change how the work is scheduled, not what is summed: the same bits as
+    the plainest schedule, also when the tile count (1000 rows = 63 tiles) is not a multiple
+    of the block's ``tiles * groups`` and a warp's chunk count (47 columns, kw 5: 9 or 10) not
+    one of the stage count."""
     t, x = _inputs(1000, 3000, 64, seed=tiles)
     pw = prepare_weight(encoded(t))
     bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
@@ -76,7 +81,7 @@ def test_small_kernel_schedules_change_no_bits(tiles, min_blocks, depth, x_stage
                 pw.n, pw.k)
         want = cuda.gemm_small(*args, kw=5, depth=2)
         got = cuda.gemm_small(*args, kw=5, depth=depth, tiles=tiles, min_blocks=min_blocks,
-                              x_stages=x_stages, groups=groups)
+                              x_stages=x_stages, groups=groups, w_stages=w_stages)
         assert_within_budget(got, x[:m], t, _ref(x[:m], t, bias), bias)
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"M={m}"
 

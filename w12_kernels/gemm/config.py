@@ -45,6 +45,7 @@ class Layout:
     min_blocks: int = 1  # blocks of 8 warps per multiprocessor the registers must allow
     x_stages: int = 0  # activations through this many shared-memory stages (0: registers)
     groups: int = 1  # groups of kw warps per block, each on its own tiles (sharing L1)
+    w_stages: int = 0  # weights through this many shared-memory stages (0: register ring)
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,9 @@ SOURCE_PATH = Path(__file__).with_name("kernels.cu")
 NT_MAX = 8  # 8 activation rows per n-tile: M <= 64
 TILES = (1, 2, 3, 4)  # 16-row tiles per block
 MIN_BLOCKS = (1, 2, 3, 4)  # blocks of 8 warps per multiprocessor the registers must allow
-X_STAGES = (0, 2, 3, 4)  # shared-memory activation stages (0: activations through registers)
+X_STAGES = (0, 2, 3, 4, 6)  # shared-memory activation stages (0: activations through registers)
 GROUPS = (1, 2, 3, 4)  # groups of kw warps per block, each on its own tiles
+W_STAGES = (0, 2, 3, 4, 6)  # shared-memory weight stages (0: the register ring of `depth`)
 
 
 @functools.cache
@@ -43,13 +44,13 @@ def available() -> bool:
 
 
 def kernel_name(nt: int, depth: int, prefetch: bool, tiles: int = 1, min_blocks: int = 1,
-                x_stages: int = 0, groups: int = 1, kw: int = 8) -> str:
+                x_stages: int = 0, groups: int = 1, kw: int = 8, w_stages: int = 0) -> str:
     """The instantiation; its launch bound is 8 warps with one group (any kw), else exactly
     the ``kw * groups`` warps of the launch (so that the register cap is not lower than it
     needs to be)."""
     bound = 8 if groups == 1 else kw * groups
     return (f"w12_gemm_small<{nt}, {depth}, {'true' if prefetch else 'false'}, {tiles}, "
-            f"{min_blocks}, {x_stages}, {groups}, {bound}>")
+            f"{min_blocks}, {x_stages}, {groups}, {bound}, {w_stages}>")
 
 
 @functools.cache
@@ -114,10 +115,12 @@ def allow_shared_memory(func, smem: int) -> None:
         func.max_dynamic_shared_size_bytes = smem
 
 
-def small_shared_bytes(nt: int, kw: int, x_stages: int = 0, groups: int = 1) -> int:
+def small_shared_bytes(nt: int, kw: int, x_stages: int = 0, groups: int = 1,
+                       w_stages: int = 0, tiles: int = 1) -> int:
     """``w12_gemm_small``'s dynamic shared memory: each group's kw partial tiles (at most
-    32 KiB a group), then each warp's activation stages (1 KiB per n-tile and stage)."""
-    return groups * kw * (nt * 4 * 32 * 4 + x_stages * nt * 1024)
+    32 KiB a group), then each warp's activation stages (1 KiB per n-tile and stage), then
+    each warp's weight stages (1.5 KiB per tile and stage)."""
+    return groups * kw * (nt * 4 * 32 * 4 + x_stages * nt * 1024 + w_stages * tiles * 1536)
 
 
 @functools.cache
@@ -137,11 +140,25 @@ def _padded_x(x: torch.Tensor, kp: int) -> torch.Tensor:
     return padded
 
 
+def check_small(kw: int, depth: int, prefetch: bool = False, tiles: int = 1,
+                min_blocks: int = 1, x_stages: int = 0, groups: int = 1,
+                w_stages: int = 0) -> None:
+    """ValueError unless ``gemm_small`` has an instantiation of this schedule."""
+    if (not 1 <= kw <= 8 or depth < 1 or (prefetch and depth % 2) or tiles not in TILES
+            or min_blocks not in MIN_BLOCKS or x_stages not in X_STAGES
+            or (prefetch and x_stages) or groups not in GROUPS or kw * groups > 32
+            or w_stages not in W_STAGES
+            or (w_stages and (depth != 1 or prefetch or x_stages not in (0, w_stages)))):
+        raise ValueError(f"gemm_small: bad configuration kw={kw} depth={depth} "
+                         f"prefetch={prefetch} tiles={tiles} min_blocks={min_blocks} "
+                         f"x_stages={x_stages} groups={groups} w_stages={w_stages}")
+
+
 def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                esc_rowptr: torch.Tensor, esc_col: torch.Tensor, esc_delta: torch.Tensor,
                bias: torch.Tensor | None, n: int, k: int, *, kw: int, depth: int,
                prefetch: bool = False, tiles: int = 1, min_blocks: int = 1,
-               x_stages: int = 0, groups: int = 1,
+               x_stages: int = 0, groups: int = 1, w_stages: int = 0,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]`` with ``M <= 64``.
 
@@ -153,8 +170,10 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     them through that many shared-memory stages with cp.async; ``min_blocks`` caps the registers
     so that that many blocks (of 8 warps, or ``kw * groups`` with groups) fit on a
     multiprocessor; ``groups`` puts that many groups of ``kw`` warps, each on its own ``tiles``
-    tiles, in one block, so that the activations one group loads are in L1 for the others.
-    None of these changes a sum.
+    tiles, in one block, so that the activations one group loads are in L1 for the others;
+    ``w_stages`` >= 2 streams the weights through that many shared-memory stages with cp.async
+    instead of the register ring (``depth`` 1, no ``prefetch``, ``x_stages`` 0 or the same
+    count), so that the chunks in flight cost no registers. None of these changes a sum.
     """
     m = x.shape[0]
     if out is None:
@@ -163,21 +182,17 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
         return out
     if m > 8 * NT_MAX:
         raise ValueError(f"gemm_small takes at most {8 * NT_MAX} rows, got {m}")
-    if (not 1 <= kw <= 8 or depth < 1 or (prefetch and depth % 2) or tiles not in TILES
-            or min_blocks not in MIN_BLOCKS or x_stages not in X_STAGES
-            or (prefetch and x_stages) or groups not in GROUPS or kw * groups > 32):
-        raise ValueError(f"gemm_small: bad configuration kw={kw} depth={depth} "
-                         f"prefetch={prefetch} tiles={tiles} min_blocks={min_blocks} "
-                         f"x_stages={x_stages} groups={groups}")
+    check_small(kw, depth, prefetch, tiles, min_blocks, x_stages, groups, w_stages)
     ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
     xp = _padded_x(x, nchunks * 64)
     nt = math.ceil(m / 8)
     device = x.device
     func = _kernel(_index(device), kernel_name(nt, depth, prefetch, tiles, min_blocks,
-                                                  x_stages, groups, kw))
-    smem = small_shared_bytes(nt, kw, x_stages, groups)
+                                                  x_stages, groups, kw, w_stages))
+    smem = small_shared_bytes(nt, kw, x_stages, groups, w_stages, tiles)
     if smem > shared_memory_limit(_index(device)):
-        raise ValueError(f"gemm_small: kw={kw} groups={groups} x_stages={x_stages} need "
+        raise ValueError(f"gemm_small: kw={kw} groups={groups} x_stages={x_stages} "
+                         f"w_stages={w_stages} tiles={tiles} need "
                          f"{smem} bytes of shared memory at {m} rows, over the "
                          f"{shared_memory_limit(_index(device))} a block may have here")
     args = (_ptr(chunks), _ptr(xp), _ptr(out), _ptr(scale), _ptr(esc_rowptr), _ptr(esc_col),

@@ -7,7 +7,7 @@
 // own words into the exact fragment registers, so the main loop is loads, 11 integer
 // operations per 8 weights, and MMAs.
 //
-// w12_gemm_small<NT, P, XPF, TL, MINB, XS, TG, WB>: y[M, N] = x[M, K] @ W^T for M <= 8 NT. One
+// w12_gemm_small<NT, P, XPF, TL, MINB, XS, TG, WB, WS>: y[M, N] = x[M, K] @ W^T for M <= 8 NT. One
 // block per TG groups of TL consecutive 16-row tiles; each group's kw warps split the chunk
 // columns, warp w taking columns w, w + kw, w + 2 kw, ... of every tile of its group (so a
 // group reads one contiguous run of kw chunks per tile at a time, each activation fragment a
@@ -16,13 +16,16 @@
 // keeps P columns of weight loads in flight (a ring of registers indexed by compile-time
 // constants). Activations: loaded just before use, or with XPF one column ahead into
 // registers, or with XS >= 2 through a ring of XS stages in shared memory filled by cp.async
-// XS - 1 columns ahead. MINB caps the registers so that MINB blocks of WB warps (at least the
-// kw TG of the launch; 8 where TG is 1) fit on a multiprocessor. The block sums each tile's
-// kw partial tiles in shared memory in warp order 0..kw-1. None of TG, TL, P, XPF, XS, MINB
-// changes a sum: each row's products are accumulated in the same order whatever they are. No
-// atomics, and kw depends on the weight shape only, so the bits of an output row do not
-// depend on M. The epilogue scales each row by 2^(e0 - 112), adds the escape corrections in
-// list order and the bias, and rounds to BF16.
+// XS - 1 columns ahead. With WS >= 2 the weights, too, go through shared memory instead of the
+// register ring: each lane copies its own 48 bytes of a chunk by cp.async (L2 only) into a
+// ring of WS stages, WS - 1 columns ahead, so the bytes in flight do not cost registers. MINB
+// caps the registers so that MINB blocks of WB warps (at least the kw TG of the launch; 8
+// where TG is 1) fit on a multiprocessor. The block sums each tile's kw partial tiles in
+// shared memory in warp order 0..kw-1. None of TG, TL, P, XPF, XS, WS, MINB changes a sum:
+// each row's products are accumulated in the same order whatever they are. No atomics, and kw
+// depends on the weight shape only, so the bits of an output row do not depend on M. The
+// epilogue scales each row by 2^(e0 - 112), adds the escape corrections in list order and the
+// bias, and rounds to BF16.
 //
 // w12_decode: the in-window weights as BF16 [N, K] (escapes come out as record 0;
 // w12_write_escapes writes them in after it).
@@ -160,13 +163,42 @@ __device__ __forceinline__ void read_x(u32 (&xv)[NT][8], const u32* stage, int l
   }
 }
 
-template <int NT, int P, bool XPF, int TL, int MINB, int XS, int TG, int WB>
+// Weights through shared memory: each lane copies its own three 16-byte words of each tile's
+// chunk (cp.async.cg: L2 only) into a part of the stage no other lane touches, so, as for the
+// activations, only the lane's own cp.async groups need waiting on. A stage is TL x 3 x 32
+// words of 16 bytes, lanes adjacent (conflict-free 16-byte reads).
+template <int TL>
+__device__ __forceinline__ void issue_w(u32* stage, const Words4* const (&wp)[TL], int chunk,
+                                        int lane) {
+#pragma unroll
+  for (int tt = 0; tt < TL; ++tt)
+#pragma unroll
+    for (int q = 0; q < 3; ++q) {
+      const u32 dst = (u32)__cvta_generic_to_shared(stage + ((tt * 3 + q) * 32 + lane) * 4);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst),
+                   "l"(wp[tt] + (size_t)chunk * 96 + q * 32));
+    }
+}
+
+template <int TL>
+__device__ __forceinline__ void read_w(Words4 (&w)[TL][3], const u32* stage, int lane) {
+#pragma unroll
+  for (int tt = 0; tt < TL; ++tt)
+#pragma unroll
+    for (int q = 0; q < 3; ++q) {
+      const uint4 v = *reinterpret_cast<const uint4*>(stage + ((tt * 3 + q) * 32 + lane) * 4);
+      w[tt][q].x = v.x; w[tt][q].y = v.y; w[tt][q].z = v.z; w[tt][q].w = v.w;
+    }
+}
+
+template <int NT, int P, bool XPF, int TL, int MINB, int XS, int TG, int WB, int WS>
 __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
     const float* __restrict__ scale, const int* __restrict__ rowptr,
     const int* __restrict__ esc_col, const float* __restrict__ esc_delta,
     const bf16_t* __restrict__ bias, int M, int N, int ntiles, int nchunks, int ldx, int kw) {
-  // [TG][kw][NT * 4][32], then with XS: [TG kw][XS][NT][32][8]
+  // [TG][kw][NT * 4][32], then with XS: [TG kw][XS][NT][32][8], then with WS:
+  // [TG kw][WS][TL][3][32][4]
   extern __shared__ float partial[];
   const int warp = threadIdx.x >> 5;  // (grp, w): warp w of the kw of tile group grp
   const int lane = threadIdx.x & 31;
@@ -204,7 +236,7 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
   Words4 ring[P][TL][3];
 #pragma unroll
   for (int s = 0; s < P; ++s) {
-    if (s < n) {
+    if (WS == 0 && s < n) {
 #pragma unroll
       for (int tt = 0; tt < TL; ++tt) {
         const Words4* p = wp[tt] + (size_t)(first + s * step) * 96;
@@ -219,14 +251,50 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
   // XS > 0: a ring of XS activation stages per warp in shared memory, XS - 1 columns ahead
   u32* xstages =
       reinterpret_cast<u32*>(partial + TG * kw * NT * 4 * 32) + warp * XS * NT * 256;
-  if (XS > 0) {
+  if (XS > 0 && WS == 0) {
 #pragma unroll
     for (int st = 0; st < XS - 1; ++st) {
       if (st < n) issue_x<NT>(xstages + st * NT * 256, xrow, live, first + st * step, lane);
       asm volatile("cp.async.commit_group;");
     }
   }
-  for (int i = 0; i < n; i += P) {
+  if constexpr (WS > 0) {
+    // one commit group per column, with the column WS - 1 ahead's weights and (XS == WS)
+    // activations; waiting until all but the last WS - 1 groups are done leaves the current
+    // column's copies complete
+    static_assert(XS == 0 || XS == WS, "activation stages: none or as many as weight stages");
+    u32* wstages = reinterpret_cast<u32*>(partial + TG * kw * NT * 4 * 32) +
+                   TG * kw * XS * NT * 256 + warp * WS * TL * 384;
+#pragma unroll
+    for (int st = 0; st < WS - 1; ++st) {
+      if (st < n) {
+        issue_w<TL>(wstages + st * TL * 384, wp, first + st * step, lane);
+        if (XS > 0) issue_x<NT>(xstages + st * NT * 256, xrow, live, first + st * step, lane);
+      }
+      asm volatile("cp.async.commit_group;");
+    }
+    for (int ii = 0; ii < n; ++ii) {
+      const int ahead = ii + WS - 1;
+      if (ahead < n) {
+        issue_w<TL>(wstages + (ahead % WS) * TL * 384, wp, first + ahead * step, lane);
+        if (XS > 0)
+          issue_x<NT>(xstages + (ahead % WS) * NT * 256, xrow, live, first + ahead * step,
+                      lane);
+      }
+      asm volatile("cp.async.commit_group;");
+      asm volatile("cp.async.wait_group %0;" ::"n"(WS - 1));
+      Words4 w[TL][3];
+      read_w<TL>(w, wstages + (ii % WS) * TL * 384, lane);
+      u32 xv[NT][8];
+      if (XS > 0)
+        read_x<NT>(xv, xstages + (ii % WS) * NT * 256, lane);
+      else
+        load_x<NT>(xv, xrow, live, first + ii * step);
+#pragma unroll
+      for (int tt = 0; tt < TL; ++tt) chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
+    }
+  }
+  for (int i = 0; i < (WS > 0 ? 0 : n); i += P) {
 #pragma unroll
     for (int s = 0; s < P; ++s) {
       const int ii = i + s;
