@@ -235,7 +235,8 @@ def geomeans(rows: list[dict]) -> dict[int, float]:
 
 SWEEP_SHAPES = sorted({(n, k) for model in MODELS for _, n, k in layer_shapes(model)})
 SWEEP_KW = (2, 4, 8)  # kw 1 never won a shape of the table
-# per NT class, the candidate schedules (depth, prefetch, tiles, min_blocks, x_stages, groups)
+# per NT class, the candidate schedules (depth, prefetch, tiles, min_blocks, x_stages), then
+# (..., groups) and the weight-staged ones; SWEEP_LAYOUTS in the order of LAYOUT_KEYS
 _ONE_GROUP = {
     1: ((1, False, 1, 1, 0), (2, False, 1, 1, 0), (2, True, 1, 1, 0), (1, False, 1, 1, 2)),
     2: ((1, False, 1, 1, 0), (2, False, 1, 1, 0), (2, True, 1, 1, 0), (1, False, 2, 1, 0),
@@ -256,9 +257,21 @@ _GROUPED = {
         (1, False, 1, 2, 0, 2)),
     8: ((1, False, 1, 1, 0, 2), (1, False, 2, 1, 0, 2), (1, False, 1, 1, 0, 4)),
 }
-SWEEP_LAYOUTS = {cls: tuple((*lay, 1) for lay in _ONE_GROUP[cls]) + _GROUPED[cls]
+# the weights through shared-memory stages filled by cp.async instead of the register ring, so
+# that the chunks in flight per warp cost no registers (depth 1; activations in registers or in
+# as many stages): (tiles, min_blocks, x_stages, w_stages)
+_W_STAGED = {
+    1: ((1, 1, 0, 3), (1, 1, 0, 4), (1, 1, 0, 6), (1, 1, 3, 3), (1, 1, 4, 4), (1, 1, 6, 6)),
+    2: ((1, 1, 0, 3), (1, 1, 0, 4), (1, 2, 0, 4), (2, 1, 0, 3), (1, 1, 3, 3), (1, 1, 0, 6),
+        (1, 2, 0, 3), (1, 2, 3, 3)),
+    4: ((1, 2, 0, 4), (2, 2, 0, 3), (2, 2, 0, 4), (1, 3, 0, 3), (2, 3, 3, 3)),
+    8: ((1, 1, 0, 3), (2, 1, 0, 3), (1, 2, 0, 3)),
+}
+SWEEP_LAYOUTS = {cls: tuple((*lay, 1, 0) for lay in _ONE_GROUP[cls])
+                 + tuple((*lay, 0) for lay in _GROUPED[cls])
+                 + tuple((1, False, t, b, xs, 1, ws) for t, b, xs, ws in _W_STAGED[cls])
                  for cls in _ONE_GROUP}
-LAYOUT_KEYS = ("depth", "prefetch", "tiles", "min_blocks", "x_stages", "groups")
+LAYOUT_KEYS = ("depth", "prefetch", "tiles", "min_blocks", "x_stages", "groups", "w_stages")
 
 
 def _layout_dict(layout: tuple) -> dict:
@@ -392,12 +405,13 @@ def run_sweep(m_values, keep_kw: bool = False) -> tuple[list[dict], dict]:
                 if chunks // kw < 2:
                     continue
                 for lay in SWEEP_LAYOUTS[_nt_class(m)]:
-                    depth, prefetch, tiles, min_blocks, x_stages, groups = lay
+                    depth, prefetch, tiles, min_blocks, x_stages, groups, w_stages = lay
                     if kw * groups > 32:
                         continue
                     label = (f"kw{kw}_d{depth}{'_xpf' if prefetch else ''}_t{tiles}"
                              f"_b{min_blocks}_xs{x_stages}"
-                             + (f"_g{groups}" if groups > 1 else ""))
+                             + (f"_g{groups}" if groups > 1 else "")
+                             + (f"_ws{w_stages}" if w_stages else ""))
                     runs[label] = _small_runner(kw, lay)
                     meta[label] = dict(kw=kw, **_layout_dict(lay))
             t_ref, results = _measure(layer, m, runs)
