@@ -39,7 +39,7 @@ def test_linear_within_budget(n, k):
 
 
 @needs_cupy
-@pytest.mark.parametrize("kw,depth", [(1, 2), (3, 3), (5, 4), (8, 6), (8, 2)])
+@pytest.mark.parametrize("kw,depth", [(1, 2), (3, 3), (5, 4), (8, 6), (8, 2), (16, 2), (13, 1)])
 def test_small_kernel_any_split(kw, depth):
     """The small-M kernel at awkward splits: within budget, and the same bits with and without
     the activation prefetch (it changes when loads happen, not what is summed)."""
@@ -84,6 +84,23 @@ def test_small_kernel_schedules_change_no_bits(tiles, min_blocks, depth, x_stage
                               x_stages=x_stages, groups=groups, w_stages=w_stages)
         assert_within_budget(got, x[:m], t, _ref(x[:m], t, bias), bias)
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"M={m}"
+
+
+@needs_cupy
+def test_small_kernel_sixteen_warps_a_tile():
+    """kw 16 (a 1024-thread block with two tile groups): every schedule the same bits as the
+    plainest one at that kw."""
+    t, x = _inputs(1000, 3000, 64, seed=16)
+    pw = prepare_weight(encoded(t))
+    for m in (1, 16, 40):
+        args = (x[:m], pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, None,
+                pw.n, pw.k)
+        want = cuda.gemm_small(*args, kw=16, depth=2)
+        assert_within_budget(want, x[:m], t, _ref(x[:m], t, None), None)
+        for lay in (dict(depth=1, w_stages=3, groups=2), dict(depth=1, x_stages=3, w_stages=3),
+                    dict(depth=2, tiles=2, min_blocks=2)):
+            got = cuda.gemm_small(*args, kw=16, **lay)
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"M={m} {lay}"
 
 
 @needs_cupy

@@ -22,6 +22,7 @@ import torch
 
 SOURCE_PATH = Path(__file__).with_name("kernels.cu")
 NT_MAX = 8  # 8 activation rows per n-tile: M <= 64
+KW_MAX = 16  # warps sharing a 16-row tile (a block holds kw x groups <= 32 warps)
 TILES = (1, 2, 3, 4)  # 16-row tiles per block
 MIN_BLOCKS = (1, 2, 3, 4)  # blocks of 8 warps per multiprocessor the registers must allow
 X_STAGES = (0, 2, 3, 4, 6)  # shared-memory activation stages (0: activations through registers)
@@ -45,10 +46,10 @@ def available() -> bool:
 
 def kernel_name(nt: int, depth: int, prefetch: bool, tiles: int = 1, min_blocks: int = 1,
                 x_stages: int = 0, groups: int = 1, kw: int = 8, w_stages: int = 0) -> str:
-    """The instantiation; its launch bound is 8 warps with one group (any kw), else exactly
-    the ``kw * groups`` warps of the launch (so that the register cap is not lower than it
-    needs to be)."""
-    bound = 8 if groups == 1 else kw * groups
+    """The instantiation; its launch bound is 8 warps with one group of up to 8 warps (any
+    such kw), else exactly the ``kw * groups`` warps of the launch (so that the register cap is
+    not lower than it needs to be)."""
+    bound = max(8, kw) if groups == 1 else kw * groups
     return (f"w12_gemm_small<{nt}, {depth}, {'true' if prefetch else 'false'}, {tiles}, "
             f"{min_blocks}, {x_stages}, {groups}, {bound}, {w_stages}>")
 
@@ -144,7 +145,7 @@ def check_small(kw: int, depth: int, prefetch: bool = False, tiles: int = 1,
                 min_blocks: int = 1, x_stages: int = 0, groups: int = 1,
                 w_stages: int = 0) -> None:
     """ValueError unless ``gemm_small`` has an instantiation of this schedule."""
-    if (not 1 <= kw <= 8 or depth < 1 or (prefetch and depth % 2) or tiles not in TILES
+    if (not 1 <= kw <= KW_MAX or depth < 1 or (prefetch and depth % 2) or tiles not in TILES
             or min_blocks not in MIN_BLOCKS or x_stages not in X_STAGES
             or (prefetch and x_stages) or groups not in GROUPS or kw * groups > 32
             or w_stages not in W_STAGES

@@ -20,7 +20,7 @@
 // register ring: each lane copies its own 48 bytes of a chunk by cp.async (L2 only) into a
 // ring of WS stages, WS - 1 columns ahead, so the bytes in flight do not cost registers. MINB
 // caps the registers so that MINB blocks of WB warps (at least the kw TG of the launch; 8
-// where TG is 1) fit on a multiprocessor. The block sums each tile's kw partial tiles in
+// where TG is 1 and kw <= 8) fit on a multiprocessor. The block sums each tile's kw partial tiles in
 // shared memory in warp order 0..kw-1. None of TG, TL, P, XPF, XS, WS, MINB changes a sum:
 // each row's products are accumulated in the same order whatever they are. No atomics, and kw
 // depends on the weight shape only, so the bits of an output row do not depend on M. The
