@@ -42,7 +42,8 @@ class Layout:
     depth: int = 2  # chunk columns of loads in flight per warp
     prefetch: bool = False  # activations of the next column loaded ahead
     tiles: int = 1  # 16-row tiles per block (each activation load serves all of them)
-    min_blocks: int = 1  # blocks of 8 warps per multiprocessor the registers must allow
+    min_blocks: int = 1  # blocks per multiprocessor the registers must allow (blocks of 8
+    # warps, or of kw x groups warps where that is more)
     x_stages: int = 0  # activations through this many shared-memory stages (0: registers)
     groups: int = 1  # groups of kw warps per block, each on its own tiles (sharing L1)
     w_stages: int = 0  # weights through this many shared-memory stages (0: register ring)

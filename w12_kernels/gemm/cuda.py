@@ -24,7 +24,7 @@ SOURCE_PATH = Path(__file__).with_name("kernels.cu")
 NT_MAX = 8  # 8 activation rows per n-tile: M <= 64
 KW_MAX = 16  # warps sharing a 16-row tile (a block holds kw x groups <= 32 warps)
 TILES = (1, 2, 3, 4)  # 16-row tiles per block
-MIN_BLOCKS = (1, 2, 3, 4)  # blocks of 8 warps per multiprocessor the registers must allow
+MIN_BLOCKS = (1, 2, 3, 4)  # blocks (of max(8, kw x groups) warps) per SM the registers allow
 X_STAGES = (0, 2, 3, 4, 6)  # shared-memory activation stages (0: activations through registers)
 GROUPS = (1, 2, 3, 4)  # groups of kw warps per block, each on its own tiles
 W_STAGES = (0, 2, 3, 4, 6)  # shared-memory weight stages (0: the register ring of `depth`)
@@ -169,7 +169,7 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     chunk columns of loads stay in flight per warp; ``prefetch`` loads the next column's
     activations ahead into registers (``depth`` even); ``x_stages`` >= 2 instead streams
     them through that many shared-memory stages with cp.async; ``min_blocks`` caps the registers
-    so that that many blocks (of 8 warps, or ``kw * groups`` with groups) fit on a
+    so that that many blocks (of 8 warps, or ``kw * groups`` where that is more) fit on a
     multiprocessor; ``groups`` puts that many groups of ``kw`` warps, each on its own ``tiles``
     tiles, in one block, so that the activations one group loads are in L1 for the others;
     ``w_stages`` >= 2 streams the weights through that many shared-memory stages with cp.async

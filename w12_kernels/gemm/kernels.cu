@@ -20,12 +20,12 @@
 // register ring: each lane copies its own 48 bytes of a chunk by cp.async (L2 only) into a
 // ring of WS stages, WS - 1 columns ahead, so the bytes in flight do not cost registers. MINB
 // caps the registers so that MINB blocks of WB warps (at least the kw TG of the launch; 8
-// where TG is 1 and kw <= 8) fit on a multiprocessor. The block sums each tile's kw partial tiles in
-// shared memory in warp order 0..kw-1. None of TG, TL, P, XPF, XS, WS, MINB changes a sum:
-// each row's products are accumulated in the same order whatever they are. No atomics, and kw
-// depends on the weight shape only, so the bits of an output row do not depend on M. The
-// epilogue scales each row by 2^(e0 - 112), adds the escape corrections in list order and the
-// bias, and rounds to BF16.
+// where TG is 1 and kw <= 8) fit on a multiprocessor. The block sums each tile's kw partial
+// tiles in shared memory in warp order 0..kw-1. None of TG, TL, P, XPF, XS, WS, MINB changes
+// a sum: each row's products are accumulated in the same order whatever they are. No atomics,
+// and kw depends on the weight shape only, so the bits of an output row do not depend on M.
+// The epilogue scales each row by 2^(e0 - 112), adds the escape corrections in list order and
+// the bias, and rounds to BF16.
 //
 // w12_decode: the in-window weights as BF16 [N, K] (escapes come out as record 0;
 // w12_write_escapes writes them in after it).
