@@ -22,6 +22,7 @@ CASES = [  # (m, n, k, kw, depth, prefetch)
     (8, 130, 300, 4, 6, False),
     (64, 33, 129, 3, 2, True),
     (5, 20, 64, 3, 2, False),  # one chunk, kw > chunks: warps with nothing to do
+    (16, 40, 2100, 16, 2, False),  # kw 16: 33 columns, two or three a warp
 ]
 
 
