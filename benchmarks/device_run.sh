@@ -42,7 +42,7 @@ if [[ $MODE == experimental ]]; then
 fi
 if [[ $MODE == sweep || $MODE == all ]]; then
   timeout "${SWEEP_LIMIT:-240}" python3 benchmarks/gemm.py --sweep --write-table \
-    --m "${SWEEP_M:-1,16,32}" ${SWEEP_ARGS:-} --json "$OUT/sweep.json" 2>&1 \
+    --m "${SWEEP_M:-1,8,16,32}" ${SWEEP_ARGS:-} --json "$OUT/sweep.json" 2>&1 \
     | tee "$OUT/sweep.txt"
   cp w12_kernels/gemm/tuned.json "$OUT/" 2>/dev/null || true
 fi

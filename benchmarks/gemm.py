@@ -279,7 +279,9 @@ def _layout_dict(layout: tuple) -> dict:
     return dict(zip(LAYOUT_KEYS, layout, strict=True))
 SWEEP_RULES = [dict(warps_per_sm=w, min_chunks_per_warp=c, max_kw=8)
                for w in (4, 8, 16, 32, 64, 128) for c in (2, 4, 8)]
-SCORED_M = (1, 16, 32)  # the M kw is chosen on (the bars); 64 only picks its layout
+SCORED_M = (1, 8, 16, 32)  # the M kw is chosen on (the bars; 1 and 8 bound the NT = 1
+# class, whose layouts with activations in registers ran 3-13% slower at M = 8 than at 1,
+# docs/PERF_GEMM.md #31); 64 only picks its layout
 
 
 def _time_candidates(layer: Layer, m: int, runs: dict) -> tuple[float, dict]:

@@ -207,3 +207,24 @@ def test_weight_stages_shared_memory():
     # 1.5 KiB, per warp
     assert cuda.small_shared_bytes(4, 4, 3, 1, 3, 2) == 4 * (2048 + 12288 + 9216)
     assert cuda.small_shared_bytes(1, 8, 0, 2, 4, 1) == 16 * (512 + 6144)
+
+
+def test_sweep_picks_the_nt1_layout_on_every_timed_row_count(monkeypatch):
+    """A layout that wins M = 1 by 1% but loses M = 8 by 10% is not the NT = 1 choice: the
+    class's layout is scored over every M of the class the sweep timed (run 115 picked
+    activations in registers on M = 1 alone; they ran up to 13% slower at M = 8)."""
+    gemm_bench = gemm_benchmark()
+    in_use = {"warps_per_sm": 128, "min_chunks_per_warp": 2, "max_kw": 8,
+              "by_nt": {c: {"depth": 1, "prefetch": False, "tiles": 1} for c in "1248"},
+              "shapes": {}}
+    monkeypatch.setattr(cfgs, "rule", lambda: in_use)
+    layouts = gemm_bench.SWEEP_LAYOUTS[1]
+    in_registers, staged = layouts[0], layouts[-1]
+    assert 8 in gemm_bench.SCORED_M
+    times = {(in_registers, 1): 9.9, (staged, 1): 10.0, (in_registers, 8): 11.0,
+             (staged, 8): 10.0}
+    rows = [dict(n=4096, k=4096, m=m, kw=8, **gemm_bench._layout_dict(lay),
+                 us=times.get((lay, m), 20.0), err_ratio=1.0, cublas_us=13.0)
+            for m in (1, 8) for lay in layouts]
+    table, _ = gemm_bench.choose_rule(rows, 132, keep_kw=True)
+    assert table["shapes"]["4096x4096"]["by_nt"]["1"] == gemm_bench._layout_dict(staged)
