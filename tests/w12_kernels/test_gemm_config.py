@@ -110,15 +110,21 @@ def test_sweep_keeps_the_layouts_of_classes_it_did_not_time(monkeypatch):
     assert shape["by_nt"]["1"] == gemm_bench._layout_dict(gemm_bench.SWEEP_LAYOUTS[1][0])
 
 
+def _plain_table_in_use(monkeypatch) -> dict:
+    """A table in use with one plain layout for every class and no per-shape entries."""
+    in_use = {"warps_per_sm": 128, "min_chunks_per_warp": 2, "max_kw": 8,
+              "by_nt": {c: {"depth": 1, "prefetch": False, "tiles": 1} for c in "1248"},
+              "shapes": {}}
+    monkeypatch.setattr(cfgs, "rule", lambda: in_use)
+    return in_use
+
+
 def test_sweep_at_the_tables_kw_scores_layouts_at_that_kw(monkeypatch):
     """A small-M sweep with ``--keep-kw`` times each shape at the kw of the table in use only:
     the layouts for unswept shapes are the best at those kws (not the first candidate, which
     is what scoring them under the kw rules, all -inf, once wrote) and the kw rule stays."""
     gemm_bench = gemm_benchmark()
-    in_use = {"warps_per_sm": 128, "min_chunks_per_warp": 2, "max_kw": 8,
-              "by_nt": {c: {"depth": 1, "prefetch": False, "tiles": 1} for c in "1248"},
-              "shapes": {}}
-    monkeypatch.setattr(cfgs, "rule", lambda: in_use)
+    _plain_table_in_use(monkeypatch)
     layouts = gemm_bench.SWEEP_LAYOUTS[4]
     fastest = layouts[-1]  # neither the first nor a one-group register-ring layout
     rows = []
@@ -214,10 +220,7 @@ def test_sweep_picks_the_nt1_layout_on_every_timed_row_count(monkeypatch):
     class's layout is scored over every M of the class the sweep timed (run 115 picked
     activations in registers on M = 1 alone; they ran up to 13% slower at M = 8)."""
     gemm_bench = gemm_benchmark()
-    in_use = {"warps_per_sm": 128, "min_chunks_per_warp": 2, "max_kw": 8,
-              "by_nt": {c: {"depth": 1, "prefetch": False, "tiles": 1} for c in "1248"},
-              "shapes": {}}
-    monkeypatch.setattr(cfgs, "rule", lambda: in_use)
+    _plain_table_in_use(monkeypatch)
     layouts = gemm_bench.SWEEP_LAYOUTS[1]
     in_registers, staged = layouts[0], layouts[-1]
     assert 8 in gemm_bench.SCORED_M
