@@ -268,29 +268,11 @@ _W_STAGED = {
     4: ((1, 2, 0, 4), (2, 2, 0, 3), (2, 2, 0, 4), (1, 3, 0, 3), (2, 3, 3, 3)),
     8: ((1, 1, 0, 3), (2, 1, 0, 3), (1, 2, 0, 3)),
 }
-# the rows cut into token slices, each run by its own block on the same tiles (adjacent
-# blocks, so that the weights one block reads from DRAM are L2 hits for the others, and each
-# block holds the activation registers of fewer rows): M = 16 at the NT = 1 schedules, M = 32
-# at the NT = 2 and NT = 1 ones; (depth, tiles, min_blocks, x_stages, groups, w_stages, slices)
-_SLICED = {
-    1: (),
-    2: ((1, 1, 1, 0, 1, 0, 2), (1, 1, 1, 0, 1, 3, 2), (1, 1, 1, 3, 1, 3, 2),
-        (1, 1, 1, 2, 1, 0, 2), (1, 2, 1, 0, 1, 0, 2), (1, 1, 1, 0, 2, 0, 2),
-        (2, 1, 1, 0, 1, 0, 2)),
-    4: ((1, 1, 1, 0, 1, 0, 2), (1, 2, 1, 0, 1, 0, 2), (1, 1, 1, 0, 1, 3, 2),
-        (1, 1, 1, 0, 2, 0, 2), (1, 1, 1, 0, 1, 3, 4), (1, 1, 1, 3, 1, 3, 4),
-        (1, 2, 1, 0, 1, 0, 4)),
-    8: ((1, 2, 2, 0, 1, 0, 2), (1, 2, 1, 0, 1, 0, 2), (1, 1, 1, 0, 1, 0, 4),
-        (1, 2, 1, 0, 1, 0, 4)),
-}
-SWEEP_LAYOUTS = {cls: tuple((*lay, 1, 0, 1) for lay in _ONE_GROUP[cls])
-                 + tuple((*lay, 0, 1) for lay in _GROUPED[cls])
-                 + tuple((1, False, t, b, xs, 1, ws, 1) for t, b, xs, ws in _W_STAGED[cls])
-                 + tuple((d, False, t, b, xs, g, ws, sl) for d, t, b, xs, g, ws, sl
-                         in _SLICED[cls])
+SWEEP_LAYOUTS = {cls: tuple((*lay, 1, 0) for lay in _ONE_GROUP[cls])
+                 + tuple((*lay, 0) for lay in _GROUPED[cls])
+                 + tuple((1, False, t, b, xs, 1, ws) for t, b, xs, ws in _W_STAGED[cls])
                  for cls in _ONE_GROUP}
-LAYOUT_KEYS = ("depth", "prefetch", "tiles", "min_blocks", "x_stages", "groups", "w_stages",
-               "slices")
+LAYOUT_KEYS = ("depth", "prefetch", "tiles", "min_blocks", "x_stages", "groups", "w_stages")
 
 
 def _layout_dict(layout: tuple) -> dict:
@@ -426,14 +408,13 @@ def run_sweep(m_values, keep_kw: bool = False) -> tuple[list[dict], dict]:
                 if chunks // kw < 2:
                     continue
                 for lay in SWEEP_LAYOUTS[_nt_class(m)]:
-                    depth, prefetch, tiles, min_blocks, x_stages, groups, w_stages, slices = lay
+                    depth, prefetch, tiles, min_blocks, x_stages, groups, w_stages = lay
                     if kw * groups > 32:
                         continue
                     label = (f"kw{kw}_d{depth}{'_xpf' if prefetch else ''}_t{tiles}"
                              f"_b{min_blocks}_xs{x_stages}"
                              + (f"_g{groups}" if groups > 1 else "")
-                             + (f"_ws{w_stages}" if w_stages else "")
-                             + (f"_s{slices}" if slices > 1 else ""))
+                             + (f"_ws{w_stages}" if w_stages else ""))
                     runs[label] = _small_runner(kw, lay)
                     meta[label] = dict(kw=kw, **_layout_dict(lay))
             t_ref, results = _measure(layer, m, runs)

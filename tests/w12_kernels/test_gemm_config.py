@@ -192,25 +192,10 @@ def test_every_sweep_candidate_is_a_valid_schedule():
                 if kw * d["groups"] > 32:
                     continue
                 cuda.check_small(kw, **d)
-                nt, count = cuda.slice_rows(8 * cls, d["slices"])
-                assert count == d["slices"]  # the class's largest M fills every slice
                 assert kw > 8 or cuda.small_shared_bytes(
-                    nt, kw, d["x_stages"], d["groups"], d["w_stages"], d["tiles"]) <= 227 * 1024
+                    cls, kw, d["x_stages"], d["groups"], d["w_stages"], d["tiles"]) <= 227 * 1024
     with pytest.raises(ValueError, match="bad configuration"):
         cuda.check_small(cuda.KW_MAX + 1, 1)
-
-
-def test_token_slices_cut_the_rows():
-    # (m, slices) -> (n-tiles of a slice, slices run)
-    cases = {(16, 2): (1, 2), (9, 2): (1, 2), (9, 4): (1, 2), (32, 2): (2, 2), (32, 4): (1, 4),
-             (17, 4): (1, 3), (1, 8): (1, 1), (64, 8): (1, 8), (40, 2): (3, 2), (33, 4): (2, 3),
-             (64, 1): (8, 1)}
-    for (m, slices), want in cases.items():
-        assert cuda.slice_rows(m, slices) == want, (m, slices)
-        nt, count = want
-        assert (count - 1) * 8 * nt < m <= count * 8 * nt  # every slice holds rows
-    with pytest.raises(ValueError, match="bad configuration"):
-        cuda.check_small(4, 1, slices=3)
 
 
 @pytest.mark.parametrize("bad", [dict(w_stages=5), dict(w_stages=3, depth=2),

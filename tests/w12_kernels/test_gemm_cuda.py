@@ -87,28 +87,6 @@ def test_small_kernel_schedules_change_no_bits(tiles, min_blocks, depth, x_stage
 
 
 @needs_cupy
-@pytest.mark.parametrize("slices", [2, 4, 8])
-def test_small_kernel_token_slices_change_no_bits(slices):
-    """Token slices run the rows of x in separate blocks on the same tiles: the same bits as
-    the whole batch in one block, at row counts that leave the last slice partial or fewer
-    slices than asked for, with the other schedule options on top."""
-    t, x = _inputs(1000, 3000, 64, seed=slices)
-    pw = prepare_weight(encoded(t))
-    bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
-    layouts = [dict(depth=1), dict(depth=2, tiles=2), dict(depth=1, w_stages=3),
-               dict(depth=1, x_stages=3, w_stages=3), dict(depth=1, groups=2),
-               dict(depth=2, prefetch=True, min_blocks=2)]
-    for m in (1, 9, 16, 17, 32, 40, 64):
-        args = (x[:m], pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, bias,
-                pw.n, pw.k)
-        want = cuda.gemm_small(*args, kw=5, depth=2)
-        for lay in layouts:
-            out = torch.full((m, 1000), float("nan"), device="cuda", dtype=torch.bfloat16)
-            got = cuda.gemm_small(*args, kw=5, slices=slices, out=out, **lay)
-            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"M={m} {lay}"
-
-
-@needs_cupy
 def test_small_kernel_sixteen_warps_a_tile():
     """kw 16 (a 1024-thread block with two tile groups): every schedule the same bits as the
     plainest one at that kw."""

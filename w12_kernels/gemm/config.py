@@ -6,11 +6,10 @@ warp ``w`` summing its chunks ``w, w + kw, ...``, and the block adds the ``kw`` 
 in a fixed order. So how K is split and summed never depends on M (batch invariance).
 What may depend on M is only how the work is scheduled (chunk columns in flight, activations
 prefetched into registers or staged in shared memory, 16-row tiles per block, a register cap
-for occupancy, the rows cut into token slices run by separate blocks), per class of
-``NT = ceil(M / 8)`` in (1, 2, 4, 8): that changes no sum. The constants come from
-``tuned.json`` next to this file, written from the H200 sweep of ``benchmarks/gemm.py
---sweep`` (docs/PERF_GEMM.md): a ``kw`` and layouts per measured weight shape, a rule for other
-shapes; without the file, built-in defaults.
+for occupancy), per class of ``NT = ceil(M / 8)`` in (1, 2, 4, 8): that changes no sum. The
+constants come from ``tuned.json`` next to this file, written from the H200 sweep of
+``benchmarks/gemm.py --sweep`` (docs/PERF_GEMM.md): a ``kw`` and layouts per measured weight
+shape, a rule for other shapes; without the file, built-in defaults.
 
 Beyond the small-M path (``large_config``), the table's ``large`` entry picks per weight shape
 and class of M (the smallest listed M class >= M) between the fused tensor-core kernels
@@ -48,9 +47,6 @@ class Layout:
     x_stages: int = 0  # activations through this many shared-memory stages (0: registers)
     groups: int = 1  # groups of kw warps per block, each on its own tiles (sharing L1)
     w_stages: int = 0  # weights through this many shared-memory stages (0: register ring)
-    slices: int = 1  # token slices: the rows of x cut into this many slices, each run by its own
-    # block on the same tiles (adjacent blocks, so that the weights one reads are L2 hits for
-    # the others; cuda.slice_rows)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ MIN_BLOCKS = (1, 2, 3, 4)  # blocks (of max(8, kw x groups) warps) per SM the re
 X_STAGES = (0, 2, 3, 4, 6)  # shared-memory activation stages (0: activations through registers)
 GROUPS = (1, 2, 3, 4)  # groups of kw warps per block, each on its own tiles
 W_STAGES = (0, 2, 3, 4, 6)  # shared-memory weight stages (0: the register ring of `depth`)
-SLICES = (1, 2, 4, 8)  # token slices: blocks per tile block, each on its own rows of x
 
 
 @functools.cache
@@ -144,33 +143,23 @@ def _padded_x(x: torch.Tensor, kp: int) -> torch.Tensor:
 
 def check_small(kw: int, depth: int, prefetch: bool = False, tiles: int = 1,
                 min_blocks: int = 1, x_stages: int = 0, groups: int = 1,
-                w_stages: int = 0, slices: int = 1) -> None:
+                w_stages: int = 0) -> None:
     """ValueError unless ``gemm_small`` has an instantiation of this schedule."""
-    if (not 1 <= kw <= KW_MAX or slices not in SLICES or depth < 1
-            or (prefetch and depth % 2) or tiles not in TILES
+    if (not 1 <= kw <= KW_MAX or depth < 1 or (prefetch and depth % 2) or tiles not in TILES
             or min_blocks not in MIN_BLOCKS or x_stages not in X_STAGES
             or (prefetch and x_stages) or groups not in GROUPS or kw * groups > 32
             or w_stages not in W_STAGES
             or (w_stages and (depth != 1 or prefetch or x_stages not in (0, w_stages)))):
         raise ValueError(f"gemm_small: bad configuration kw={kw} depth={depth} "
                          f"prefetch={prefetch} tiles={tiles} min_blocks={min_blocks} "
-                         f"x_stages={x_stages} groups={groups} w_stages={w_stages} "
-                         f"slices={slices}")
-
-
-def slice_rows(m: int, slices: int) -> tuple[int, int]:
-    """``(nt, count)``: with ``slices`` token slices, ``m`` rows run as ``count`` slices of
-    ``8 nt`` rows (the last one partial), ``nt = ceil(ceil(m / 8) / slices)``; ``count`` is
-    less than ``slices`` where fewer slices hold all the rows."""
-    nt = math.ceil(math.ceil(m / 8) / slices)
-    return nt, -(-m // (8 * nt))
+                         f"x_stages={x_stages} groups={groups} w_stages={w_stages}")
 
 
 def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                esc_rowptr: torch.Tensor, esc_col: torch.Tensor, esc_delta: torch.Tensor,
                bias: torch.Tensor | None, n: int, k: int, *, kw: int, depth: int,
                prefetch: bool = False, tiles: int = 1, min_blocks: int = 1,
-               x_stages: int = 0, groups: int = 1, w_stages: int = 0, slices: int = 1,
+               x_stages: int = 0, groups: int = 1, w_stages: int = 0,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]`` with ``M <= 64``.
 
@@ -185,11 +174,7 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     tiles, in one block, so that the activations one group loads are in L1 for the others;
     ``w_stages`` >= 2 streams the weights through that many shared-memory stages with cp.async
     instead of the register ring (``depth`` 1, no ``prefetch``, ``x_stages`` 0 or the same
-    count), so that the chunks in flight cost no registers; ``slices`` > 1 cuts the rows of x
-    into that many slices (``slice_rows``) run by adjacent blocks on the same tiles, so that
-    each block holds the activation registers of fewer rows and the weights one block reads
-    from memory are L2 hits for the others. None of these changes a sum: an MMA's output
-    column depends only on its own activation row.
+    count), so that the chunks in flight cost no registers. None of these changes a sum.
     """
     m = x.shape[0]
     if out is None:
@@ -198,10 +183,10 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
         return out
     if m > 8 * NT_MAX:
         raise ValueError(f"gemm_small takes at most {8 * NT_MAX} rows, got {m}")
-    check_small(kw, depth, prefetch, tiles, min_blocks, x_stages, groups, w_stages, slices)
+    check_small(kw, depth, prefetch, tiles, min_blocks, x_stages, groups, w_stages)
     ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
     xp = _padded_x(x, nchunks * 64)
-    nt, count = slice_rows(m, slices)
+    nt = math.ceil(m / 8)
     device = x.device
     func = _kernel(_index(device), kernel_name(nt, depth, prefetch, tiles, min_blocks,
                                                   x_stages, groups, kw, w_stages))
@@ -213,10 +198,10 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                          f"{shared_memory_limit(_index(device))} a block may have here")
     args = (_ptr(chunks), _ptr(xp), _ptr(out), _ptr(scale), _ptr(esc_rowptr), _ptr(esc_col),
             _ptr(esc_delta), _ptr(bias), np.int32(m), np.int32(n), np.int32(ntiles),
-            np.int32(nchunks), np.int32(xp.stride(0)), np.int32(kw), np.int32(count))
+            np.int32(nchunks), np.int32(xp.stride(0)), np.int32(kw))
     with _on(device):
         allow_shared_memory(func, smem)
-        func((math.ceil(ntiles / (tiles * groups)) * count,), (kw * 32 * groups,), args,
+        func((math.ceil(ntiles / (tiles * groups)),), (kw * 32 * groups,), args,
              shared_mem=smem)
     return out
 

@@ -102,17 +102,6 @@ __device__ __forceinline__ void store_output(float v, int row, int tok, const bf
   y[(size_t)tok * n_rows + row] = float_to_bf16(out);
 }
 
-// The block's tile block and first row of x: ``slices`` adjacent blocks share the tiles, block
-// b * slices + s taking rows s * rows .. s * rows + rows - 1. The block index is read with a
-// volatile move so that the compiler recomputes this where it is needed instead of holding it
-// in registers through the main loop.
-__device__ __forceinline__ void block_slice(int slices, int rows, int& block, int& tok0) {
-  int id;
-  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(id));
-  block = id / slices;
-  tok0 = (id - block * slices) * rows;
-}
-
 template <int NT>
 __device__ __forceinline__ void chunk_mma(const Words4& w0, const Words4& w1, const Words4& w2,
                                           const u32 (&xv)[NT][8], float (&acc)[NT][4]) {
@@ -207,18 +196,14 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
     const float* __restrict__ scale, const int* __restrict__ rowptr,
     const int* __restrict__ esc_col, const float* __restrict__ esc_delta,
-    const bf16_t* __restrict__ bias, int M, int N, int ntiles, int nchunks, int ldx, int kw,
-    int slices) {
+    const bf16_t* __restrict__ bias, int M, int N, int ntiles, int nchunks, int ldx, int kw) {
   // [TG][kw][NT * 4][32], then with XS: [TG kw][XS][NT][32][8], then with WS:
   // [TG kw][WS][TL][3][32][4]
   extern __shared__ float partial[];
-  // token slices: adjacent blocks take the same tiles for consecutive slices of 8 NT rows
-  int block, tok0;
-  block_slice(slices, NT * 8, block, tok0);
   const int warp = threadIdx.x >> 5;  // (grp, w): warp w of the kw of tile group grp
   const int lane = threadIdx.x & 31;
   const int grp = TG == 1 ? 0 : warp / kw;
-  const int tile0 = (block * TG + grp) * TL;
+  const int tile0 = (blockIdx.x * TG + grp) * TL;
   const int g = lane >> 2;
   const int t = lane & 3;
   // the warp's chunks: first + i * step for i < n
@@ -235,7 +220,7 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
   bool live[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const int tok = tok0 + nt * 8 + g;
+    const int tok = nt * 8 + g;
     live[nt] = tok < M;
     xrow[nt] = x + (size_t)(live[nt] ? tok : 0) * ldx + 16 * t;
   }
@@ -371,14 +356,13 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
 #pragma unroll
       for (int r = 0; r < 4; ++r) mine[(nt * 4 + r) * 32 + lane] = acc[tt][nt][r];
     __syncthreads();
-    block_slice(slices, NT * 8, block, tok0);  // read again: nothing held through the main loop
     for (int idx = threadIdx.x; idx < TG * NT * 4 * 32; idx += blockDim.x) {
       const int gi = TG == 1 ? 0 : idx / (NT * 4 * 32);  // the tile group
       const int ln = idx & 31;
       const int item = (idx >> 5) - gi * NT * 4;  // nt * 4 + r
       const int r = item & 3;
-      const int row = ((block * TG + gi) * TL + tt) * 16 + (ln >> 2) + 8 * (r >> 1);
-      const int tok = tok0 + (item >> 2) * 8 + 2 * (ln & 3) + (r & 1);
+      const int row = ((blockIdx.x * TG + gi) * TL + tt) * 16 + (ln >> 2) + 8 * (r >> 1);
+      const int tok = (item >> 2) * 8 + 2 * (ln & 3) + (r & 1);
       if (row >= N || tok >= M) continue;
       const float* gp = partial + (size_t)gi * kw * NT * 4 * 32;
       float v = gp[item * 32 + ln];
