@@ -70,11 +70,25 @@ def test_large_config_by_shape_and_m_class():
 
 
 def test_shipped_large_table_is_consistent():
+    """Every entry of the shipped large-M table is a kind the launcher knows, and every
+    warpgroup-MMA entry a configuration ``cuda_large`` instantiates (as the launcher passes it:
+    4 tiles per warpgroup); a shape's entry covers the rows above the class below it."""
+    from w12_kernels.gemm import cuda_large
+
     rule = cfgs.large_rule()
     for shape, by_m in rule["shapes"].items():
         n, k = map(int, shape.split("x"))
-        for m in by_m:
-            assert cfgs.large_config(n, k, int(m)).kind in cfgs.LARGE_KINDS
+        classes = sorted(map(int, by_m))
+        for m in classes:
+            cfg = cfgs.large_config(n, k, m)
+            assert cfg.kind in cfgs.LARGE_KINDS
+            if cfg.kind == "wgmma":
+                assert cfg.tiles % 4 == 0
+                cuda_large.check_config(cfg.block_m, cfg.tiles // 4, cfg.num_stages,
+                                        cfg.w_stages, cfg.splits, int(cfg.a_regs))
+        for lower, upper in zip(classes, classes[1:]):
+            assert cfgs.large_config(n, k, lower + 1) == cfgs.large_config(n, k, upper)
+        assert cfgs.large_config(n, k, classes[-1] + 1).kind == "decode"
 
 
 def test_split_count_keeps_the_workspace_below_the_weight_bytes():
