@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from gemm_helpers import gemm_benchmark
 
@@ -86,7 +88,7 @@ def test_shipped_large_table_is_consistent():
                 assert cfg.tiles % 4 == 0
                 cuda_large.check_config(cfg.block_m, cfg.tiles // 4, cfg.num_stages,
                                         cfg.w_stages, cfg.splits, int(cfg.a_regs))
-        for lower, upper in zip(classes, classes[1:]):
+        for lower, upper in itertools.pairwise(classes):
             assert cfgs.large_config(n, k, lower + 1) == cfgs.large_config(n, k, upper)
         assert cfgs.large_config(n, k, classes[-1] + 1).kind == "decode"
 

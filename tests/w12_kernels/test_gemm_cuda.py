@@ -230,6 +230,28 @@ def test_wgmma_large_kernel(block_m, warpgroups, x_stages, w_stages, splits, a_r
                               (200, 200, 3)))
 
 
+def test_prefill_rows_through_the_large_table():
+    """257-1024 rows through ``w12_linear`` on the smallest shipped shape whose 1024-row
+    large-M entry is the warpgroup kernel: the launcher takes that entry, and the result is
+    within budget and bit-identical when run again."""
+    from w12_kernels.gemm import config as cfgs
+    from w12_kernels.gemm import cuda_large
+
+    if not cuda_large.available():
+        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
+    shapes = [tuple(map(int, shape.split("x")))
+              for shape, by_m in cfgs.large_rule()["shapes"].items()
+              if by_m.get("1024", {}).get("kind") == "wgmma"]
+    n, k = min(shapes, key=lambda s: s[0] * s[1])
+    for m in (300, 1000):
+        assert cfgs.large_config(n, k, m).kind == "wgmma"
+
+    def run(x, pw, bias, out):
+        out.copy_(w12_linear(x, pw, bias))
+
+    _check_large_kernel(run, ((n, k, 300), (n, k, 1000)))
+
+
 def test_wgmma_stage_images():
     """The activation images on the GPU equal the CPU statement of their layout."""
     from stage_image import stage_images
