@@ -268,20 +268,9 @@ _W_STAGED = {
     4: ((1, 2, 0, 4), (2, 2, 0, 3), (2, 2, 0, 4), (1, 3, 0, 3), (2, 3, 3, 3)),
     8: ((1, 1, 0, 3), (2, 1, 0, 3), (1, 2, 0, 3)),
 }
-# the activations of every column resident in shared memory (x_stages 1, persistent grid, up
-# to 16 rows: 1-2 KiB per column); blocks of up to 32 warps, since one to three fit on a
-# multiprocessor: (depth, tiles, groups)
-_RESIDENT = {
-    1: ((1, 1, 1), (1, 1, 2), (1, 1, 4), (1, 1, 8), (1, 1, 16), (2, 1, 4), (1, 2, 4)),
-    2: ((1, 1, 1), (1, 1, 2), (1, 1, 4), (1, 1, 8), (1, 1, 16), (2, 1, 2), (2, 1, 4),
-        (2, 1, 8), (1, 2, 4)),
-    4: (),
-    8: (),
-}
 SWEEP_LAYOUTS = {cls: tuple((*lay, 1, 0) for lay in _ONE_GROUP[cls])
                  + tuple((*lay, 0) for lay in _GROUPED[cls])
                  + tuple((1, False, t, b, xs, 1, ws) for t, b, xs, ws in _W_STAGED[cls])
-                 + tuple((d, False, t, 1, 1, g, 0) for d, t, g in _RESIDENT[cls])
                  for cls in _ONE_GROUP}
 LAYOUT_KEYS = ("depth", "prefetch", "tiles", "min_blocks", "x_stages", "groups", "w_stages")
 

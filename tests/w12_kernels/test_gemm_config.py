@@ -52,10 +52,8 @@ def test_shipped_table_is_consistent():
             assert lay.groups in cuda.GROUPS and cfg.kw * lay.groups <= 32
             nt = -(-m // 8)
             assert lay.w_stages in cuda.W_STAGES
-            # (resident activations only where the sweep ran them: the launcher would fall
-            # back to registers, with the same sums, where they do not fit)
             assert cuda.small_shared_bytes(nt, cfg.kw, lay.x_stages, lay.groups, lay.w_stages,
-                                           lay.tiles, -(-k // 64)) <= 227 * 1024
+                                           lay.tiles) <= 227 * 1024
 
 
 def test_large_config_by_shape_and_m_class():
@@ -231,18 +229,6 @@ def test_weight_stages_shared_memory():
     # 1.5 KiB, per warp
     assert cuda.small_shared_bytes(4, 4, 3, 1, 3, 2) == 4 * (2048 + 12288 + 9216)
     assert cuda.small_shared_bytes(1, 8, 0, 2, 4, 1) == 16 * (512 + 6144)
-
-
-def test_resident_activations_shared_memory():
-    # 2 x 8 warps' partials of 2 n-tiles (1 KiB each), 80 mbarriers (8 B each, 80 rounded to
-    # 80), 80 columns x 2 n-tiles x 1 KiB
-    assert cuda.small_shared_bytes(2, 8, 1, 2, nchunks=80) == 16 * 1024 + 640 + 160 * 1024
-    # 47 columns: 48 mbarrier slots (the images start 128-byte aligned)
-    assert cuda.small_shared_bytes(1, 4, 1, 1, nchunks=47) == 4 * 512 + 48 * 8 + 47 * 1024
-    with pytest.raises(ValueError, match="bad configuration"):
-        cuda.check_small(4, 1, x_stages=1, w_stages=3)
-    with pytest.raises(ValueError, match="bad configuration"):
-        cuda.check_small(4, 2, prefetch=True, x_stages=1)
 
 
 def test_sweep_picks_the_nt1_layout_on_every_timed_row_count(monkeypatch):

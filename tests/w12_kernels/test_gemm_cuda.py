@@ -65,8 +65,7 @@ def test_small_kernel_any_split(kw, depth):
                           (1, 1, 2, 4, 1, 0), (1, 1, 1, 0, 2, 0), (2, 1, 1, 0, 3, 0),
                           (1, 2, 1, 2, 2, 0), (1, 1, 2, 0, 4, 0), (1, 1, 1, 0, 1, 2),
                           (2, 2, 1, 0, 1, 4), (1, 1, 1, 3, 1, 3), (3, 3, 1, 0, 1, 6),
-                          (2, 1, 1, 0, 2, 3), (1, 2, 1, 4, 1, 4), (1, 1, 1, 1, 1, 0),
-                          (2, 1, 2, 1, 4, 0)])
+                          (2, 1, 1, 0, 2, 3), (1, 2, 1, 4, 1, 4)])
 def test_small_kernel_schedules_change_no_bits(tiles, min_blocks, depth, x_stages, groups,
                                                w_stages):
     """Tiles per block, tile groups per block, the register cap and shared-memory activation
@@ -78,8 +77,6 @@ def test_small_kernel_schedules_change_no_bits(tiles, min_blocks, depth, x_stage
     pw = prepare_weight(encoded(t))
     bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
     for m in (1, 9, 32, 64):
-        if x_stages == 1 and not cuda.resident_fits(m, 5, groups, pw.chunks.shape[1], x.device):
-            continue  # 47 columns of 64 rows (376 KiB) do not fit
         args = (x[:m], pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, bias,
                 pw.n, pw.k)
         want = cuda.gemm_small(*args, kw=5, depth=2)
@@ -87,40 +84,6 @@ def test_small_kernel_schedules_change_no_bits(tiles, min_blocks, depth, x_stage
                               x_stages=x_stages, groups=groups, w_stages=w_stages)
         assert_within_budget(got, x[:m], t, _ref(x[:m], t, bias), bias)
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"M={m}"
-
-
-@needs_cupy
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
-                    reason="resident activations need bulk copies (compute capability 9.0)")
-@pytest.mark.parametrize("kw,groups,tiles,loops", [(16, 2, 1, True), (8, 4, 1, True),
-                                                   (4, 4, 2, False), (2, 16, 1, False)])
-def test_resident_activations_on_a_persistent_grid(kw, groups, tiles, loops):
-    """x_stages 1: the activations copied once per block (with 32-warp blocks, each group of
-    kw warps looping over several of the 1250 tiles): the bits of the plainest
-    schedule, rows past M zeros (M = 3, 13 of 16), and the launcher's test of what fits
-    (K = 20000 at 16 rows: 626 KiB)."""
-    t, x = _inputs(20000, 1000, 16, seed=kw)
-    pw = prepare_weight(encoded(t))
-    bias = torch.randn(20000, device="cuda").to(torch.bfloat16)
-    name = cuda.kernel_name(1, 1, False, tiles, 1, 1, groups, kw)
-    grid = cuda._persistent_blocks(0, name, kw * groups,
-                                   cuda.small_shared_bytes(1, kw, 1, groups, 0, tiles, 16))
-    if loops:  # fewer groups of kw warps in the grid than tile groups (32-warp blocks: <= 2 a
-        # multiprocessor, whatever the registers)
-        assert grid * groups < -(-1250 // tiles)
-    for m in (1, 3, 8, 13, 16):
-        args = (x[:m], pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, bias,
-                pw.n, pw.k)
-        want = cuda.gemm_small(*args, kw=kw, depth=2)
-        got = cuda.gemm_small(*args, kw=kw, depth=1, tiles=tiles, x_stages=1, groups=groups)
-        assert_within_budget(got, x[:m], t, _ref(x[:m], t, bias), bias)
-        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"M={m}"
-    assert not cuda.resident_fits(16, 4, 1, 313, x.device)
-    with pytest.raises(ValueError, match="shared memory"):
-        t2, x2 = _inputs(64, 20000, 16, seed=1)
-        pw2 = prepare_weight(encoded(t2))
-        cuda.gemm_small(x2, pw2.chunks, pw2.scale, pw2.esc_rowptr, pw2.esc_col, pw2.esc_delta,
-                        None, pw2.n, pw2.k, kw=4, depth=1, x_stages=1)
 
 
 @needs_cupy

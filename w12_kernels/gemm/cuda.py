@@ -25,9 +25,8 @@ NT_MAX = 8  # 8 activation rows per n-tile: M <= 64
 KW_MAX = 16  # warps sharing a 16-row tile (a block holds kw x groups <= 32 warps)
 TILES = (1, 2, 3, 4)  # 16-row tiles per block
 MIN_BLOCKS = (1, 2, 3, 4)  # blocks (of max(8, kw x groups) warps) per SM the registers allow
-X_STAGES = (0, 1, 2, 3, 4, 6)  # shared-memory activation stages (0: activations through
-# registers; 1: every column's activations resident, copied once per block, persistent grid)
-GROUPS = (1, 2, 3, 4, 8, 16)  # groups of kw warps per block, each on its own tiles
+X_STAGES = (0, 2, 3, 4, 6)  # shared-memory activation stages (0: activations through registers)
+GROUPS = (1, 2, 3, 4)  # groups of kw warps per block, each on its own tiles
 W_STAGES = (0, 2, 3, 4, 6)  # shared-memory weight stages (0: the register ring of `depth`)
 
 
@@ -118,41 +117,11 @@ def allow_shared_memory(func, smem: int) -> None:
 
 
 def small_shared_bytes(nt: int, kw: int, x_stages: int = 0, groups: int = 1,
-                       w_stages: int = 0, tiles: int = 1, nchunks: int = 0) -> int:
+                       w_stages: int = 0, tiles: int = 1) -> int:
     """``w12_gemm_small``'s dynamic shared memory: each group's kw partial tiles (at most
     32 KiB a group), then each warp's activation stages (1 KiB per n-tile and stage), then
-    each warp's weight stages (1.5 KiB per tile and stage); with ``x_stages`` 1, after the
-    partials one 8-byte mbarrier per chunk column (rounded up to 16) and the activations of
-    all ``nchunks`` columns (1 KiB per n-tile and column)."""
-    partials = groups * kw * nt * 4 * 32 * 4
-    if x_stages == 1:
-        return partials + 8 * (-(-nchunks // 16) * 16) + nchunks * nt * 1024
-    return partials + groups * kw * (x_stages * nt * 1024 + w_stages * tiles * 1536)
-
-
-def resident_fits(m: int, kw: int, groups: int, nchunks: int, device: torch.device) -> bool:
-    """Whether ``x_stages`` 1 (resident activations) can run ``m`` rows of a weight with
-    ``nchunks`` chunk columns here: a Hopper GPU (bulk copies) and the shared memory."""
-    index = _index(device)
-    smem = small_shared_bytes(math.ceil(m / 8), kw, 1, groups, nchunks=nchunks)
-    return _hopper(index) and smem <= shared_memory_limit(index)
-
-
-@functools.cache
-def _hopper(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
-
-
-@functools.cache
-def _persistent_blocks(index: int, name: str, warps: int, smem: int) -> int:
-    """The persistent grid of ``x_stages`` 1: the blocks of kernel ``name`` (``warps`` warps,
-    ``smem`` bytes of shared memory) that all the multiprocessors hold at once (registers
-    allocated per warp in multiples of 256, 1 KiB of shared memory reserved per block)."""
-    props = torch.cuda.get_device_properties(index)
-    per_sm_smem = int(getattr(props, "shared_memory_per_multiprocessor", 228 * 1024))
-    regs = 256 * math.ceil(_kernel(index, name).num_regs * 32 / 256) * warps
-    per_sm = max(1, min(65536 // regs, per_sm_smem // (smem + 1024), 64 // warps, 32))
-    return props.multi_processor_count * per_sm
+    each warp's weight stages (1.5 KiB per tile and stage)."""
+    return groups * kw * (nt * 4 * 32 * 4 + x_stages * nt * 1024 + w_stages * tiles * 1536)
 
 
 @functools.cache
@@ -180,8 +149,7 @@ def check_small(kw: int, depth: int, prefetch: bool = False, tiles: int = 1,
             or min_blocks not in MIN_BLOCKS or x_stages not in X_STAGES
             or (prefetch and x_stages) or groups not in GROUPS or kw * groups > 32
             or w_stages not in W_STAGES
-            or (w_stages and (depth != 1 or prefetch or x_stages not in (0, w_stages)))
-            or (x_stages == 1 and w_stages)):
+            or (w_stages and (depth != 1 or prefetch or x_stages not in (0, w_stages)))):
         raise ValueError(f"gemm_small: bad configuration kw={kw} depth={depth} "
                          f"prefetch={prefetch} tiles={tiles} min_blocks={min_blocks} "
                          f"x_stages={x_stages} groups={groups} w_stages={w_stages}")
@@ -206,11 +174,7 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     tiles, in one block, so that the activations one group loads are in L1 for the others;
     ``w_stages`` >= 2 streams the weights through that many shared-memory stages with cp.async
     instead of the register ring (``depth`` 1, no ``prefetch``, ``x_stages`` 0 or the same
-    count), so that the chunks in flight cost no registers; ``x_stages`` 1 (Hopper, register
-    ring only) copies the activations of every column into shared memory once per block, and
-    the grid is persistent (as many blocks as the multiprocessors hold, each looping over tile
-    groups), so that each multiprocessor reads the activations from L2 once, not once per tile
-    group. None of these changes a sum.
+    count), so that the chunks in flight cost no registers. None of these changes a sum.
     """
     m = x.shape[0]
     if out is None:
@@ -224,12 +188,9 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     xp = _padded_x(x, nchunks * 64)
     nt = math.ceil(m / 8)
     device = x.device
-    name = kernel_name(nt, depth, prefetch, tiles, min_blocks, x_stages, groups, kw, w_stages)
-    func = _kernel(_index(device), name)
-    smem = small_shared_bytes(nt, kw, x_stages, groups, w_stages, tiles, nchunks)
-    if x_stages == 1 and not _hopper(_index(device)):
-        raise ValueError("gemm_small: x_stages=1 (resident activations) needs compute "
-                         "capability 9.0 (bulk copies)")
+    func = _kernel(_index(device), kernel_name(nt, depth, prefetch, tiles, min_blocks,
+                                                  x_stages, groups, kw, w_stages))
+    smem = small_shared_bytes(nt, kw, x_stages, groups, w_stages, tiles)
     if smem > shared_memory_limit(_index(device)):
         raise ValueError(f"gemm_small: kw={kw} groups={groups} x_stages={x_stages} "
                          f"w_stages={w_stages} tiles={tiles} need "
@@ -238,12 +199,10 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     args = (_ptr(chunks), _ptr(xp), _ptr(out), _ptr(scale), _ptr(esc_rowptr), _ptr(esc_col),
             _ptr(esc_delta), _ptr(bias), np.int32(m), np.int32(n), np.int32(ntiles),
             np.int32(nchunks), np.int32(xp.stride(0)), np.int32(kw))
-    blocks = math.ceil(ntiles / (tiles * groups))
-    if x_stages == 1:
-        blocks = min(blocks, _persistent_blocks(_index(device), name, kw * groups, smem))
     with _on(device):
         allow_shared_memory(func, smem)
-        func((blocks,), (kw * 32 * groups,), args, shared_mem=smem)
+        func((math.ceil(ntiles / (tiles * groups)),), (kw * 32 * groups,), args,
+             shared_mem=smem)
     return out
 
 

@@ -102,57 +102,6 @@ __device__ __forceinline__ void store_output(float v, int row, int tok, const bf
   y[(size_t)tok * n_rows + row] = float_to_bf16(out);
 }
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-  return (u32)__cvta_generic_to_shared(p);
-}
-
-// mbarriers and bulk copies (Hopper): the resident activations of w12_gemm_small (XS == 1) and
-// the stages of kernels_large.cu. Empty bodies before compute capability 9.0, where no launch
-// uses them.
-__device__ __forceinline__ void mbar_wait(const unsigned long long* bar, u32 parity) {
-#if __CUDA_ARCH__ >= 900
-  u32 done;
-  do {
-    asm volatile("{\n.reg .pred p;\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n}"
-                 : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
-  } while (!done);
-#endif
-}
-
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes,
-                                          unsigned long long* bar) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
-               "[%0], [%1], %2, [%3];"
-               :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
-#endif
-}
-
-__device__ __forceinline__ void mbar_init(unsigned long long* bar, u32 count) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
-#endif
-}
-
-__device__ __forceinline__ void mbar_expect(unsigned long long* bar, u32 bytes) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-               ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-#endif
-}
-
-// A barrier of the kw warps of tile group grp (named barrier grp; the whole block when it
-// holds one group).
-template <int TG>
-__device__ __forceinline__ void group_sync(int grp, int kw) {
-  if (TG == 1)
-    __syncthreads();
-  else
-    asm volatile("bar.sync %0, %1;" ::"r"(grp), "r"(kw * 32) : "memory");
-}
-
 template <int NT>
 __device__ __forceinline__ void chunk_mma(const Words4& w0, const Words4& w1, const Words4& w2,
                                           const u32 (&xv)[NT][8], float (&acc)[NT][4]) {
@@ -254,12 +203,18 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
   const int warp = threadIdx.x >> 5;  // (grp, w): warp w of the kw of tile group grp
   const int lane = threadIdx.x & 31;
   const int grp = TG == 1 ? 0 : warp / kw;
+  const int tile0 = (blockIdx.x * TG + grp) * TL;
   const int g = lane >> 2;
   const int t = lane & 3;
   // the warp's chunks: first + i * step for i < n
   const int first = warp - grp * kw;
   const int step = kw;
   const int n = (nchunks - first + kw - 1) / kw;
+  // tiles past the last one re-read the last tile; their rows are >= N and never stored
+  const Words4* wp[TL];
+#pragma unroll
+  for (int tt = 0; tt < TL; ++tt)
+    wp[tt] = chunks + (size_t)min(tile0 + tt, ntiles - 1) * nchunks * 96 + lane;
 
   const bf16_t* xrow[NT];
   bool live[NT];
@@ -270,202 +225,151 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
     xrow[nt] = x + (size_t)(live[nt] ? tok : 0) * ldx + 16 * t;
   }
 
-  // XS == 1: the activations of every column resident in shared memory, after the partials:
-  // one mbarrier per column, then the column images (8 NT token rows of 128 bytes each, the
-  // layout read_x reads), copied once per block by all its threads with cp.async in column
-  // order, each 16-byte copy followed by an arrival on its column's mbarrier when it lands
-  // (rows past M are filled with zeros by the copies). The grid is then persistent.
-  unsigned long long* xbar =
-      reinterpret_cast<unsigned long long*>(partial + TG * kw * NT * 4 * 32);
-  const u32* ximg = reinterpret_cast<const u32*>(xbar + ((nchunks + 15) & ~15));
-  if constexpr (XS == 1) {
-    constexpr int UNITS = NT * 64;  // 16-byte units of a column image
-    for (int c = threadIdx.x; c < nchunks; c += blockDim.x) mbar_init(xbar + c, UNITS);
-#if __CUDA_ARCH__ >= 900
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-    __syncthreads();
-    for (int u = threadIdx.x; u < nchunks * UNITS; u += blockDim.x) {
-      const int c = u / UNITS;
-      const int tok = (u - c * UNITS) >> 3;
-      const int part = u & 7;
-      const u32 dst = smem_addr(ximg + (c * NT * 8 + tok) * 32 + part * 4);
-      const bf16_t* src = x + (size_t)(tok < M ? tok : 0) * ldx + c * 64 + part * 8;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-                   "r"(tok < M ? 16 : 0) : "memory");
-#if __CUDA_ARCH__ >= 800
-      asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(xbar + c))
-                   : "memory");
-#endif
+  float acc[TL][NT][4];
+#pragma unroll
+  for (int tt = 0; tt < TL; ++tt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[tt][nt][r] = 0.0f;
+
+  Words4 ring[P][TL][3];
+#pragma unroll
+  for (int s = 0; s < P; ++s) {
+    if (WS == 0 && s < n) {
+#pragma unroll
+      for (int tt = 0; tt < TL; ++tt) {
+        const Words4* p = wp[tt] + (size_t)(first + s * step) * 96;
+        ring[s][tt][0] = load_stream(p);
+        ring[s][tt][1] = load_stream(p + 32);
+        ring[s][tt][2] = load_stream(p + 64);
+      }
+    }
+  }
+  u32 xa[NT][8], xb[NT][8];
+  if (XPF && n > 0) load_x<NT>(xa, xrow, live, first);
+  // XS > 0: a ring of XS activation stages per warp in shared memory, XS - 1 columns ahead
+  u32* xstages =
+      reinterpret_cast<u32*>(partial + TG * kw * NT * 4 * 32) + warp * XS * NT * 256;
+  if (XS > 0 && WS == 0) {
+#pragma unroll
+    for (int st = 0; st < XS - 1; ++st) {
+      if (st < n) issue_x<NT>(xstages + st * NT * 256, xrow, live, first + st * step, lane);
+      asm volatile("cp.async.commit_group;");
+    }
+  }
+  if constexpr (WS > 0) {
+    // one commit group per column, with the column WS - 1 ahead's weights and (XS == WS)
+    // activations; waiting until all but the last WS - 1 groups are done leaves the current
+    // column's copies complete
+    static_assert(XS == 0 || XS == WS, "activation stages: none or as many as weight stages");
+    u32* wstages = reinterpret_cast<u32*>(partial + TG * kw * NT * 4 * 32) +
+                   TG * kw * XS * NT * 256 + warp * WS * TL * 384;
+#pragma unroll
+    for (int st = 0; st < WS - 1; ++st) {
+      if (st < n) {
+        issue_w<TL>(wstages + st * TL * 384, wp, first + st * step, lane);
+        if (XS > 0) issue_x<NT>(xstages + st * NT * 256, xrow, live, first + st * step, lane);
+      }
+      asm volatile("cp.async.commit_group;");
+    }
+    for (int ii = 0; ii < n; ++ii) {
+      const int ahead = ii + WS - 1;
+      if (ahead < n) {
+        issue_w<TL>(wstages + (ahead % WS) * TL * 384, wp, first + ahead * step, lane);
+        if (XS > 0)
+          issue_x<NT>(xstages + (ahead % WS) * NT * 256, xrow, live, first + ahead * step,
+                      lane);
+      }
+      asm volatile("cp.async.commit_group;");
+      asm volatile("cp.async.wait_group %0;" ::"n"(WS - 1));
+      Words4 w[TL][3];
+      read_w<TL>(w, wstages + (ii % WS) * TL * 384, lane);
+      u32 xv[NT][8];
+      if (XS > 0)
+        read_x<NT>(xv, xstages + (ii % WS) * NT * 256, lane);
+      else
+        load_x<NT>(xv, xrow, live, first + ii * step);
+#pragma unroll
+      for (int tt = 0; tt < TL; ++tt) chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
+    }
+  }
+  for (int i = 0; i < (WS > 0 ? 0 : n); i += P) {
+#pragma unroll
+    for (int s = 0; s < P; ++s) {
+      const int ii = i + s;
+      if (ii < n) {
+        Words4 w[TL][3];
+#pragma unroll
+        for (int tt = 0; tt < TL; ++tt) {
+          w[tt][0] = ring[s][tt][0];
+          w[tt][1] = ring[s][tt][1];
+          w[tt][2] = ring[s][tt][2];
+        }
+        if (ii + P < n) {
+#pragma unroll
+          for (int tt = 0; tt < TL; ++tt) {
+            const Words4* p = wp[tt] + (size_t)(first + (ii + P) * step) * 96;
+            ring[s][tt][0] = load_stream(p);
+            ring[s][tt][1] = load_stream(p + 32);
+            ring[s][tt][2] = load_stream(p + 64);
+          }
+        }
+        if (XS > 0) {
+          const int ahead = ii + XS - 1;
+          if (ahead < n)
+            issue_x<NT>(xstages + (ahead % XS) * NT * 256, xrow, live, first + ahead * step,
+                        lane);
+          asm volatile("cp.async.commit_group;");
+          asm volatile("cp.async.wait_group %0;" ::"n"(XS > 0 ? XS - 1 : 0));
+          u32 xv[NT][8];
+          read_x<NT>(xv, xstages + (ii % XS) * NT * 256, lane);
+#pragma unroll
+          for (int tt = 0; tt < TL; ++tt)
+            chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
+        } else if (XPF) {  // activations one chunk ahead; P is even, so s's parity is ii's
+          u32(&cur)[NT][8] = (s & 1) ? xb : xa;
+          u32(&nxt)[NT][8] = (s & 1) ? xa : xb;
+          if (ii + 1 < n) load_x<NT>(nxt, xrow, live, first + (ii + 1) * step);
+#pragma unroll
+          for (int tt = 0; tt < TL; ++tt)
+            chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], cur, acc[tt]);
+        } else {
+          u32 xv[NT][8];
+          load_x<NT>(xv, xrow, live, first + ii * step);
+#pragma unroll
+          for (int tt = 0; tt < TL; ++tt)
+            chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
+        }
+      }
     }
   }
 
-  // each group of kw warps takes tile groups blockIdx.x TG + grp (+ gridDim.x TG, ... with XS 1)
-  const int ngroups = (ntiles + TL - 1) / TL;
-  const int start = blockIdx.x * TG + grp;
-  for (int gi = start; gi < ngroups; gi += (XS == 1 ? gridDim.x * TG : ngroups)) {
-    const bool first_pass = gi == start;
-    const int tile0 = gi * TL;
-    // tiles past the last one re-read the last tile; their rows are >= N and never stored
-    const Words4* wp[TL];
+  // one tile of each group at a time through shared memory: the kw partial tiles of a tile
+  // summed in warp order
+  float* mine = partial + (size_t)warp * NT * 4 * 32;
 #pragma unroll
-    for (int tt = 0; tt < TL; ++tt)
-      wp[tt] = chunks + (size_t)min(tile0 + tt, ntiles - 1) * nchunks * 96 + lane;
-
-    float acc[TL][NT][4];
+  for (int tt = 0; tt < TL; ++tt) {
+    if (tt > 0) __syncthreads();  // the previous tile's sums are read
 #pragma unroll
-    for (int tt = 0; tt < TL; ++tt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc[tt][nt][r] = 0.0f;
-
-    Words4 ring[P][TL][3];
-#pragma unroll
-    for (int s = 0; s < P; ++s) {
-      if (WS == 0 && s < n) {
-#pragma unroll
-        for (int tt = 0; tt < TL; ++tt) {
-          const Words4* p = wp[tt] + (size_t)(first + s * step) * 96;
-          ring[s][tt][0] = load_stream(p);
-          ring[s][tt][1] = load_stream(p + 32);
-          ring[s][tt][2] = load_stream(p + 64);
-        }
-      }
+      for (int r = 0; r < 4; ++r) mine[(nt * 4 + r) * 32 + lane] = acc[tt][nt][r];
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < TG * NT * 4 * 32; idx += blockDim.x) {
+      const int gi = TG == 1 ? 0 : idx / (NT * 4 * 32);  // the tile group
+      const int ln = idx & 31;
+      const int item = (idx >> 5) - gi * NT * 4;  // nt * 4 + r
+      const int r = item & 3;
+      const int row = ((blockIdx.x * TG + gi) * TL + tt) * 16 + (ln >> 2) + 8 * (r >> 1);
+      const int tok = (item >> 2) * 8 + 2 * (ln & 3) + (r & 1);
+      if (row >= N || tok >= M) continue;
+      const float* gp = partial + (size_t)gi * kw * NT * 4 * 32;
+      float v = gp[item * 32 + ln];
+      for (int w = 1; w < kw; ++w) v += gp[(w * NT * 4 + item) * 32 + ln];  // fixed order
+      store_output(v, row, tok, x, y, scale, rowptr, esc_col, esc_delta, bias, N, ldx);
     }
-    u32 xa[NT][8], xb[NT][8];
-    if (XPF && n > 0) load_x<NT>(xa, xrow, live, first);
-    // XS > 0: a ring of XS activation stages per warp in shared memory, XS - 1 columns ahead
-    u32* xstages =
-        reinterpret_cast<u32*>(partial + TG * kw * NT * 4 * 32) + warp * XS * NT * 256;
-    if (XS > 1 && WS == 0) {
-#pragma unroll
-      for (int st = 0; st < XS - 1; ++st) {
-        if (st < n) issue_x<NT>(xstages + st * NT * 256, xrow, live, first + st * step, lane);
-        asm volatile("cp.async.commit_group;");
-      }
-    }
-    if constexpr (WS > 0) {
-      // one commit group per column, with the column WS - 1 ahead's weights and (XS == WS)
-      // activations; waiting until all but the last WS - 1 groups are done leaves the current
-      // column's copies complete
-      static_assert(XS == 0 || XS == WS, "activation stages: none or as many as weight stages");
-      u32* wstages = reinterpret_cast<u32*>(partial + TG * kw * NT * 4 * 32) +
-                     TG * kw * XS * NT * 256 + warp * WS * TL * 384;
-#pragma unroll
-      for (int st = 0; st < WS - 1; ++st) {
-        if (st < n) {
-          issue_w<TL>(wstages + st * TL * 384, wp, first + st * step, lane);
-          if (XS > 0) issue_x<NT>(xstages + st * NT * 256, xrow, live, first + st * step, lane);
-        }
-        asm volatile("cp.async.commit_group;");
-      }
-      for (int ii = 0; ii < n; ++ii) {
-        const int ahead = ii + WS - 1;
-        if (ahead < n) {
-          issue_w<TL>(wstages + (ahead % WS) * TL * 384, wp, first + ahead * step, lane);
-          if (XS > 0)
-            issue_x<NT>(xstages + (ahead % WS) * NT * 256, xrow, live, first + ahead * step,
-                        lane);
-        }
-        asm volatile("cp.async.commit_group;");
-        asm volatile("cp.async.wait_group %0;" ::"n"(WS - 1));
-        Words4 w[TL][3];
-        read_w<TL>(w, wstages + (ii % WS) * TL * 384, lane);
-        u32 xv[NT][8];
-        if (XS > 0)
-          read_x<NT>(xv, xstages + (ii % WS) * NT * 256, lane);
-        else
-          load_x<NT>(xv, xrow, live, first + ii * step);
-#pragma unroll
-        for (int tt = 0; tt < TL; ++tt) chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
-      }
-    }
-    for (int i = 0; i < (WS > 0 ? 0 : n); i += P) {
-#pragma unroll
-      for (int s = 0; s < P; ++s) {
-        const int ii = i + s;
-        if (ii < n) {
-          Words4 w[TL][3];
-#pragma unroll
-          for (int tt = 0; tt < TL; ++tt) {
-            w[tt][0] = ring[s][tt][0];
-            w[tt][1] = ring[s][tt][1];
-            w[tt][2] = ring[s][tt][2];
-          }
-          if (ii + P < n) {
-#pragma unroll
-            for (int tt = 0; tt < TL; ++tt) {
-              const Words4* p = wp[tt] + (size_t)(first + (ii + P) * step) * 96;
-              ring[s][tt][0] = load_stream(p);
-              ring[s][tt][1] = load_stream(p + 32);
-              ring[s][tt][2] = load_stream(p + 64);
-            }
-          }
-          if constexpr (XS == 1) {
-            const int col = first + ii * step;
-            if (first_pass) mbar_wait(xbar + col, 0u);  // the column's copies have landed
-            u32 xv[NT][8];
-            read_x<NT>(xv, ximg + col * NT * 256, lane);
-#pragma unroll
-            for (int tt = 0; tt < TL; ++tt)
-              chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
-          } else if (XS > 0) {
-            const int ahead = ii + XS - 1;
-            if (ahead < n)
-              issue_x<NT>(xstages + (ahead % XS) * NT * 256, xrow, live, first + ahead * step,
-                          lane);
-            asm volatile("cp.async.commit_group;");
-            asm volatile("cp.async.wait_group %0;" ::"n"(XS > 0 ? XS - 1 : 0));
-            u32 xv[NT][8];
-            read_x<NT>(xv, xstages + (ii % XS) * NT * 256, lane);
-#pragma unroll
-            for (int tt = 0; tt < TL; ++tt)
-              chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
-          } else if (XPF) {  // activations one chunk ahead; P is even, so s's parity is ii's
-            u32(&cur)[NT][8] = (s & 1) ? xb : xa;
-            u32(&nxt)[NT][8] = (s & 1) ? xa : xb;
-            if (ii + 1 < n) load_x<NT>(nxt, xrow, live, first + (ii + 1) * step);
-#pragma unroll
-            for (int tt = 0; tt < TL; ++tt)
-              chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], cur, acc[tt]);
-          } else {
-            u32 xv[NT][8];
-            load_x<NT>(xv, xrow, live, first + ii * step);
-#pragma unroll
-            for (int tt = 0; tt < TL; ++tt)
-              chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
-          }
-        }
-      }
-    }
-
-    // one tile at a time through shared memory: the kw partial tiles of a tile summed in warp
-    // order by the group's own threads (a barrier of the group's warps only: the groups of a
-    // block go on independently)
-    float* mine = partial + (size_t)warp * NT * 4 * 32;
-    const float* gp = partial + (size_t)grp * kw * NT * 4 * 32;
-#pragma unroll
-    for (int tt = 0; tt < TL; ++tt) {
-      if (tt > 0 || !first_pass) group_sync<TG>(grp, kw);  // the previous tile's sums are read
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) mine[(nt * 4 + r) * 32 + lane] = acc[tt][nt][r];
-      group_sync<TG>(grp, kw);
-      for (int idx = first * 32 + lane; idx < NT * 4 * 32; idx += kw * 32) {
-        const int ln = idx & 31;
-        const int item = idx >> 5;  // nt * 4 + r
-        const int r = item & 3;
-        const int row = (tile0 + tt) * 16 + (ln >> 2) + 8 * (r >> 1);
-        const int tok = (item >> 2) * 8 + 2 * (ln & 3) + (r & 1);
-        if (row >= N || tok >= M) continue;
-        float v = gp[item * 32 + ln];
-        for (int w = 1; w < kw; ++w) v += gp[(w * NT * 4 + item) * 32 + ln];  // fixed order
-        store_output(v, row, tok, x, y, scale, rowptr, esc_col, esc_delta, bias, N, ldx);
-      }
-    }
-  }  // tile groups
+  }
 }
 
 __device__ __forceinline__ u32 scale_pair(u32 pair, float s) {

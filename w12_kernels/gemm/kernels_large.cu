@@ -86,6 +86,10 @@ __device__ __forceinline__ void cluster_sync_all() {
                "barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  return (u32)__cvta_generic_to_shared(p);
+}
+
 __device__ __forceinline__ float load_cluster(const float* p, int rank) {
   u32 remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)),
@@ -98,6 +102,23 @@ __device__ __forceinline__ float load_cluster(const float* p, int rank) {
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(const unsigned long long* bar, u32 parity) {
+  u32 done;
+  do {
+    asm volatile("{\n.reg .pred p;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+  } while (!done);
+}
+
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes,
+                                          unsigned long long* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+               "[%0], [%1], %2, [%3];"
+               :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 }
 
 // The escape value v as the decoded tile holds it (v / scale, scale = 2^(e0 - 112)), if that
@@ -161,13 +182,15 @@ __device__ __forceinline__ void wgl_body(
   // its chunk words into weight stage col % SW
   auto issue_x = [&](int col) {
     unsigned long long* bar = xfull + col % SX;
-    mbar_expect(bar, XSTAGE);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 :: "r"(smem_addr(bar)), "r"(XSTAGE) : "memory");
     bulk_copy(smem + (col % SX) * XSTAGE, ximg + (size_t)(c0 + col) * (XSTAGE / 2), XSTAGE,
               bar);
   };
   auto issue_w = [&](int col) {
     unsigned long long* bar = wfull + col % SW;
-    mbar_expect(bar, WSTAGE);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 :: "r"(smem_addr(bar)), "r"(WSTAGE) : "memory");
 #pragma unroll
     for (int tt = 0; tt < 4 * WGS; ++tt) {
       const int tile = min(tile0 + tt, ntiles - 1);  // rows past the last are not stored
@@ -185,11 +208,15 @@ __device__ __forceinline__ void wgl_body(
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < SX + SW; ++s)
-      mbar_init(xfull + s, 1);
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(xfull + s)));
 #pragma unroll
-    for (int s = 0; s < SX; ++s) mbar_init(xempty + s, WGS);
+    for (int s = 0; s < SX; ++s)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
+                   :: "r"(smem_addr(xempty + s)), "r"(WGS));
 #pragma unroll
-    for (int s = 0; s < SW; ++s) mbar_init(wempty + s, 4 * WGS);
+    for (int s = 0; s < SW; ++s)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
+                   :: "r"(smem_addr(wempty + s)), "r"(4 * WGS));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }

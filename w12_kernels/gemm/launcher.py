@@ -67,13 +67,9 @@ def _small_passes(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k, 
     for start in range(0, m, cfgs.SMALL_M_MAX):
         part = x[start : start + cfgs.SMALL_M_MAX]
         lay = cfg.layout(part.shape[0])
-        x_stages = lay.x_stages
-        if x_stages == 1 and not cuda.resident_fits(part.shape[0], cfg.kw, lay.groups,
-                                                    int(chunks.shape[1]), x.device):
-            x_stages = 0  # the same sums with the activations through registers
         cuda.gemm_small(part, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k,
                         kw=cfg.kw, depth=lay.depth, prefetch=lay.prefetch, tiles=lay.tiles,
-                        min_blocks=lay.min_blocks, x_stages=x_stages, groups=lay.groups,
+                        min_blocks=lay.min_blocks, x_stages=lay.x_stages, groups=lay.groups,
                         w_stages=lay.w_stages, out=out[start : start + part.shape[0]])
     return out
 
