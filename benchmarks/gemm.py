@@ -5,6 +5,8 @@ of back-to-back calls that cycle through several copies of the weight (so the 60
 serves the weight), on random data. Each row prints µs, speedup, bytes read and achieved TB/s;
 the device-to-device copy bandwidth measured at start is the ceiling. The last lines are the
 geometric-mean speedup per M. ``--sweep`` times candidate launch rules (config.py) instead.
+``--invariant-rows 64`` times what the engine's prefill runs (65..128 rows through the large-M
+table instead of two batch-invariant passes of the small kernel).
 
     python benchmarks/gemm.py --models llama8b --m 1,16 --json out.json
 """
@@ -588,6 +590,9 @@ def main() -> None:
                         help="time the decode-to-BF16 kernel alone against a weight copy")
     parser.add_argument("--write-table", action="store_true",
                         help="with --sweep: write the winners to w12_kernels/gemm/tuned.json")
+    parser.add_argument("--invariant-rows", type=int, default=128, choices=(64, 128),
+                        help="batch invariance kept up to this many rows (64: the prefill "
+                             "path, 65..128 rows through the large-M table)")
     args = parser.parse_args()
     m_values = [int(v) for v in args.m.split(",")]
     torch.manual_seed(0)
@@ -616,9 +621,11 @@ def main() -> None:
             cfgs.TUNED_PATH.write_text(json.dumps(old | table, indent=1) + "\n")
             print(f"wrote w12_kernels/gemm/{cfgs.TUNED_PATH.name}: {json.dumps(table)}")
     else:
-        rows = run_benchmark(args.models.split(","), m_values, ceiling)
+        with launcher.invariant_rows(args.invariant_rows):
+            rows = run_benchmark(args.models.split(","), m_values, ceiling)
         means = geomeans(rows)
-        result = dict(device=props.name, copy_tbs=ceiling, rows=rows, geomean=means)
+        result = dict(device=props.name, copy_tbs=ceiling, rows=rows, geomean=means,
+                      invariant_rows=args.invariant_rows)
         print(f"\ncopy bandwidth {ceiling:.2f} TB/s; elapsed {time.time() - start:.0f} s")
         for m, g in means.items():
             worst = min(r["speedup"] for r in rows if r["m"] == m)

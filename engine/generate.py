@@ -4,7 +4,9 @@
 decode step once in a ``torch.cuda.CUDAGraph`` (static token and position buffers, the logits
 buffer as output) and replays it, so a step costs one launch. Every row keeps its own position,
 so prompts of different lengths share a batch: prefill runs them right-padded, and step t of
-row b writes and reads cache slot ``len_b + t``. ``step`` takes and returns device tensors and
+row b writes and reads cache slot ``len_b + t``. Prefill runs W12 layers with batch invariance
+only up to 64 rows (``invariant_rows``): 65..128 prompt rows then take the faster large-M
+kernels. ``step`` takes and returns device tensors and
 never waits for the device, so a timed loop runs as fast as the GPU does; ``generate`` reads
 the sampled tokens back each step to stop on EOS and to stream.
 """
@@ -20,6 +22,8 @@ import torch
 from engine import ops
 from engine.model import Transformer
 from w12.errors import W12Error
+from w12_kernels.gemm import invariant_rows
+from w12_kernels.gemm.config import SMALL_M_MAX
 
 
 @dataclass(frozen=True)
@@ -128,9 +132,10 @@ class Engine:
             tokens[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
         pos = torch.arange(longest).expand(self.batch, longest)
         last = torch.tensor(lengths) - 1
-        logits = self.model(
-            tokens.to(device), pos.to(device), prefill=True, last=last.to(device)
-        )
+        with invariant_rows(SMALL_M_MAX):  # no prompt row has to match another call's bits
+            logits = self.model(
+                tokens.to(device), pos.to(device), prefill=True, last=last.to(device)
+            )
         self.pos.copy_(torch.tensor(lengths)[:, None])
         return logits[:, 0]
 

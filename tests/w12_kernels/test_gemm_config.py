@@ -247,3 +247,27 @@ def test_sweep_picks_the_nt1_layout_on_every_timed_row_count(monkeypatch):
             for m in (1, 8) for lay in layouts]
     table, _ = gemm_bench.choose_rule(rows, 132, keep_kw=True)
     assert table["shapes"]["4096x4096"]["by_nt"]["1"] == gemm_bench._layout_dict(staged)
+
+
+def test_invariant_rows_scopes_the_small_kernel_passes():
+    """Batch invariance to 128 rows by default; ``invariant_rows(64)`` (prefill) sends 65..128
+    rows to the large-M table for its block only, nesting and restoring on errors."""
+    from w12_kernels.gemm import invariant_rows, launcher
+
+    assert launcher.small_rows_limit() == 128
+    with invariant_rows(64):
+        assert launcher.small_rows_limit() == 64
+        with invariant_rows(128):
+            assert launcher.small_rows_limit() == 128
+        assert launcher.small_rows_limit() == 64
+    with pytest.raises(RuntimeError), invariant_rows(64):
+        raise RuntimeError("inside")
+    assert launcher.small_rows_limit() == 128
+    with pytest.raises(ValueError, match="kept up to 64 or 128 rows"), invariant_rows(100):
+        pass
+    # what those rows run on the tuned shapes: the 128-row entries of the large-M table
+    rule = cfgs.large_rule()
+    for shape, by_m in rule["shapes"].items():
+        n, k = map(int, shape.split("x"))
+        assert "128" in by_m
+        assert cfgs.large_config(n, k, 65) == cfgs.large_config(n, k, 128)

@@ -252,6 +252,36 @@ def test_prefill_rows_through_the_large_table():
     _check_large_kernel(run, ((n, k, 300), (n, k, 1000)))
 
 
+def test_invariant_rows_64_sends_prefill_rows_to_the_large_table(monkeypatch):
+    """Inside ``invariant_rows(64)``, 65..128 rows of a tuned shape run its 128-row warpgroup
+    entry (within budget, bit-identical when run again); outside, the two small-kernel passes
+    (each row the bits it gets alone)."""
+    from w12_kernels.gemm import cuda_large, invariant_rows
+
+    if not cuda_large.available():
+        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
+    calls, wgl = [], cuda_large.gemm_wgl
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return wgl(*args, **kwargs)
+
+    monkeypatch.setattr(cuda_large, "gemm_wgl", spy)
+    t, x = _inputs(4096, 4096, 128, seed=7)
+    pw = prepare_weight(encoded(t))
+    for m in (65, 100, 128):
+        alone = torch.cat([w12_linear(x[i : i + 1], pw) for i in range(m)])
+        assert torch.equal(w12_linear(x[:m], pw).view(torch.int16), alone.view(torch.int16))
+        assert not calls
+        with invariant_rows(64):
+            got = w12_linear(x[:m], pw)
+            again = w12_linear(x[:m], pw)
+        assert len(calls) == 2 and calls[0]["block_m"] == 128
+        calls.clear()
+        assert_within_budget(got, x[:m], t, _ref(x[:m], t))
+        assert torch.equal(got.view(torch.int16), again.view(torch.int16))
+
+
 def test_wgmma_stage_images():
     """The activation images on the GPU equal the CPU statement of their layout."""
     from stage_image import stage_images

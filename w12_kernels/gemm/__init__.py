@@ -12,15 +12,17 @@ CUDA-graph capture; call it once before capturing, so the kernels compile outsid
 On a GPU, up to 64 rows of ``x`` run a decode-GEMM straight from the packed chunks with one
 configuration for every such M (batch invariant): CUDA C kernels compiled with NVRTC when CuPy
 is installed, Triton kernels otherwise. With the CUDA kernels 65..128 rows run as two passes of
-at most 64 (still batch invariant). Above that (above 64 rows with Triton) a Triton
-tensor-core kernel decodes the weight tile by tile into ``tl.dot`` (``kernel_large.py``), or
-the weight is decoded to BF16 and cuBLAS multiplies, whichever the tuned table says is faster
-for the shape. Without a GPU it decodes with numba and calls
-``torch.nn.functional.linear``. ``decode_weight`` gives the exact BF16 weight back;
-``reference.reference_linear`` is the readable float64 reference.
+at most 64 (still batch invariant), or, inside ``invariant_rows(64)`` (prefill), the large-M
+path below, about twice as fast. Above that (above 64 rows with Triton) the tuned table picks
+per shape and row count the fastest of: the warpgroup-MMA kernel (Hopper, CUDA backend,
+``kernels_large.cu``), a Triton tensor-core kernel that decodes the weight tile by tile into
+``tl.dot`` (``kernel_large.py``), or the weight decoded to BF16 and multiplied by cuBLAS.
+Without a GPU it decodes with numba and calls ``torch.nn.functional.linear``.
+``decode_weight`` gives the exact BF16 weight back; ``reference.reference_linear`` is the
+readable float64 reference.
 """
 
-from w12_kernels.gemm.launcher import backend
+from w12_kernels.gemm.launcher import backend, invariant_rows
 from w12_kernels.gemm.layout import DECODE_BIAS, PackedW12, decode_weight, prepare_weight
 from w12_kernels.gemm.op import w12_linear
 
@@ -29,6 +31,7 @@ __all__ = [
     "PackedW12",
     "backend",
     "decode_weight",
+    "invariant_rows",
     "prepare_weight",
     "w12_linear",
 ]

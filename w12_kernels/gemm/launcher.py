@@ -4,8 +4,10 @@ Up to ``SMALL_M_MAX`` rows the decode-GEMM runs straight from the chunks (CUDA C
 CuPy can compile them, the Triton kernels otherwise), with one configuration per weight shape.
 With the CUDA kernels, up to ``SMALL_PASSES * SMALL_M_MAX`` rows run as consecutive passes of
 at most ``SMALL_M_MAX`` rows, so every row's bits are those it gets alone (batch invariance up
-to 128 rows) and, by the H200 times of each part, two passes beat decode + cuBLAS at 128 rows
-on every shape of the benchmark (docs/PERF_GEMM.md). Above that (above ``SMALL_M_MAX`` with
+to 128 rows, which verifying a draft tree of up to 128 nodes needs), at 0.29-0.40x of cuBLAS;
+inside ``invariant_rows(64)`` (the engine's prefill, where no row has to match another call's)
+65..128 rows take the large-M table instead (the warpgroup kernel: 0.56-0.89x at 128 rows on
+the H200, docs/PERF_GEMM.md #37). Above that (above ``SMALL_M_MAX`` with
 the Triton kernels) the tuned table (``config.large_config``) picks, per weight shape and M,
 the warpgroup-MMA kernel of ``kernels_large.cu`` (Hopper, CUDA backend), the fused Triton
 kernel of ``kernel_large.py`` or decode to BF16 + cuBLAS; where the chosen kernel cannot run,
@@ -14,6 +16,8 @@ decode + cuBLAS.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 
 import torch
@@ -29,6 +33,11 @@ def _num_sms(index: int) -> int:
 
 def small_config(n: int, k: int, device: torch.device) -> cfgs.SmallConfig:
     index = device.index if device.index is not None else torch.cuda.current_device()
+    return _small_config(n, k, index)
+
+
+@functools.cache
+def _small_config(n: int, k: int, index: int) -> cfgs.SmallConfig:
     return cfgs.small_config(n, k, _num_sms(index))
 
 
@@ -58,6 +67,28 @@ def decode(chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, n, k) -> to
 
 
 SMALL_PASSES = 2
+_INVARIANT_ROWS = contextvars.ContextVar("w12_invariant_rows",
+                                         default=SMALL_PASSES * cfgs.SMALL_M_MAX)
+
+
+@contextlib.contextmanager
+def invariant_rows(rows: int):
+    """Within: calls of up to ``rows`` rows (64 or 128; 128 outside) keep batch invariance
+    with the CUDA kernels. At 64, 65..128 rows run the large-M table (about twice as fast on
+    the H200) and their bits depend on the row count: for prefill, not for verification."""
+    if rows not in (cfgs.SMALL_M_MAX, SMALL_PASSES * cfgs.SMALL_M_MAX):
+        raise ValueError(f"invariant_rows: {rows} rows; batch invariance is kept up to "
+                         f"{cfgs.SMALL_M_MAX} or {SMALL_PASSES * cfgs.SMALL_M_MAX} rows")
+    token = _INVARIANT_ROWS.set(rows)
+    try:
+        yield
+    finally:
+        _INVARIANT_ROWS.reset(token)
+
+
+def small_rows_limit() -> int:
+    """The most rows the CUDA small-M kernel passes take here (``invariant_rows``)."""
+    return _INVARIANT_ROWS.get()
 
 
 def _small_passes(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k, cfg):
@@ -103,7 +134,7 @@ def linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delt
     """``x @ W.T (+ bias)`` for a CUDA ``x`` [M, K] (see module docstring)."""
     m = x.shape[0]
     kind = backend()
-    if kind == "cuda" and m <= SMALL_PASSES * cfgs.SMALL_M_MAX:
+    if kind == "cuda" and m <= _INVARIANT_ROWS.get():
         cfg = small_config(n, k, x.device)
         return _small_passes(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k, cfg)
     if m <= cfgs.SMALL_M_MAX and kind == "triton":
