@@ -65,6 +65,15 @@ def test_op_registration_and_compile():
     torch.library.opcheck(torch.ops.w12.linear.default, args)
     compiled = torch.compile(lambda a: w12_linear(a, pw), backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(x).view(torch.int16), w12_linear(x, pw).view(torch.int16))
+    # eager calls skip the dispatcher: the same bits as the registered op
+    assert torch.equal(w12_linear(x, pw).view(torch.int16),
+                       torch.ops.w12.linear(*args).view(torch.int16))
+    # fake tensors (shape propagation outside torch.compile) still reach the fake kernel
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        y = w12_linear(mode.from_tensor(x), pw)
+    assert y.shape == (5, 24) and y.dtype == torch.bfloat16
 
 
 def test_triton_path_rejects_bad_arguments():

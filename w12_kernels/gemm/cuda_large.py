@@ -150,14 +150,26 @@ def permute_x(x: torch.Tensor, nchunks: int, block_m: int) -> torch.Tensor:
     out = torch.empty(blocks * nchunks * block_m * 64, dtype=torch.bfloat16, device=x.device)
     if out.numel() == 0:
         return out
-    device = x.device
-    func = _module(cuda._index(device), None).get_function("w12_permute_x")
+    func = _function(cuda._index(x.device), None)
     pairs = int(x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0)
-    with cuda._on(device):
-        func((nchunks, blocks, block_m // 64), (256,),
-             (cuda._ptr(x), cuda._ptr(out), np.int32(m), np.int32(k), np.int32(x.stride(0)),
-              np.int32(nchunks), np.int32(block_m), np.int32(pairs)))
+    cuda.launch(func, (nchunks, blocks, block_m // 64), (256,),
+                (cuda._ptr(x), cuda._ptr(out), np.int32(m), np.int32(k), np.int32(x.stride(0)),
+                 np.int32(nchunks), np.int32(block_m), np.int32(pairs)), x.device)
     return out
+
+
+@functools.cache
+def _function(device_index: int, config: tuple[int, ...] | None):
+    """The kernel of a configuration (``None``: w12_permute_x) on GPU ``device_index``, with the
+    shared memory it launches with allowed once."""
+    import cupy
+
+    if config is None:
+        return _module(device_index, None).get_function("w12_permute_x")
+    func = _module(device_index, config).get_function(kernel_name(*config))
+    with cupy.cuda.Device(device_index):
+        cuda.allow_shared_memory(func, shared_bytes(*config[:4], config[5]))
+    return func
 
 
 def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
@@ -182,15 +194,12 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
         x = x.contiguous()
     ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
     xp = permute_x(x, nchunks, block_m)
-    device = x.device
-    func = _module(cuda._index(device), config).get_function(kernel_name(*config))
+    func = _function(cuda._index(x.device), config)
     smem = shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs)
     args = (cuda._ptr(chunks), cuda._ptr(xp), cuda._ptr(x), np.int32(x.stride(0)),
             cuda._ptr(out), cuda._ptr(scale), cuda._ptr(esc_rowptr), cuda._ptr(esc_row),
             cuda._ptr(esc_col), cuda._ptr(esc_val), cuda._ptr(esc_delta), cuda._ptr(esc_order),
             cuda._ptr(bias), np.int32(m), np.int32(n), np.int32(ntiles), np.int32(nchunks))
     grid = (math.ceil(ntiles / (4 * warpgroups)), math.ceil(m / block_m), splits)
-    with cuda._on(device):
-        cuda.allow_shared_memory(func, smem)
-        func(grid, (threads(warpgroups, a_regs),), args, shared_mem=smem)
+    cuda.launch(func, grid, (threads(warpgroups, a_regs),), args, x.device, smem)
     return out

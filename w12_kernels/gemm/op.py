@@ -4,7 +4,9 @@ The op takes the packed weight's tensors as arguments so that ``torch.compile`` 
 capture see every buffer the kernels touch; its fake implementation only allocates the output.
 On a CUDA device the op runs the GPU kernels (``launcher``: CUDA C through CuPy, or Triton);
 on the CPU it decodes the weight (numba) and calls ``torch.nn.functional.linear``, which gives
-exactly what BF16 torch gives on the decoded weight.
+exactly what BF16 torch gives on the decoded weight. ``w12_linear`` goes through the op only
+where something traces it (``torch.compile``, fake tensors) and calls its body directly
+otherwise, for the dispatcher's host time (docs/PERF_ENGINE.md, prefill).
 """
 
 from __future__ import annotations
@@ -15,8 +17,7 @@ from w12.errors import W12Error
 from w12_kernels.gemm.layout import PackedW12, decode_packed
 
 
-@torch.library.custom_op("w12::linear", mutates_args=())
-def _linear_op(
+def _linear_impl(
     x: torch.Tensor,
     chunks: torch.Tensor,
     scale: torch.Tensor,
@@ -43,6 +44,9 @@ def _linear_op(
     else:
         weight = decode_packed(chunks, e0, esc_rowptr, esc_col, esc_val, n, k)
     return torch.nn.functional.linear(x, weight, bias)
+
+
+_linear_op = torch.library.custom_op("w12::linear", mutates_args=())(_linear_impl)
 
 
 @_linear_op.register_fake
@@ -81,8 +85,11 @@ def w12_linear(
     rows = x.reshape(-1, w.k)
     if not rows.is_contiguous():
         rows = rows.contiguous()
-    y = _linear_op(
-        rows, w.chunks, w.scale, w.e0, w.esc_rowptr, w.esc_row, w.esc_col, w.esc_val,
-        w.esc_delta, w.esc_order, bias, w.n, w.k,
-    )
+    # the registered op where a tracer needs it (torch.compile, fake tensors); otherwise its
+    # body straight away: the dispatcher costs ~30 us of host time per call, which eager
+    # prefill pays on every layer (CUDA-graph replays pay nothing either way)
+    op = _linear_op if torch.compiler.is_compiling() or type(rows) is not torch.Tensor \
+        else _linear_impl
+    y = op(rows, w.chunks, w.scale, w.e0, w.esc_rowptr, w.esc_row, w.esc_col, w.esc_val,
+           w.esc_delta, w.esc_order, bias, w.n, w.k)
     return y.reshape(*x.shape[:-1], w.n)
