@@ -5,6 +5,9 @@ seed, so both modes hold the same weights), then for each batch size an ``Engine
 random prompts and runs ``warmup`` + ``tokens`` greedy steps back to back without reading
 anything back to the host; the timed part is bracketed by device synchronisation. A step reads
 every weight once, so weight bytes / step time is the achieved weight-streaming bandwidth.
+The prefill of the ``batch x prompt_len`` prompt tokens is timed too (the median of
+``PREFILL_RUNS`` prefills after the first, each bracketed by synchronisation): the time to the
+first token.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class DecodeTiming:
     cuda_graph: bool  # the decode step ran as a captured graph
     compiled: bool  # the elementwise ops ran through torch.compile
     attention: str = "torch"  # decode attention: torch ops or the Triton kernel
+    prefill_ms: float | None = None  # one prefill of batch x prompt_len tokens
 
 
 def streamed_bytes(model: Transformer) -> int:
@@ -56,18 +60,29 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+PREFILL_RUNS = 3
+
+
 @torch.inference_mode()
 def time_decode(
     model: Transformer, *, batch: int, tokens: int, prompt_len: int = 32, warmup: int = 8,
     compile: bool = False, cuda_graph: bool | None = None, seed: int = 0,
     attention: str = "auto",
-) -> tuple[float, Engine]:
-    """Seconds for ``tokens`` greedy steps of ``batch`` rows after prefill and warmup."""
+) -> tuple[float, Engine, float]:
+    """Seconds for ``tokens`` greedy steps of ``batch`` rows after prefill and warmup, the
+    engine, and the seconds of one prefill (the median of ``PREFILL_RUNS`` after the first)."""
     engine = Engine(model, batch=batch, max_seq_len=prompt_len + warmup + tokens + 1,
                     cuda_graph=cuda_graph, compile=compile, attention=attention)
     gen = torch.Generator().manual_seed(seed)
-    prompts = torch.randint(0, model.args.vocab_size, (batch, prompt_len), generator=gen)
-    next_tokens = engine.prefill(prompts.tolist()).argmax(-1)
+    prompts = torch.randint(0, model.args.vocab_size, (batch, prompt_len), generator=gen).tolist()
+    next_tokens = engine.prefill(prompts).argmax(-1)
+    prefill_s = []
+    for _ in range(PREFILL_RUNS):
+        _sync(model.device)
+        start = time.perf_counter()
+        engine.prefill(prompts)
+        _sync(model.device)
+        prefill_s.append(time.perf_counter() - start)
     for _ in range(warmup):
         next_tokens = engine.step(next_tokens).argmax(-1)
     _sync(model.device)
@@ -75,7 +90,7 @@ def time_decode(
     for _ in range(tokens):
         next_tokens = engine.step(next_tokens).argmax(-1)
     _sync(model.device)
-    return time.perf_counter() - start, engine
+    return time.perf_counter() - start, engine, sorted(prefill_s)[len(prefill_s) // 2]
 
 
 def bench_decode(
@@ -94,7 +109,7 @@ def bench_decode(
         gpu_bytes = None if gpu_before is None else _allocated(device) - gpu_before
         streamed = streamed_bytes(loaded.model)
         for batch, kind in ((b, k) for b in batches for k in kinds):
-            seconds, engine = time_decode(
+            seconds, engine, prefill_s = time_decode(
                 loaded.model, batch=batch, tokens=tokens, prompt_len=prompt_len, warmup=warmup,
                 compile=compile, seed=seed, attention=kind,
             )
@@ -106,7 +121,7 @@ def bench_decode(
                 weight_gbps=streamed / step_s / 1e9, gpu_weight_bytes=gpu_bytes,
                 kv_bytes_per_token=kv_bytes_per_token(loaded.args),
                 cuda_graph=engine.graph is not None, compiled=engine.compiled,
-                attention=engine.attention,
+                attention=engine.attention, prefill_ms=1e3 * prefill_s,
             )
             del engine
             log(format_row(timing))
@@ -129,7 +144,9 @@ def _allocated(device: torch.device) -> int | None:
 def format_row(t: DecodeTiming) -> str:
     return (f"{t.model:<24} {t.mode:<5} batch {t.batch:>3}  {t.tokens_per_s:>10.1f} tok/s  "
             f"{t.ms_per_step:>8.3f} ms/step  {t.streamed_bytes / 1e9:>7.3f} GB/step  "
-            f"{t.weight_gbps:>8.1f} GB/s" + ("" if t.attention == "torch" else
+            f"{t.weight_gbps:>8.1f} GB/s"
+            + ("" if t.prefill_ms is None else f"  prefill {t.prefill_ms:>8.2f} ms")
+            + ("" if t.attention == "torch" else
                                             f"  [{t.attention} attention]"))
 
 
@@ -145,6 +162,10 @@ def summary(results: list[DecodeTiming]) -> list[str]:
             speedup = r.tokens_per_s / base.tokens_per_s
             lines.append(f"{r.model} batch {r.batch}{tag}: W12 {r.tokens_per_s:.1f} tok/s vs "
                          f"BF16 {base.tokens_per_s:.1f} tok/s -> speedup {speedup:.3f}x")
+            if r.prefill_ms and base.prefill_ms:
+                lines.append(f"{r.model} batch {r.batch}{tag}: prefill W12 {r.prefill_ms:.2f} ms "
+                             f"vs BF16 {base.prefill_ms:.2f} ms -> "
+                             f"x{base.prefill_ms / r.prefill_ms:.3f}")
     for r in results:
         plain = by_key.get((r.model, r.mode, r.batch, "torch"))
         if r.attention != "torch" and plain is not None:

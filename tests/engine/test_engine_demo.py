@@ -104,3 +104,7 @@ def test_summary_pairs_modes_and_attention_kinds():
             "speedup 1.333x") in lines
     assert "m bf16 batch 1: triton attention 4.000 ms/step vs torch 5.000 -> x1.250" in lines
     assert "m w12 batch 1: triton attention 3.000 ms/step vs torch 4.000 -> x1.333" in lines
+    assert not any("prefill" in line for line in lines)  # not timed: no prefill line
+    timed = [DecodeTiming(**{**vars(row(mode, "torch", ms)), "prefill_ms": pre})
+             for mode, ms, pre in (("bf16", 5.0, 30.0), ("w12", 4.0, 20.0))]
+    assert "m batch 1: prefill W12 20.00 ms vs BF16 30.00 ms -> x1.500" in summary(timed)
