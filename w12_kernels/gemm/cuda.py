@@ -12,7 +12,6 @@ exact BF16 weight for the large-M path (decode, then cuBLAS).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from pathlib import Path
@@ -74,23 +73,6 @@ def _kernel(device_index: int, name: str):
         return module.get_function(name)
 
 
-_STREAMS: dict[tuple[int, int], object] = {}
-
-
-def _stream(device: torch.device):
-    """CuPy's handle on PyTorch's current stream of ``device`` (one per device and stream,
-    kept: creating it per call costs more than the launch; the default stream has the same
-    handle, 0, on every device)."""
-    import cupy
-
-    index = _index(device)
-    ptr = _current_stream_ptr(index)
-    stream = _STREAMS.get((index, ptr))
-    if stream is None:
-        stream = _STREAMS[(index, ptr)] = cupy.cuda.ExternalStream(ptr, index)
-    return stream
-
-
 def _current_stream_ptr(index: int) -> int:
     """PyTorch's current stream of GPU ``index`` as a raw handle (the private call takes ~1 us
     against ~7 us for ``torch.cuda.current_stream``)."""
@@ -98,34 +80,50 @@ def _current_stream_ptr(index: int) -> int:
     return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
 
 
-@contextlib.contextmanager
-def _on(device: torch.device):
-    """Launch on ``device`` (CuPy's current device, whatever it was) and PyTorch's current
-    stream there."""
-    import cupy
-
-    with cupy.cuda.Device(_index(device)), _stream(device):
-        yield
+_SLOTS = np.arange(32, dtype=np.uint64) * 8  # byte offsets of 8-byte argument slots
 
 
 def launch(func, grid: tuple, block: tuple, args: tuple, device: torch.device,
            shared_mem: int = 0) -> None:
-    """``func`` on PyTorch's current stream of ``device``: the stream passed to the launch, and
-    CuPy's current device switched only when it is not already ``device`` (each costs several
-    microseconds of host time per call, which eager prefill pays on every layer)."""
+    """``func`` on PyTorch's current stream of ``device`` through the driver's launch call,
+    with CuPy's current device switched only when it is not already ``device``.
+
+    ``args`` are pointers and non-negative integers; each goes into an 8-byte slot and the
+    kernel reads its 4 or 8 bytes from the slot's start (little-endian), so one array holds
+    them all and CuPy's per-argument conversion is skipped. (Measured against CuPy's own launch
+    call: no clear difference in host time, docs/PERF_ENGINE.md, "Prefill"; what it removed is
+    the stream object and device context CuPy's call needed per launch.)"""
+    import cupy
+
     index = _index(device)
-    stream = _stream(device)
+    values = np.array(args, dtype=np.uint64)  # a negative integer raises here
+    slots = values.ctypes.data + _SLOTS[: len(args)]
+    grid3 = (*grid, 1, 1)[:3]
+    block3 = (*block, 1, 1)[:3]
     if torch.cuda.current_device() == index:
-        func(grid, block, args, shared_mem=shared_mem, stream=stream)
+        cupy.cuda.driver.launchKernel(_function_ptr(func, index), *grid3, *block3, shared_mem,
+                                      _current_stream_ptr(index), slots.ctypes.data, 0)
     else:
-        import cupy
-
         with cupy.cuda.Device(index):
-            func(grid, block, args, shared_mem=shared_mem, stream=stream)
+            cupy.cuda.driver.launchKernel(_function_ptr(func, index), *grid3, *block3,
+                                          shared_mem, _current_stream_ptr(index),
+                                          slots.ctypes.data, 0)
 
 
-def _ptr(t: torch.Tensor | None) -> np.uint64:
-    return np.uint64(0 if t is None else t.data_ptr())
+_FUNCTIONS: dict[tuple[int, int], tuple] = {}
+
+
+def _function_ptr(func, index: int) -> int:
+    """The driver handle of CuPy kernel ``func`` (a ``RawKernel``, whose ``kernel`` is the
+    function loaded on the current device) on GPU ``index``, looked up once."""
+    hit = _FUNCTIONS.get((id(func), index))
+    if hit is None:  # the entry keeps func alive, so its id is not reused
+        hit = _FUNCTIONS[(id(func), index)] = (func, getattr(func, "kernel", func).ptr)
+    return hit[1]
+
+
+def _ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
 
 
 def _index(device: torch.device) -> int:
@@ -211,8 +209,7 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     func, smem = _small_kernel(_index(x.device), -(-m // 8), kw, depth, prefetch, tiles,
                                min_blocks, x_stages, groups, w_stages)
     args = (_ptr(chunks), _ptr(xp), _ptr(out), _ptr(scale), _ptr(esc_rowptr), _ptr(esc_col),
-            _ptr(esc_delta), _ptr(bias), np.int32(m), np.int32(n), np.int32(ntiles),
-            np.int32(nchunks), np.int32(xp.stride(0)), np.int32(kw))
+            _ptr(esc_delta), _ptr(bias), m, n, ntiles, nchunks, xp.stride(0), kw)
     launch(func, (-(-ntiles // (tiles * groups)),), (kw * 32 * groups,), args, x.device, smem)
     return out
 
@@ -247,16 +244,13 @@ def decode(chunks: torch.Tensor, scale: torch.Tensor, esc_row: torch.Tensor,
     total = tiles * nchunks
     device = chunks.device
     count = int(esc_col.numel())
-    with _on(device):
-        if total and n and k:
-            sms = torch.cuda.get_device_properties(_index(device)).multi_processor_count
-            blocks = max(1, min(math.ceil(total / 8), sms * 16))
-            args = (_ptr(chunks), _ptr(scale), _ptr(out), np.int32(n), np.int32(k),
-                    np.int32(nchunks), np.int64(total))
-            _kernel(_index(device), "w12_decode")((blocks,), (256,), args)
-        if count:
-            args = (_ptr(out), _ptr(esc_row), _ptr(esc_col), _ptr(esc_val), np.int64(count),
-                    np.int32(k))
-            _kernel(_index(device), "w12_write_escapes")((max(1, min(math.ceil(count / 256),
-                                                                     1024)),), (256,), args)
+    if total and n and k:
+        sms = torch.cuda.get_device_properties(_index(device)).multi_processor_count
+        blocks = max(1, min(math.ceil(total / 8), sms * 16))
+        launch(_kernel(_index(device), "w12_decode"), (blocks,), (256,),
+               (_ptr(chunks), _ptr(scale), _ptr(out), n, k, nchunks, total), device)
+    if count:
+        launch(_kernel(_index(device), "w12_write_escapes"),
+               (max(1, min(math.ceil(count / 256), 1024)),), (256,),
+               (_ptr(out), _ptr(esc_row), _ptr(esc_col), _ptr(esc_val), count, k), device)
     return out

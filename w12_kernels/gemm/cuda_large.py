@@ -27,7 +27,6 @@ import functools
 import math
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from w12_kernels.gemm import cuda, wgmma
@@ -153,8 +152,8 @@ def permute_x(x: torch.Tensor, nchunks: int, block_m: int) -> torch.Tensor:
     func = _function(cuda._index(x.device), None)
     pairs = int(x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0)
     cuda.launch(func, (nchunks, blocks, block_m // 64), (256,),
-                (cuda._ptr(x), cuda._ptr(out), np.int32(m), np.int32(k), np.int32(x.stride(0)),
-                 np.int32(nchunks), np.int32(block_m), np.int32(pairs)), x.device)
+                (cuda._ptr(x), cuda._ptr(out), m, k, x.stride(0), nchunks, block_m, pairs),
+                x.device)
     return out
 
 
@@ -196,10 +195,10 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     xp = permute_x(x, nchunks, block_m)
     func = _function(cuda._index(x.device), config)
     smem = shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs)
-    args = (cuda._ptr(chunks), cuda._ptr(xp), cuda._ptr(x), np.int32(x.stride(0)),
+    args = (cuda._ptr(chunks), cuda._ptr(xp), cuda._ptr(x), x.stride(0),
             cuda._ptr(out), cuda._ptr(scale), cuda._ptr(esc_rowptr), cuda._ptr(esc_row),
             cuda._ptr(esc_col), cuda._ptr(esc_val), cuda._ptr(esc_delta), cuda._ptr(esc_order),
-            cuda._ptr(bias), np.int32(m), np.int32(n), np.int32(ntiles), np.int32(nchunks))
+            cuda._ptr(bias), m, n, ntiles, nchunks)
     grid = (math.ceil(ntiles / (4 * warpgroups)), math.ceil(m / block_m), splits)
     cuda.launch(func, grid, (threads(warpgroups, a_regs),), args, x.device, smem)
     return out

@@ -16,7 +16,6 @@ import functools
 import math
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from w12_kernels.gemm import cuda
@@ -102,10 +101,11 @@ def gemm_wg(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     smem = max(kw * 2 * n_block * 128, kw * 64 * n_block * 4)
     args = (cuda._ptr(chunks), cuda._ptr(xp), cuda._ptr(out), cuda._ptr(scale),
             cuda._ptr(esc_rowptr), cuda._ptr(esc_col), cuda._ptr(esc_delta), cuda._ptr(bias),
-            np.int32(m), np.int32(n), np.int32(ntiles), np.int32(nchunks),
-            np.int32(xp.stride(0)), np.int32(kw))
-    with cuda._on(device):
+            m, n, ntiles, nchunks, xp.stride(0), kw)
+    import cupy
+
+    with cupy.cuda.Device(cuda._index(device)):
         cuda.allow_shared_memory(func, smem)
-        func((math.ceil(ntiles / 4), math.ceil(m / n_block)), (128 * kw,), args,
-             shared_mem=smem)
+    cuda.launch(func, (math.ceil(ntiles / 4), math.ceil(m / n_block)), (128 * kw,), args,
+                device, smem)
     return out
