@@ -134,7 +134,7 @@ def linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delt
     """``x @ W.T (+ bias)`` for a CUDA ``x`` [M, K] (see module docstring)."""
     m = x.shape[0]
     kind = backend()
-    if kind == "cuda" and m <= _INVARIANT_ROWS.get():
+    if kind == "cuda" and m <= small_rows_limit():
         cfg = small_config(n, k, x.device)
         return _small_passes(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k, cfg)
     if m <= cfgs.SMALL_M_MAX and kind == "triton":
