@@ -390,7 +390,16 @@ def choose_rule(rows: list[dict], sms: int, keep_kw: bool = False) -> tuple[dict
         kw, (by_nt, score) = max(options.items(), key=lambda kv: kv[1][1])
         if math.isfinite(score):
             kept = current.get("shapes", {}).get(f"{n}x{k}", {}).get("by_nt", {})
-            best["shapes"][f"{n}x{k}"] = dict(kw=kw, by_nt={**kept, **by_nt})
+            # a warpgroup-kernel choice (benchmarks/wgmma_probe.py --write-table) stays with
+            # its class while the kw does (this sweep times the mma.sync layouts only); with
+            # another kw it was never timed, so it goes
+            same_kw = kw == current.get("shapes", {}).get(f"{n}x{k}", {}).get("kw")
+            kept = {cls: lay if same_kw else {key: v for key, v in lay.items() if key != "wg"}
+                    for cls, lay in kept.items()}
+            swept = {cls: ({**lay, "wg": kept[cls]["wg"]}
+                           if kept.get(cls, {}).get("wg") else lay)
+                     for cls, lay in by_nt.items()}
+            best["shapes"][f"{n}x{k}"] = dict(kw=kw, by_nt={**kept, **swept})
     return best, math.exp(best_score / max(1, len(scored)))
 
 

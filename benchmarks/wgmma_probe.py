@@ -1,12 +1,18 @@
-"""Probe of the experimental warpgroup-MMA W12 GEMM (``w12_kernels/gemm/wgmma.py``) on an H200.
+"""Probe of the warpgroup-MMA small-M W12 GEMM (``w12_kernels/gemm/wgmma.py``) on an H200.
 
-For a few real layer shapes and M from 1 to 256 it checks the kernel against float64 on the
-exact weights (error over cuBLAS's error, as ``benchmarks/gemm.py`` does), reports whether its
-bits equal the production kernel's (mma.sync, same K split) for M <= 64, and times it against
-cuBLAS and against the production path (``w12_linear``), all in alternating rounds
-(``time_graphs``). One line per (shape, M), JSON with ``--json``.
+For every distinct layer shape of the benchmark's models and each M it checks the kernel's bits
+against the mma.sync small-M kernel at the same M and against each row computed alone by
+``w12_linear`` (batch invariance), its error against float64 on the exact weights, and times it
+against cuBLAS, the mma.sync kernel and ``w12_linear`` in alternating rounds (``time_graphs``),
+for several schedules (stages, warpgroups, row groups per block, blocks per row range) with the
+production K split. One line per (shape, M); last, per M, the geometric-mean speedup over
+cuBLAS of the mma.sync kernel (the table's layout), of the best warpgroup schedule, of the
+better of the two per shape, and of ``w12_linear`` with the table in use. JSON with ``--json``.
+``--write-table`` puts, per shape and class of M measured, the warpgroup schedule into
+``tuned.json`` where its worst time over the class's measured M is at most 97% of the mma.sync
+kernel's (``Layout.wg``), and takes it out where none is.
 
-    python benchmarks/wgmma_probe.py --json out/wgmma_probe.json
+    python benchmarks/wgmma_probe.py --m 24,32,48,64 --json out/wgmma_probe.json --write-table
 """
 
 from __future__ import annotations
@@ -21,97 +27,210 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemm import Layer, default_run, time_graphs  # noqa: E402
+from benchmarks.gemm import MODELS, Layer, default_run, layer_shapes, time_graphs  # noqa: E402
+from w12_kernels.gemm import config as cfgs  # noqa: E402
 from w12_kernels.gemm import cuda, launcher, wgmma  # noqa: E402
 
-SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (10240, 5120),
-          (128256, 4096)]
-M_VALUES = [1, 8, 16, 32, 64, 128, 256]
-CONFIGS = [(1, 2), (2, 2), (1, 4), (2, 4)]  # (kw, depth)
+M_VALUES = [16, 32]
+DEPTHS = wgmma.DEPTHS
 
 
-def _wg_runner(kw: int, depth: int):
+def shapes() -> list[tuple[int, int]]:
+    seen: list[tuple[int, int]] = []
+    for model in MODELS:
+        for _, n, k in layer_shapes(model):
+            if (n, k) not in seen:
+                seen.append((n, k))
+    return seen
+
+
+def schedules(kw: int) -> list[tuple[int, int, int, int]]:
+    """(depth, warpgroups, row groups, split) schedules of the kernel for this kw with at most
+    two accumulator sets per warpgroup (four cost registers that spill or serialize the
+    MMAs), 4 stages (8 with one warpgroup of one row group)."""
+    out = []
+    for wgs in (1, 2):
+        for rg in wgmma.ROW_GROUPS:
+            for split in wgmma.SPLITS:
+                for depth in (4, 8) if wgs * rg == 1 else (4,):
+                    try:
+                        sets = wgmma.check(kw, depth, 16, wgs, rg, split)
+                    except ValueError:
+                        continue
+                    if sets <= 2:
+                        out.append((depth, wgs, rg, split))
+    return out
+
+
+def _wg(kw: int, depth: int, wgs: int, rg: int, split: int):
     def run(x, pw):
         return wgmma.gemm_wg(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta,
-                             None, pw.n, pw.k, kw=kw, depth=depth)
+                             None, pw.n, pw.k, kw=kw, depth=depth, warpgroups=wgs,
+                             row_groups=rg, split=split)
+    return run
+
+
+def _mma_sync(cfg: cfgs.SmallConfig, m: int):
+    """The mma.sync kernel with the table's layout for ``m`` rows (whatever the table routes)."""
+    lay = cfg.layout(m)
+
+    def run(x, pw, i):
+        return cuda.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta,
+                               None, pw.n, pw.k, kw=cfg.kw, depth=lay.depth,
+                               prefetch=lay.prefetch, tiles=lay.tiles,
+                               min_blocks=lay.min_blocks, x_stages=lay.x_stages,
+                               groups=lay.groups, w_stages=lay.w_stages)
     return run
 
 
 def probe(layer: Layer, m: int) -> dict:
+    pw0 = layer.w12[0]
+    cfg = launcher.small_config(pw0.n, pw0.k, torch.device("cuda"))
+    kw = cfg.kw
     x = torch.randn(m, layer.k, device="cuda").to(torch.bfloat16)
     order = [i % layer.copies for i in range(layer.copies * 4)]
-    runs = {"cublas": lambda x, i: torch.nn.functional.linear(x, layer.bf16[i]),
-            "w12_linear": lambda x, i: default_run(x, layer.w12[i])}
-    for kw, depth in CONFIGS:
-        run = _wg_runner(kw, depth)
-        runs[f"wg_kw{kw}_d{depth}"] = lambda x, i, run=run: run(x, layer.w12[i])
+    runs = {"cublas": lambda x, pw, i: torch.nn.functional.linear(x, layer.bf16[i]),
+            "mma_sync": _mma_sync(cfg, m),
+            "w12_linear": lambda x, pw, i: default_run(x, pw)}
+    for depth, wgs, rg, split in schedules(kw):
+        run = _wg(kw, depth, wgs, rg, split)
+        runs[f"wg_d{depth}_g{wgs}_r{rg}_s{split}"] = lambda x, pw, i, run=run: run(x, pw)
     ok, failed = {}, {}
     for label, run in runs.items():
         try:
-            run(x, 0)
+            run(x, pw0, 0)
+            torch.cuda.synchronize()
             ok[label] = run
         except Exception as exc:  # report it, time the others
-            failed[label] = f"{type(exc).__name__}: {str(exc)[:200]}"
-    times = time_graphs([[lambda i=i, r=run: r(x, i) for i in order] for run in ok.values()])
+            failed[label] = f"{type(exc).__name__}: {str(exc)[:300]}"
     ref = x.double() @ layer.bf16[0].double().T
-    err_bf16 = float((ok["cublas"](x, 0).double() - ref).norm() / ref.norm())
-    row = {"n": layer.n, "k": layer.k, "m": m, "failed": failed, "us": {}, "err_ratio": {},
-           "bits_equal_small": {}}
-    for (label, run), t in zip(ok.items(), times, strict=True):
-        out = run(x, 0)
-        row["us"][label] = t
+    err_bf16 = float((ok["cublas"](x, pw0, 0).double() - ref).norm() / ref.norm())
+    small = ok["mma_sync"](x, pw0, 0).view(torch.int16)
+    alone = torch.cat([default_run(x[r : r + 1], pw0) for r in range(m)]).view(torch.int16)
+    row = {"n": layer.n, "k": layer.k, "m": m, "kw": kw, "failed": failed, "us": {},
+           "err_ratio": {}, "bits_equal_small": {}, "bits_equal_alone": {},
+           "small_equal_alone": bool(torch.equal(small, alone)),
+           "w12_linear_equal_small": bool(torch.equal(default_run(x, pw0).view(torch.int16),
+                                                      small))}
+    for label, run in ok.items():
+        out = run(x, pw0, 0)
         row["err_ratio"][label] = float((out.double() - ref).norm() / ref.norm()) / err_bf16
-        row["finite"] = row.get("finite", True) and bool(torch.isfinite(out).all())
-    pw = layer.w12[0]
-    if m <= 64:
-        kw_small = launcher.small_config(pw.n, pw.k, x.device).kw
-        for kw in (1, 2):
-            small = cuda.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col,
-                                    pw.esc_delta, None, pw.n, pw.k, kw=kw, depth=2)
-            if f"wg_kw{kw}_d2" in ok:
-                wg = ok[f"wg_kw{kw}_d2"](x, 0)
-                row["bits_equal_small"][f"kw{kw}"] = bool(
-                    torch.equal(small.view(torch.int16), wg.view(torch.int16)))
-        row["kw_production"] = kw_small
+        if label.startswith("wg_"):
+            bits = out.view(torch.int16)
+            row["bits_equal_small"][label] = bool(torch.equal(bits, small))
+            row["bits_equal_alone"][label] = bool(torch.equal(bits, alone))
+            row["rerun_equal"] = row.get("rerun_equal", True) and bool(
+                torch.equal(run(x, pw0, 0).view(torch.int16), bits))
+    times = time_graphs([[lambda i=i, r=run: r(x, layer.w12[i], i) for i in order]
+                         for run in ok.values()])
+    row["us"] = dict(zip(ok, times, strict=True))
     return row
+
+
+MARGIN = 0.97  # a warpgroup schedule is chosen when it takes at most 97% of mma.sync's time
+
+
+def _nt_class(m: int) -> int:
+    return next(c for c in cfgs.NT_CLASSES if -(-m // 8) <= c)
+
+
+def choose(rows: list[dict]) -> dict[tuple[int, int, int], list[int] | None]:
+    """Per (N, K, NT class) measured: the warpgroup schedule whose worst time ratio to the
+    mma.sync kernel over the class's measured M is lowest, if at most ``MARGIN``, else None."""
+    out = {}
+    keys = sorted({(r["n"], r["k"], _nt_class(r["m"])) for r in rows})
+    for n, k, cls in keys:
+        mine = [r for r in rows if (r["n"], r["k"], _nt_class(r["m"])) == (n, k, cls)]
+        labels = set.intersection(*({lbl for lbl in r["us"] if lbl.startswith("wg_")}
+                                    for r in mine))
+        if any(not all(r["bits_equal_small"].get(lbl) for r in mine) for lbl in labels):
+            labels = {lbl for lbl in labels if all(r["bits_equal_small"][lbl] for r in mine)}
+        worst = {lbl: max(r["us"][lbl] / r["us"]["mma_sync"] for r in mine) for lbl in labels}
+        best = min(worst, key=worst.get) if worst else None
+        out[(n, k, cls)] = (None if best is None or worst[best] > MARGIN
+                            else [int(v[1:]) for v in best.split("_")[1:]])
+    return out
+
+
+def write_table(rows: list[dict]) -> None:
+    """The choices into the small-M entries of ``tuned.json`` (``by_nt[class]["wg"]``: stages,
+    warpgroups, row groups, split); classes measured without a winner lose theirs."""
+    table = json.loads(cfgs.TUNED_PATH.read_text())
+    shapes = table["small_m"].setdefault("shapes", {})
+    for (n, k, cls), wg in choose(rows).items():
+        entry = shapes.get(f"{n}x{k}")
+        if entry is None:
+            continue  # only shapes the sweep gave an entry (kw and layouts)
+        by_nt = entry.setdefault("by_nt", {})
+        lay = dict(by_nt.get(str(cls), table["small_m"]["by_nt"][str(cls)]))
+        lay.pop("wg", None)
+        if wg is not None:
+            lay["wg"] = wg
+        by_nt[str(cls)] = lay
+        print(f"{n}x{k} NT class {cls}: {'warpgroup ' + str(wg) if wg else 'mma.sync'}")
+    cfgs.TUNED_PATH.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"wrote w12_kernels/gemm/{cfgs.TUNED_PATH.name}")
+
+
+def _geo(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--m", default=",".join(map(str, M_VALUES)))
+    parser.add_argument("--shapes", help="NxK,NxK,... (default: every shape of the models)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--write-table", action="store_true",
+                        help="write the choices into w12_kernels/gemm/tuned.json")
     args = parser.parse_args()
     if not wgmma.available():
         sys.exit("needs a compute-capability 9.0 GPU and CuPy")
     torch.manual_seed(0)
+    todo = ([tuple(map(int, s.split("x"))) for s in args.shapes.split(",")] if args.shapes
+            else shapes())
     rows = []
-    for n, k in SHAPES:
+    for n, k in todo:
         layer = Layer(n, k, seed=n + k)
         for m in map(int, args.m.split(",")):
             r = probe(layer, m)
             rows.append(r)
             t = r["us"]
-            best = min((v, lbl) for lbl, v in t.items() if lbl.startswith("wg_")) if any(
-                lbl.startswith("wg_") for lbl in t) else (math.inf, "-")
-            print(f"{n}x{k} M={m:<4} cublas {t.get('cublas', math.nan):8.1f} us  w12_linear "
-                  f"{t.get('w12_linear', math.nan):8.1f} (x{t['cublas'] / t['w12_linear']:.2f})"
-                  f"  best wgmma {best[1]} {best[0]:8.1f} (x{t['cublas'] / best[0]:.2f})  "
-                  f"err/cublas {max(r['err_ratio'].values()):.3f}  finite {r.get('finite')}  "
-                  f"bits=small {r['bits_equal_small']}  failed {list(r['failed'])}", flush=True)
+            wg = {lbl: v for lbl, v in t.items() if lbl.startswith("wg_")}
+            best = min((v, lbl) for lbl, v in wg.items()) if wg else (math.nan, "-")
+            bad = [lbl for lbl in wg if not (r["bits_equal_small"][lbl]
+                                             and r["bits_equal_alone"][lbl])]
+            print(f"{n:>6}x{k:<5} M={m:<3} kw={r['kw']:<2} cublas {t['cublas']:7.1f} us  "
+                  f"mma.sync {t['mma_sync']:7.1f} (x{t['cublas'] / t['mma_sync']:.3f})  "
+                  f"w12_linear {t['w12_linear']:7.1f}  "
+                  f"wg {best[1]:<15} {best[0]:7.1f} (x{t['cublas'] / best[0]:.3f})  "
+                  f"err/cublas {max(r['err_ratio'].values()):.3f}  bits differ: {bad or 'none'}"
+                  f"  rerun equal {r.get('rerun_equal')}  failed {list(r['failed'])}",
+                  flush=True)
         del layer
         torch.cuda.empty_cache()
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=1))
+    print("geometric-mean speedup over cuBLAS (shapes where the warpgroup kernel ran):")
     for m in sorted({r["m"] for r in rows}):
-        sel = [r for r in rows if r["m"] == m and any(k.startswith("wg_") for k in r["us"])]
-        if sel:
-            g = math.exp(sum(math.log(r["us"]["cublas"] / min(
-                v for lbl, v in r["us"].items() if lbl.startswith("wg_"))) for r in sel)
-                / len(sel))
-            p = math.exp(sum(math.log(r["us"]["cublas"] / r["us"]["w12_linear"]) for r in sel)
-                         / len(sel))
-            print(f"M={m:<4} geomean over cuBLAS: best wgmma x{g:.3f}, w12_linear x{p:.3f}")
+        sel = [r for r in rows if r["m"] == m and any(lbl.startswith("wg_") for lbl in r["us"])]
+        if not sel:
+            continue
+        prod = _geo(r["us"]["cublas"] / r["us"]["mma_sync"] for r in sel)
+        linear = _geo(r["us"]["cublas"] / r["us"]["w12_linear"] for r in sel)
+        best_wg = [min(v for lbl, v in r["us"].items() if lbl.startswith("wg_")) for r in sel]
+        wg = _geo(r["us"]["cublas"] / b for r, b in zip(sel, best_wg, strict=True))
+        both = _geo(r["us"]["cublas"] / min(b, r["us"]["mma_sync"])
+                    for r, b in zip(sel, best_wg, strict=True))
+        worst = min(r["us"]["cublas"] / min(b, r["us"]["mma_sync"])
+                    for r, b in zip(sel, best_wg, strict=True))
+        print(f"M={m:<3} {len(sel)} shapes: mma.sync x{prod:.3f}  best warpgroup schedule "
+              f"x{wg:.3f}  better of the two x{both:.3f} (worst shape x{worst:.3f})  "
+              f"w12_linear (the table in use) x{linear:.3f}")
+    if args.write_table:
+        write_table(rows)
 
 
 if __name__ == "__main__":

@@ -108,17 +108,22 @@ def test_ptx_integer_ops():
         assert emu.lop3(x, y, z, lut)[0] == lut
 
 
-@pytest.mark.parametrize("m,n,k,kw,n_block", [(1, 70, 300, 1, 16), (17, 37, 200, 2, 32),
-                                              (40, 100, 640, 2, 16), (5, 20, 64, 1, 48)])
-def test_wgmma_emulator_within_budget(m, n, k, kw, n_block):
-    """The experimental warpgroup-MMA kernel's staging, descriptor and split, emulated
-    (wgmma_emulator.py), against float64 on the exact weights, escapes and bias included."""
+@pytest.mark.parametrize("m,n,k,kw,n_block,wgs", [(1, 70, 300, 1, 16, 1),
+                                                  (17, 37, 200, 2, 32, 2),
+                                                  (40, 100, 640, 2, 16, 1),
+                                                  (5, 20, 64, 1, 48, 1),
+                                                  (33, 70, 1300, 8, 64, 2)])
+def test_wgmma_emulator_within_budget(m, n, k, kw, n_block, wgs):
+    """The warpgroup-MMA kernel's staging, descriptor and split over warpgroups and
+    accumulator sets, emulated (wgmma_emulator.py), against float64 on the exact weights,
+    escapes and bias included."""
     import wgmma_emulator
 
     w = make_weight(n, k, seed=m + n + k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
     bias = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)
-    y = wgmma_emulator.gemm_wg(x, prepare_weight(encoded(w)), bias, kw=kw, n_block=n_block)
+    y = wgmma_emulator.gemm_wg(x, prepare_weight(encoded(w)), bias, kw=kw, n_block=n_block,
+                               warpgroups=wgs)
     assert_within_budget(y, x, w, reference_linear(x, encoded(w), bias), bias)
 
 
@@ -139,3 +144,22 @@ def test_wgmma_emulator_catches_a_wrong_stage_order():
         wgmma_emulator.LBO = original
     with pytest.raises(AssertionError):
         assert_within_budget(bad, x, w, ref)
+
+
+@pytest.mark.parametrize("kw,wgs,split", [(2, 1, 1), (4, 2, 1), (8, 4, 1), (8, 2, 1), (8, 1, 4),
+                                          (4, 1, 2)])
+def test_wgmma_emulator_gives_the_small_kernels_bits(kw, wgs, split):
+    """The warpgroup kernel's split (``split`` blocks of KB warpgroups, kw / (KB split)
+    accumulator sets each) and fold add the same products in the same order as the mma.sync
+    kernel's kw warps: with both MMAs emulated alike the bits are equal, and row 0 of a 40-row
+    call is row 0 alone."""
+    import wgmma_emulator
+
+    _, w, x, bias = _inputs(40, 70, 1300, seed=11)
+    pw = prepare_weight(w)
+    small = emu.gemm_small(x, pw, bias, kw=kw).view(torch.int16)
+    wg = wgmma_emulator.gemm_wg(x, pw, bias, kw=kw, n_block=48, warpgroups=wgs, split=split)
+    assert torch.equal(wg.view(torch.int16), small)
+    alone = wgmma_emulator.gemm_wg(x[:1], pw, bias, kw=kw, n_block=16, warpgroups=wgs,
+                                   split=split)
+    assert torch.equal(alone.view(torch.int16), small[:1])

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
+from pathlib import Path
 
 import pytest
 from gemm_helpers import gemm_benchmark
 
 from w12_kernels.gemm import config as cfgs
-from w12_kernels.gemm import cuda
+from w12_kernels.gemm import cuda, wgmma
 
 
 def test_pick_kw_fills_the_gpu_and_keeps_chunks_per_warp():
@@ -54,6 +56,22 @@ def test_shipped_table_is_consistent():
             assert lay.w_stages in cuda.W_STAGES
             assert cuda.small_shared_bytes(nt, cfg.kw, lay.x_stages, lay.groups, lay.w_stages,
                                            lay.tiles) <= 227 * 1024
+            if lay.wg is not None:  # a warpgroup schedule the kernel has at this kw
+                depth, warpgroups, row_groups, split = lay.wg
+                wgmma.check(cfg.kw, depth, 16, warpgroups, row_groups, split)
+                n_block = 16 * -(-m // 16)
+                assert wgmma.shared_bytes(n_block, warpgroups, depth, row_groups) <= 227 * 1024
+
+
+def test_layout_reads_a_warpgroup_schedule():
+    rule = {"warps_per_sm": 16, "min_chunks_per_warp": 2, "max_kw": 8,
+            "by_nt": {c: {"depth": 1} for c in "1248"},
+            "shapes": {"4096x4096": {"kw": 2, "by_nt": {"8": {"depth": 1, "wg": [4, 1, 1, 2]}}}}}
+    cfg = cfgs.small_config(4096, 4096, 132, rule)
+    assert cfg.layout(64).wg == (4, 1, 1, 2) and cfg.layout(32).wg is None
+    assert wgmma.check(cfg.kw, 4, 64, 1, 1, 2) == 1
+    with pytest.raises(ValueError, match="bad configuration"):
+        wgmma.check(cfg.kw, 4, 64, 4, 1, 1)  # 4 warpgroups cannot share kw = 2 partial sums
 
 
 def test_large_config_by_shape_and_m_class():
@@ -271,3 +289,52 @@ def test_invariant_rows_scopes_the_small_kernel_passes():
         n, k = map(int, shape.split("x"))
         assert "128" in by_m
         assert cfgs.large_config(n, k, 65) == cfgs.large_config(n, k, 128)
+
+
+def test_sweep_keeps_a_warpgroup_choice_at_the_same_kw_only(monkeypatch):
+    """A small-M sweep times mma.sync layouts only: a class's warpgroup schedule (written by
+    benchmarks/wgmma_probe.py) stays while the shape keeps its kw and goes with another kw."""
+    gemm_bench = gemm_benchmark()
+    in_use = {"warps_per_sm": 128, "min_chunks_per_warp": 2, "max_kw": 8,
+              "by_nt": {c: {"depth": 1, "prefetch": False, "tiles": 1} for c in "1248"},
+              "shapes": {f"{n}x4096": {"kw": 2, "by_nt": {
+                  "4": {"depth": 1, "wg": [4, 1, 1, 1]}, "8": {"depth": 1, "wg": [4, 1, 1, 2]}}}
+                  for n in (4096, 28672)}}
+    monkeypatch.setattr(cfgs, "rule", lambda: in_use)
+    rows = []
+    for n, kw in ((28672, 2), (4096, 8)):  # the first keeps its kw, the second moves to 8
+        for lay in gemm_bench.SWEEP_LAYOUTS[4][:2]:
+            rows.append(dict(n=n, k=4096, m=32, kw=kw, **gemm_bench._layout_dict(lay),
+                             us=10.0, err_ratio=1.0, cublas_us=13.0))
+    table, _ = gemm_bench.choose_rule(rows, 132, keep_kw=True)
+    kept = table["shapes"]["28672x4096"]["by_nt"]
+    assert kept["4"]["wg"] == [4, 1, 1, 1] and kept["8"]["wg"] == [4, 1, 1, 2]
+    moved = table["shapes"]["4096x4096"]
+    assert moved["kw"] == 8
+    assert "wg" not in moved["by_nt"]["4"] and "wg" not in moved["by_nt"]["8"]
+
+
+def _wgmma_probe():
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "wgmma_probe.py"
+    spec = importlib.util.spec_from_file_location("wgmma_probe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_warpgroup_choice_needs_the_margin_on_every_measured_row_count():
+    probe = _wgmma_probe()
+
+    def row(m, mma, wg, bits=True):
+        return {"n": 4096, "k": 4096, "m": m, "us": {"mma_sync": mma, **wg},
+                "bits_equal_small": {lbl: bits for lbl in wg}}
+
+    rows = [row(24, 10.0, {"wg_d4_g1_r1_s2": 9.0, "wg_d4_g2_r1_s1": 9.9}),
+            row(32, 10.0, {"wg_d4_g1_r1_s2": 9.6, "wg_d4_g2_r1_s1": 9.0}),
+            row(48, 10.0, {"wg_d4_g1_r1_s2": 9.0}),
+            row(64, 10.0, {"wg_d4_g1_r1_s2": 9.9}),  # class 8: worst ratio 0.99 > 0.97
+            row(16, 10.0, {"wg_d8_g1_r1_s2": 5.0}, bits=False)]  # faster, other bits
+    chosen = probe.choose(rows)
+    assert chosen[(4096, 4096, 4)] == [4, 1, 1, 2]  # worst 0.96 against 0.99
+    assert chosen[(4096, 4096, 8)] is None
+    assert chosen[(4096, 4096, 2)] is None

@@ -1,6 +1,7 @@
-"""GPU tests of the experimental warpgroup-MMA kernel (``w12_kernels/gemm/wgmma.py``; skipped
+"""GPU tests of the warpgroup-MMA small-M kernel (``w12_kernels/gemm/wgmma.py``; skipped
 without a compute-capability 9.0 GPU and CuPy): error budget at awkward shapes with escapes and
-bias, determinism, and row independence at a fixed activation block."""
+bias, the bits of the mma.sync kernel with the same K split (so batch invariance carries over),
+row independence, determinism."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 from gemm_helpers import assert_within_budget, encoded, make_weight
 
-from w12_kernels.gemm import prepare_weight, wgmma
+from w12_kernels.gemm import cuda, prepare_weight, wgmma
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and wgmma.available()),
                                 reason="needs a compute-capability 9.0 GPU and CuPy")
@@ -19,24 +20,103 @@ def _run(x, pw, bias=None, **kw):
                          pw.n, pw.k, **kw)
 
 
-@pytest.mark.parametrize("n,k", [(1000, 3000), (130, 72), (4096, 4096), (37, 640)])
-@pytest.mark.parametrize("kw,depth", [(1, 2), (2, 3)])
-def test_within_budget(n, k, kw, depth):
+def _small(x, pw, bias, kw):
+    return cuda.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta,
+                           bias, pw.n, pw.k, kw=kw, depth=2)
+
+
+@pytest.mark.parametrize("n,k", [(1000, 3000), (130, 72), (37, 640), (4096, 4096)])
+@pytest.mark.parametrize("kw,depth,wgs,rg,split", [(1, 4, 1, 1, 1), (2, 6, 1, 2, 1),
+                                                  (4, 4, 2, 1, 2), (8, 4, 2, 2, 2),
+                                                  (8, 8, 1, 1, 4), (16, 4, 4, 1, 4),
+                                                  (2, 4, 1, 1, 2)])
+def test_within_budget_and_the_small_kernels_bits(n, k, kw, depth, wgs, rg, split):
     t = make_weight(n, k, seed=n + k, device="cuda")
     pw = prepare_weight(encoded(t))
     bias = torch.randn(n, device="cuda").to(torch.bfloat16)
-    for m in (1, 17, 64, 129, 256):
+    for m in (1, 9, 17, 32, 33, 64, 100):
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         ref = x.double() @ t.double().T + bias.double()
-        assert_within_budget(_run(x, pw, bias, kw=kw, depth=depth), x, t, ref, bias)
+        y = _run(x, pw, bias, kw=kw, depth=depth, warpgroups=wgs, row_groups=rg, split=split)
+        assert_within_budget(y, x, t, ref, bias)
+        if m <= 64:
+            assert torch.equal(y.view(torch.int16), _small(x, pw, bias, kw).view(torch.int16))
 
 
-def test_deterministic_and_rows_independent_at_a_fixed_block():
+def test_deterministic_and_rows_independent():
     t = make_weight(1000, 3000, seed=5, device="cuda")
     pw = prepare_weight(encoded(t))
     x = torch.randn(40, 3000, device="cuda").to(torch.bfloat16)
-    first = _run(x, pw, kw=2, n_block=48).view(torch.int16)
+    first = _run(x, pw, kw=4, warpgroups=2).view(torch.int16)
     for _ in range(5):
-        assert torch.equal(_run(x, pw, kw=2, n_block=48).view(torch.int16), first)
-    alone = _run(x[7:8], pw, kw=2, n_block=48).view(torch.int16)
-    assert torch.equal(alone, first[7:8])
+        assert torch.equal(_run(x, pw, kw=4, warpgroups=2).view(torch.int16), first)
+        assert torch.equal(_run(x, pw, kw=4, warpgroups=1, split=4).view(torch.int16), first)
+    for r in (0, 7, 39):
+        alone = _run(x[r : r + 1], pw, kw=4, warpgroups=4).view(torch.int16)
+        assert torch.equal(alone, first[r : r + 1])
+        alone = _run(x[r : r + 1], pw, kw=4, warpgroups=2, row_groups=2, split=2)
+        assert torch.equal(alone.view(torch.int16), first[r : r + 1])
+
+
+def test_split_fold_under_graph_replay():
+    """The K-split fold's arrival counters are put back by the last block, so replays of a
+    captured call keep giving the same bits."""
+    t = make_weight(640, 2048, seed=3, device="cuda")
+    pw = prepare_weight(encoded(t))
+    x = torch.randn(24, 2048, device="cuda").to(torch.bfloat16)
+    want = _small(x, pw, None, 8)
+    out = torch.empty_like(want)
+    _run(x, pw, kw=8, warpgroups=1, split=8, out=out)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _run(x, pw, kw=8, warpgroups=1, split=8, out=out)
+    for _ in range(4):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+
+
+def test_nan_and_inf_escapes_reach_the_output():
+    t = make_weight(200, 640, seed=9, device="cuda")
+    t[3, 5] = float("nan")
+    t[7, 100] = float("inf")
+    pw = prepare_weight(encoded(t))
+    x = torch.randn(20, 640, device="cuda").to(torch.bfloat16)
+    y = _run(x, pw, kw=2, warpgroups=2)
+    assert torch.isnan(y[:, 3]).all()
+    assert not torch.isfinite(y[:, 7]).any()
+    assert torch.isfinite(y[:, [0, 1, 2, 4, 5, 6, 8]]).all()
+    assert torch.equal(y.view(torch.int16), _small(x, pw, None, 2).view(torch.int16))
+
+
+def test_launcher_runs_the_tables_warpgroup_schedule(monkeypatch):
+    """A layout with a warpgroup schedule (``Layout.wg``) sends its rows to the warpgroup
+    kernel, whose bits are the mma.sync kernel's: so every row still gets the bits it gets
+    alone (batch invariance)."""
+    from w12_kernels.gemm import config as cfgs
+    from w12_kernels.gemm import launcher
+
+    t = make_weight(700, 2048, seed=4, device="cuda")
+    pw = prepare_weight(encoded(t))
+    plain = cfgs.Layout(depth=1)
+    cfg = cfgs.SmallConfig(kw=4, by_nt=((1, plain), (2, plain), (4, cfgs.Layout(wg=(4, 1, 1, 4))),
+                                        (8, cfgs.Layout(wg=(4, 2, 1, 1)))))
+    monkeypatch.setattr(launcher, "small_config", lambda n, k, device: cfg)
+    calls = []
+    real = wgmma.gemm_wg
+    monkeypatch.setattr(wgmma, "gemm_wg", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+
+    def linear(x):
+        return launcher.linear(x, pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row,
+                               pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order, None, pw.n,
+                               pw.k)
+
+    x = torch.randn(100, 2048, device="cuda").to(torch.bfloat16)
+    alone = torch.cat([linear(x[r : r + 1]) for r in range(100)]).view(torch.int16)
+    assert not calls  # one row: the mma.sync kernel
+    for m in (20, 32, 64, 100):  # 100: passes of 64 and 36 rows
+        assert torch.equal(linear(x[:m]).view(torch.int16), alone[:m])
+    assert [(c["split"], c["warpgroups"]) for c in calls] == [(4, 1), (4, 1), (1, 2), (1, 2),
+                                                              (1, 2)]

@@ -1,9 +1,12 @@
-"""NumPy emulator of the experimental kernel ``w12_gemm_wg<N, P>`` (``kernels_wgmma.cu``), so
-that the CPU checks its index arithmetic: where each thread stages the activations in shared
-memory (``wg_store_x``), the matrix descriptor (start, leading and stride byte offsets of the
-core matrices, no swizzle) through which the warpgroup MMA reads them back, the A fragments
+"""NumPy emulator of the warpgroup-MMA kernel ``w12_gemm_wg<N, R, KB, S, RG>``
+(``kernels_wgmma.cu``), so that the CPU checks its index arithmetic: where each staging item
+(token, quarter) puts the activations in the image that bulk copies bring to shared memory
+(``w12_x_image``), the matrix descriptor (start, leading and stride byte offsets of the core
+matrices, no swizzle) through which the warpgroup MMA reads them back, the A fragments
 (``decode8`` of the same chunk words as the mma.sync kernel), the split of the chunk columns
-over ``kw`` warpgroups and their fixed-order sum, and the epilogue.
+over ``split`` blocks of ``KB`` warpgroups with ``S`` accumulator sets each (partial
+``q = z KB S + g + KB (i % S)`` for block ``z``'s warpgroup ``g``'s ``i``-th column) and the
+fold in order ``q = 0..kw-1``, and the epilogue.
 
 Written from the kernel source and the PTX ISA's description of ``wgmma`` operands: B (K x N,
 K-major, no swizzle) is read as 8 x 8 core matrices of 128 contiguous bytes, core matrix
@@ -23,17 +26,18 @@ LBO, SBO = 128, 256  # kernels_wgmma.cu wg_desc
 
 
 def _stage(xw: np.ndarray, m: int, tok0: int, n_block: int, chunk: int) -> np.ndarray:
-    """``wg_store_x`` of every staging thread: the stage as uint32 words [N * 32]."""
+    """``w12_x_image`` of every staging item: the stage as uint32 words
+    [N * 32]. Item (n, u) holds words 8u..8u+7 of token tok0 + n (zeros past M) and stores word
+    8u + mm at byte (n // 8) 256 + (n % 8) 16 + 4u + (mm // 2) N 32 + (mm % 2) 128."""
     stage = np.zeros(n_block * 32, np.uint32)
-    for n in range(n_block):
+    for item in range(4 * n_block):
+        n, u = item >> 2, item & 3
         tok = tok0 + n
-        w = xw[tok, chunk * 32 : chunk * 32 + 32] if tok < m else np.zeros(32, np.uint32)
-        base = (n >> 3) * 256 + (n & 7) * 16  # bytes
-        for j in range(4):
-            for kg in range(2):
-                w0 = 2 * j + kg
-                at = (base + j * n_block * 32 + kg * 128) // 4
-                stage[at : at + 4] = (w[w0], w[w0 + 8], w[w0 + 16], w[w0 + 24])
+        w = xw[tok, chunk * 32 + 8 * u : chunk * 32 + 8 * u + 8] if tok < m else np.zeros(
+            8, np.uint32)
+        base = (n >> 3) * 256 + (n & 7) * 16 + 4 * u
+        for mm in range(8):
+            stage[(base + (mm >> 1) * n_block * 32 + (mm & 1) * 128) // 4] = w[mm]
     return stage
 
 
@@ -47,8 +51,14 @@ def _b_matrix(stage: np.ndarray, start: int, n_block: int) -> np.ndarray:
 
 
 def gemm_wg(x: torch.Tensor, pw, bias: torch.Tensor | None = None, *, kw: int,
-            n_block: int) -> torch.Tensor:
-    """What ``w12_gemm_wg<n_block, P>`` with ``kw`` warpgroups writes: BF16 [M, N_rows]."""
+            n_block: int, warpgroups: int | None = None, split: int = 1) -> torch.Tensor:
+    """What ``w12_gemm_wg<n_block, R, warpgroups, kw / (warpgroups split), RG>`` on a grid of
+    ``split`` blocks per row range writes: BF16 [M, N_rows]. (The row groups per block only
+    change which warpgroups share a stage, not a sum.)"""
+    kb = warpgroups or min(kw, 4)
+    sets = kw // (kb * split)
+    kwb = kb * sets
+    assert kwb * split == kw
     m = x.shape[0]
     tiles, nchunks = int(pw.chunks.shape[0]), int(pw.chunks.shape[1])
     words = _as_words(pw.chunks).reshape(tiles, nchunks, 96, 4)
@@ -59,26 +69,32 @@ def gemm_wg(x: torch.Tensor, pw, bias: torch.Tensor | None = None, *, kw: int,
     for bx in range(rows_total // 64):
         for by in range(tok_total // n_block):
             tok0 = by * n_block
-            for q in range(kw):
-                d = np.zeros((64, n_block), np.float32)
-                for c in range(q, nchunks, kw):
-                    stage = _stage(xw, m, tok0, n_block, c)
-                    for j in range(4):
-                        a = np.zeros((64, 16))
-                        for w in range(4):
-                            tile = min(bx * 4 + w, tiles - 1)
-                            lane_words = words[tile, c]  # [96, 4]: Words4 l, l + 32, l + 64
-                            regs = np.stack(decode8(lane_words[0:32, j], lane_words[32:64, j],
-                                                    lane_words[64:96, j]), axis=-1)
-                            block = np.zeros((16, 16))
-                            block[_A_ROW, _A_COL] = _elements(regs)
-                            a[16 * w : 16 * w + 16] = block
-                        b = _b_matrix(stage, j * n_block * 32, n_block)
-                        d = (a @ b + d.astype(np.float64)).astype(np.float32)
-                acc[q, bx * 64 : bx * 64 + 64, tok0 : tok0 + n_block] = d
+            for z in range(split):
+                for g in range(kb):
+                    # local column i of warpgroup g: c = z kwb + g + kb (i % S) + kw (i // S)
+                    cols = sorted(c for s in range(sets)
+                                  for c in range(z * kwb + g + kb * s, nchunks, kw))
+                    for i, c in enumerate(cols):
+                        q = z * kwb + g + kb * (i % sets)
+                        assert q == c % kw
+                        d = acc[q, bx * 64 : bx * 64 + 64, tok0 : tok0 + n_block]
+                        stage = _stage(xw, m, tok0, n_block, c)
+                        for j in range(4):
+                            a = np.zeros((64, 16))
+                            for w in range(4):
+                                tile = min(bx * 4 + w, tiles - 1)
+                                lane_words = words[tile, c]  # [96, 4]: Words4 l, l+32, l+64
+                                regs = np.stack(decode8(lane_words[0:32, j],
+                                                        lane_words[32:64, j],
+                                                        lane_words[64:96, j]), axis=-1)
+                                block = np.zeros((16, 16))
+                                block[_A_ROW, _A_COL] = _elements(regs)
+                                a[16 * w : 16 * w + 16] = block
+                            b = _b_matrix(stage, j * n_block * 32, n_block)
+                            d[...] = (a @ b + d.astype(np.float64)).astype(np.float32)
     v = acc[0].copy()
     for q in range(1, kw):
-        v = v + acc[q]  # float32, warpgroup order
+        v = v + acc[q]  # float32, in order q = 0..kw-1
     return store_rows(v, x, pw, bias)
 
 

@@ -6,7 +6,8 @@ warp ``w`` summing its chunks ``w, w + kw, ...``, and the block adds the ``kw`` 
 in a fixed order. So how K is split and summed never depends on M (batch invariance).
 What may depend on M is only how the work is scheduled (chunk columns in flight, activations
 prefetched into registers or staged in shared memory, 16-row tiles per block, a register cap
-for occupancy), per class of ``NT = ceil(M / 8)`` in (1, 2, 4, 8): that changes no sum. The
+for occupancy, or the warpgroup-MMA kernel with the same split), per class of
+``NT = ceil(M / 8)`` in (1, 2, 4, 8): that changes no sum. The
 constants come from ``tuned.json`` next to this file, written from the H200 sweep of
 ``benchmarks/gemm.py --sweep`` (docs/PERF_GEMM.md): a ``kw`` and layouts per measured weight
 shape, a rule for other shapes; without the file, built-in defaults.
@@ -47,6 +48,15 @@ class Layout:
     x_stages: int = 0  # activations through this many shared-memory stages (0: registers)
     groups: int = 1  # groups of kw warps per block, each on its own tiles (sharing L1)
     w_stages: int = 0  # weights through this many shared-memory stages (0: register ring)
+    # The warpgroup-MMA kernel instead of the mma.sync one (same kw, so the same bits; on a
+    # GPU without it, the mma.sync kernel): (stages, warpgroups, row groups, split) of
+    # wgmma.gemm_wg, or None
+    wg: tuple[int, int, int, int] | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Layout:
+        wg = d.get("wg")
+        return cls(**{**d, "wg": tuple(int(v) for v in wg) if wg else None})
 
 
 @dataclass(frozen=True)
@@ -99,7 +109,7 @@ def small_config(n: int, k: int, num_sms: int, r: dict | None = None) -> SmallCo
         kw = pick_kw(_cdiv(max(n, 1), 16), _cdiv(max(k, 1), 64), num_sms,
                      warps_per_sm=r["warps_per_sm"],
                      min_chunks_per_warp=r["min_chunks_per_warp"], max_kw=r["max_kw"])
-    by_nt = tuple((cls, Layout(**r["by_nt"][str(cls)])) for cls in NT_CLASSES)
+    by_nt = tuple((cls, Layout.from_dict(r["by_nt"][str(cls)])) for cls in NT_CLASSES)
     return SmallConfig(kw=kw, by_nt=by_nt)
 
 

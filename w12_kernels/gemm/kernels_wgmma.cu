@@ -1,25 +1,48 @@
-// EXPERIMENTAL (not used by w12_linear; see wgmma.py): the W12 GEMM with Hopper's warpgroup
-// MMA. Compiled after kernels.cu (it uses its loads and decode8) and after the wgmma wrappers
-// that wgmma.py generates (struct Wgmma<N>: one m64nNk16 bf16 MMA with A from registers and B
-// from shared memory, accumulating in float32).
+// The W12 GEMM for 9..64 activation rows with Hopper's warpgroup MMA, giving the bits of the
+// mma.sync kernel of kernels.cu (w12_gemm_small) for the same K split. Compiled after
+// kernels.cu (its loads, decode8 and store_output) and after the wgmma wrappers that wgmma.py
+// generates (struct Wgmma<N>: one m64nNk16 bf16 MMA with A from registers and B from shared
+// memory, accumulating in float32).
 //
-// w12_gemm_wg<N, P>: y[M, N_rows] = x[M, K] @ W^T. A block holds kw warpgroups and 64 weight
-// rows (four 16-row tiles, warp w of each warpgroup decoding tile 4 * blockIdx.x + w), and N
-// activation rows starting at N * blockIdx.y. Warpgroup q takes chunk columns q, q + kw, ...
-// (the split of w12_gemm_small); per column each warp decodes its chunk into the four A
-// fragments (the same registers as the mma.sync kernel), the warpgroup stages the column's
-// activations in shared memory as the B operand (core matrices of 8 tokens x 8 K values,
-// no swizzle), and four wgmma m64nNk16 accumulate. So 64 weight rows share one activation
-// read, and the activations never sit in registers across the MMA. Per warp a ring of P
-// columns of weight loads is in flight; the next column's activations are loaded while the
-// current one is multiplied. The kw partial tiles are summed in shared memory in warpgroup
-// order, then the epilogue of w12_gemm_small (scale, escapes in list order, bias, BF16).
+// w12_x_image<N>: the activations rearranged once per call into stage images (the B operand's
+// order below), so that a column's activations reach shared memory in one bulk copy.
+//
+// w12_gemm_wg<N, R, KB, S, RG>: y[M, N_rows] = x[M, K] @ W^T. A block holds RG groups of 64
+// weight rows (four 16-row tiles each; warp w of warpgroup (r, g) decodes tile
+// 4 (RG blockIdx.x + r) + w), N activation rows starting at N * blockIdx.y, RG x KB MMA
+// warpgroups and one staging warp; gridDim.z = split blocks share a row range's K. The K split
+// is w12_gemm_small's with kw = KB * S * split: partial sum q (0 <= q < kw) adds chunk columns
+// q, q + kw, q + 2 kw, ... in order. Block z's warpgroups (r, g) hold partials
+// q = z KB S + g + KB s (s < S accumulator sets), so their columns are those with c % kw among
+// them, taken in increasing order (the i-th to set i % S).
+//
+// Per column one thread of the staging warp issues bulk copies (cp.async.bulk, the async
+// proxy) of the column's activation image and of the RG x 4 tiles' chunks into the warpgroup
+// column's stage (a ring of R per g, shared by the RG row groups), signalling an mbarrier with
+// the byte count (full); the MMA warps wait on it, read their chunk (three 16-byte shared
+// loads a lane), decode it straight into the A fragment registers (the mma.sync kernel's
+// registers; two sets, even and odd columns), and run four wgmma m64nNk16; the MMAs of a
+// column stay in flight while the next column is decoded (wait_group 1 retires the column
+// before), after which one lane per warp frees the stage (empty). Nothing in the MMA warps
+// fences or waits on a global load: the shared-memory stores an earlier version made before
+// its MMAs needed a proxy fence, which compiles to MEMBAR.ALL.CTA and so waited for the
+// weight loads in flight as well (docs/PERF_GEMM.md #38).
+//
+// The fold, in order q = 0..kw-1: with split 1 in shared memory, the KB partials of each set
+// added to a running sum; with split > 1 every block stores its partial tiles in a float32
+// workspace and the last block of the row range to arrive (an integer counter per range, put
+// back to zero by that block) adds all kw. Then the epilogue of w12_gemm_small (scale, escapes
+// in list order, bias, BF16): the same sums in the same order as w12_gemm_small, so the same
+// bits wherever the tensor cores' m64nNk16 and m16n8k16 products agree (the GPU tests check
+// it), and an output row's bits do not depend on M.
 //
 // B layout for K step j of a column (64 columns = 4 steps of 16): K index kk of the MMA is
 // column 16 * ((kk % 8) / 2) + 4 j + 2 * (kk / 8) + kk % 2 of the column block (the order the
 // A fragments of layout.py use), i.e. 32-bit word 2 j + kk / 8 + 8 * ((kk % 8) / 2) of the
 // token's 32 words. Core matrix (n group ng, k group kg) of step j lives at
 // stage + j * N * 32 + (2 ng + kg) * 128: leading (K) byte offset 128, stride (N) offset 256.
+// Image item (n, u) (token n, quarter u: the token's words 8u..8u+7) puts word 8u + m at
+// step m / 2, k group m % 2, row n % 8, bytes 4u..4u+3.
 
 __device__ __forceinline__ unsigned long long wg_desc(const void* smem_ptr) {
   const u32 addr = (u32)__cvta_generic_to_shared(smem_ptr);
@@ -29,132 +52,293 @@ __device__ __forceinline__ unsigned long long wg_desc(const void* smem_ptr) {
   return desc;                                   // base offset 0, no swizzle
 }
 
-// The 32 words (64 BF16) of token row `tok` in column block `chunk`, zeros past M.
-__device__ __forceinline__ void wg_load_x(u32 (&w)[32], const bf16_t* x, int tok, int M, int ldx,
-                                          int chunk) {
-  if (tok < M) {
-    const bf16_t* p = x + (size_t)tok * ldx + (size_t)chunk * 64;
-#pragma unroll
-    for (int q = 0; q < 8; ++q) {
-      const Words4 v = load_cached(p + 8 * q);
-      w[4 * q] = v.x; w[4 * q + 1] = v.y; w[4 * q + 2] = v.z; w[4 * q + 3] = v.w;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) w[i] = 0u;
-  }
-}
-
-template <int N>
-__device__ __forceinline__ void wg_store_x(unsigned char* stage, const u32 (&w)[32], int n) {
-  unsigned char* base = stage + (n >> 3) * 256 + (n & 7) * 16;
+// Keeps registers alive (for the compiler) up to this point: the A fragments of a wgmma that
+// may still be reading them must not be given to other values before its wait_group.
+__device__ __forceinline__ void wg_keep(u32 (&a)[4][4]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j)
 #pragma unroll
-    for (int kg = 0; kg < 2; ++kg) {
-      const int w0 = 2 * j + kg;
-      *reinterpret_cast<uint4*>(base + j * N * 32 + kg * 128) =
-          make_uint4(w[w0], w[w0 + 8], w[w0 + 16], w[w0 + 24]);
-    }
+    for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[j][r])::"memory");
 }
 
-__device__ __forceinline__ void wg_barrier(int id) {
-  asm volatile("bar.sync %0, 128;" ::"r"(id));
+__device__ __forceinline__ u32 wg_smem(const void* p) {
+  return (u32)__cvta_generic_to_shared(p);
 }
 
-template <int N, int P>
-__global__ void __launch_bounds__(256) w12_gemm_wg(
+__device__ __forceinline__ void wg_mbar_init(unsigned long long* bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(wg_smem(bar)), "r"(count)
+               : "memory");
+}
+
+__device__ __forceinline__ void wg_mbar_arrive(unsigned long long* bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(
+                   wg_smem(bar))
+               : "memory");
+}
+
+__device__ __forceinline__ bool wg_mbar_test(unsigned long long* bar, u32 parity) {
+  u32 done;
+  asm volatile("{\n.reg .pred p;\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+               "selp.u32 %0, 1, 0, p;\n}"
+               : "=r"(done) : "r"(wg_smem(bar)), "r"(parity) : "memory");
+  return done != 0u;
+}
+
+__device__ __forceinline__ void wg_mbar_wait(unsigned long long* bar, u32 parity) {
+  while (!wg_mbar_test(bar, parity)) {
+  }
+}
+
+// w12_x_image<N>: the activations as stage images, xi[token block][column][N * 128 bytes] in
+// the B operand's order (above), zeros past M; grid (columns, token blocks), 4 N threads, item
+// (n, u) = (threadIdx.x / 4, threadIdx.x % 4). A warp's 4-byte stores of one word m fill 128
+// contiguous bytes.
+template <int N>
+__global__ void __launch_bounds__(4 * N) w12_x_image(const bf16_t* __restrict__ x,
+                                                    unsigned char* __restrict__ xi, int M,
+                                                    int ldx, int nchunks) {
+  const int c = blockIdx.x, tb = blockIdx.y;
+  const int n = threadIdx.x >> 2, u = threadIdx.x & 3;
+  const int tok = tb * N + n;
+  Words4 a = {0u, 0u, 0u, 0u}, b = {0u, 0u, 0u, 0u};
+  if (tok < M) {
+    const bf16_t* p = x + (size_t)tok * ldx + (size_t)c * 64 + 16 * u;
+    a = load_cached(p);
+    b = load_cached(p + 8);
+  }
+  const u32 w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  unsigned char* base = xi + ((size_t)tb * nchunks + c) * (N * 128) + (n >> 3) * 256 +
+                        (n & 7) * 16 + 4 * u;
+#pragma unroll
+  for (int m = 0; m < 8; ++m)
+    *reinterpret_cast<u32*>(base + (m >> 1) * N * 32 + (m & 1) * 128) = w[m];
+}
+
+__device__ __forceinline__ void wg_expect_bytes(unsigned long long* bar, u32 bytes) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}" ::
+                   "r"(wg_smem(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void wg_bulk_copy(void* dst, const void* src, u32 bytes,
+                                             unsigned long long* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+               "[%0], [%1], %2, [%3];"
+               :: "r"(wg_smem(dst)), "l"(src), "r"(bytes), "r"(wg_smem(bar)) : "memory");
+}
+
+template <int N, int R, int KB, int S, int RG>
+__global__ void __launch_bounds__(128 * KB * RG + 32) w12_gemm_wg(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
     const float* __restrict__ scale, const int* __restrict__ rowptr,
     const int* __restrict__ esc_col, const float* __restrict__ esc_delta,
-    const bf16_t* __restrict__ bias, int M, int n_rows, int ntiles, int nchunks, int ldx,
-    int kw) {
-  static_assert(N % 16 == 0 && N <= 128, "N: 16..128 in steps of 16");
+    const bf16_t* __restrict__ bias, const unsigned char* __restrict__ xi,
+    float* __restrict__ ws, int* __restrict__ counters, int M, int n_rows, int ntiles,
+    int nchunks, int ldx) {
+  static_assert(N % 16 == 0 && N >= 16 && N <= 64, "N: 16, 32, 48 or 64 activation rows");
+  static_assert(R == 4 || R == 6 || R == 8, "R: 4, 6 or 8 stages");
+  static_assert(S == 1 || S == 2 || S == 4, "S: 1, 2 or 4 accumulator sets");
+  static_assert(RG == 1 || RG == 2, "RG: 1 or 2 row groups");
+  constexpr int U = S > 2 ? S : 2;  // the loop's unroll: A set and accumulator set constant
+  constexpr int XSTAGE = N * 128;   // bytes of one column's activations
+  constexpr int STAGE = XSTAGE + RG * 4 * 1536;  // and the chunks of the RG x 4 tiles
+  constexpr int KWB = KB * S;       // partial sums per block
+  constexpr int ROWS = 64 * RG;     // weight rows per block
   extern __shared__ __align__(128) unsigned char smem[];
-  const int wg = threadIdx.x >> 7;
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(smem);  // [KB][R]
+  unsigned long long* empty = full + KB * R;                                // [KB][R]
+  static_assert(2 * KB * R * 8 <= 504, "the mbarriers fit their 512 bytes");
+  int* last_flag = reinterpret_cast<int*>(smem + 504);
+  unsigned char* stages = smem + 512;  // [KB][R][STAGE]
+  const int split = gridDim.z;         // blocks sharing the kw partial sums of their rows
+  const int kw = KWB * split;
+  const int z = blockIdx.z;
+  const int wgi = threadIdx.x >> 7;  // warpgroup (rg, g); RG * KB: the staging warp
+  const int rg = wgi / KB, g = wgi - rg * KB;
   const int tid = threadIdx.x & 127;
   const int warp = tid >> 5;
   const int lane = tid & 31;
-  const int tile = min(blockIdx.x * 4 + warp, ntiles - 1);  // rows past the last are not stored
   const int tok0 = blockIdx.y * N;
-  const int n = (nchunks - wg + kw - 1) / kw;  // this warpgroup's columns: wg + i * kw
-  unsigned char* stages = smem + wg * 2 * N * 128;
-  const Words4* wp = chunks + (size_t)tile * nchunks * 96 + lane;
-
-  float acc[N / 2];
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
-
-  Words4 ring[P][3];
-#pragma unroll
-  for (int s = 0; s < P; ++s) {
-    if (s < n) {
-      const Words4* p = wp + (size_t)(wg + s * kw) * 96;
-      ring[s][0] = load_stream(p);
-      ring[s][1] = load_stream(p + 32);
-      ring[s][2] = load_stream(p + 64);
+  const bool stager = wgi == RG * KB;
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < KB * R; ++b) {
+      wg_mbar_init(full + b, 1);        // the staging thread's arrival with the byte count
+      wg_mbar_init(empty + b, 4 * RG);  // one lane of each warp reading the stage
     }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  u32 xw[32];
-  const bool stager = tid < N;  // thread tid stages token tok0 + tid
-  if (n > 0 && stager) {
-    wg_load_x(xw, x, tok0 + tid, M, ldx, wg);
-    wg_store_x<N>(stages, xw, tid);
-    asm volatile("fence.proxy.async.shared::cta;");
-  }
-  for (int i = 0; i < n; i += P) {
+  __syncthreads();
+
+  float acc[S][N / 2];
 #pragma unroll
-    for (int s = 0; s < P; ++s) {
-      const int ii = i + s;
-      if (ii < n) {
-        const Words4 w0 = ring[s][0], w1 = ring[s][1], w2 = ring[s][2];
-        if (ii + P < n) {
-          const Words4* p = wp + (size_t)(wg + (ii + P) * kw) * 96;
-          ring[s][0] = load_stream(p);
-          ring[s][1] = load_stream(p + 32);
-          ring[s][2] = load_stream(p + 64);
-        }
-        if (ii + 1 < n && stager) wg_load_x(xw, x, tok0 + tid, M, ldx, wg + (ii + 1) * kw);
-        u32 a[4][4];
-        decode8(w0.x, w1.x, w2.x, a[0]);
-        decode8(w0.y, w1.y, w2.y, a[1]);
-        decode8(w0.z, w1.z, w2.z, a[2]);
-        decode8(w0.w, w1.w, w2.w, a[3]);
-        wg_barrier(1 + wg);  // the column's activations are staged and fenced by all stagers
-        unsigned char* stage = stages + (ii & 1) * N * 128;
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+  for (int s = 0; s < S; ++s)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) Wgmma<N>::mma(acc, a[j], wg_desc(stage + j * N * 32));
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-        if (ii + 1 < n && stager) {
-          // the other stage was last read by column ii - 1, finished before this barrier
-          wg_store_x<N>(stages + ((ii + 1) & 1) * N * 128, xw, tid);
-          asm volatile("fence.proxy.async.shared::cta;");
+    for (int i = 0; i < N / 2; ++i) acc[s][i] = 0.0f;
+
+  if (stager) {
+    // The staging thread, the block's columns in increasing order: column c = kw i' + z KWB
+    // + t (0 <= t < KWB) is warpgroup t % KB's local column i = S i' + t / KB (partial
+    // q = c % kw), in its stage i % R: bulk copies (async proxy: no fence) of its activation
+    // image and of the tiles' chunks, signalling full when all bytes have landed.
+    if (lane == 0) {
+      const unsigned char* src = xi + (size_t)blockIdx.y * nchunks * XSTAGE;
+      const unsigned char* wsrc[RG * 4];
+#pragma unroll
+      for (int w = 0; w < RG * 4; ++w)
+        wsrc[w] = reinterpret_cast<const unsigned char*>(chunks) +
+                  (size_t)min(blockIdx.x * RG * 4 + w, ntiles - 1) * nchunks * 1536;
+      for (int i1 = 0;; ++i1) {
+        const int c0 = kw * i1 + z * KWB;
+        if (c0 >= nchunks) break;
+        for (int t = 0; t < KWB && c0 + t < nchunks; ++t) {
+          const int c = c0 + t, gi = t % KB, i = S * i1 + t / KB;
+          if (i >= R) wg_mbar_wait(empty + gi * R + i % R, (u32)(i / R - 1) & 1u);
+          unsigned long long* bar = full + gi * R + i % R;
+          unsigned char* dst = stages + (gi * R + i % R) * STAGE;
+          wg_expect_bytes(bar, STAGE);
+          wg_bulk_copy(dst, src + (size_t)c * XSTAGE, XSTAGE, bar);
+#pragma unroll
+          for (int w = 0; w < RG * 4; ++w)
+            wg_bulk_copy(dst + XSTAGE + w * 1536, wsrc[w] + (size_t)c * 1536, 1536, bar);
         }
       }
     }
+  } else {
+    // this warpgroup's columns: set s has those with c = z KWB + g + KB s + kw i'
+    int n = 0;
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      const int base = z * KWB + g + KB * s;
+      n += base < nchunks ? (nchunks - base + kw - 1) / kw : 0;
+    }
+    u32 a[2][4][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) a[h][j][r] = 0u;
+    // the descriptor of this warpgroup's first stage; a byte offset d below 256 KiB moves its
+    // start-address field (address / 16, 14 bits) by d / 16 without a carry out of the field
+    const unsigned long long desc0 = wg_desc(stages + g * R * STAGE);
+
+    for (int i0 = 0; i0 < n; i0 += U) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = i0 + u;
+        if (i < n) {
+          const unsigned char* stage = stages + (g * R + i % R) * STAGE;
+          wg_mbar_wait(full + g * R + i % R, (u32)(i / R) & 1u);  // column i has landed
+          const uint4* wq =
+              reinterpret_cast<const uint4*>(stage + XSTAGE + (rg * 4 + warp) * 1536) + lane;
+          const uint4 v0 = wq[0], v1 = wq[32], v2 = wq[64];
+          // A set u % 2 was last read by column i - 2, retired by the wait of column i - 1
+          u32(&cur)[4][4] = a[u % 2];
+          decode8(v0.x, v1.x, v2.x, cur[0]);
+          decode8(v0.y, v1.y, v2.y, cur[1]);
+          decode8(v0.z, v1.z, v2.z, cur[2]);
+          decode8(v0.w, v1.w, v2.w, cur[3]);
+          asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+          const unsigned long long desc = desc0 + (unsigned long long)((i % R) * (STAGE / 16));
+#pragma unroll
+          for (int j = 0; j < 4; ++j) Wgmma<N>::mma(acc[u % S], cur[j], desc + j * (N * 2));
+          asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+          asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // column i - 1 done
+          wg_keep(a[(u + 1) % 2]);
+          if (i >= 1 && lane == 0) wg_mbar_arrive(empty + g * R + (i - 1) % R);
+        }
+      }
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    wg_keep(a[0]);
+    wg_keep(a[1]);
   }
 
-  __syncthreads();  // every warpgroup is done with its stages: the memory takes the partials
-  float* partial = reinterpret_cast<float*>(smem);  // [kw][64 rows][N]
-  float* mine = partial + (size_t)wg * 64 * N;
-  const int g = lane >> 2, t = lane & 3;
+  const int gg = lane >> 2, t = lane & 3;
+  constexpr int THREADS = 128 * KB * RG;  // the MMA warps
+  constexpr int ITEMS = (ROWS * N + THREADS - 1) / THREADS;
+  const int row0 = blockIdx.x * ROWS;
+  if (split > 1) {
+    // Across blocks: every block stores its partial tiles (ws[token block][q][row][N]); the
+    // last block of the row range to finish adds all kw in order q = 0..kw-1.
+    const int rows_all = gridDim.x * ROWS;
+    if (!stager) {
 #pragma unroll
-  for (int i = 0; i < N / 2; ++i) {
-    const int r = 16 * warp + g + 8 * ((i & 3) >> 1);
-    const int col = 8 * (i >> 2) + 2 * t + (i & 1);
-    mine[r * N + col] = acc[i];
+      for (int s = 0; s < S; ++s) {
+        const int q = z * KWB + g + KB * s;
+        float* dst = ws + ((size_t)(blockIdx.y * kw + q) * rows_all + row0 + rg * 64) * N;
+#pragma unroll
+        for (int i = 0; i < N / 2; i += 2) {
+          const int r = 16 * warp + gg + 8 * ((i & 3) >> 1);
+          const int col = 8 * (i >> 2) + 2 * t;
+          *reinterpret_cast<float2*>(dst + r * N + col) = make_float2(acc[s][i], acc[s][i + 1]);
+        }
+      }
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int* counter = counters + blockIdx.y * gridDim.x + blockIdx.x;
+      const int before = atomicAdd(counter, 1);
+      *last_flag = before == split - 1;
+      if (before == split - 1) *counter = 0;  // ready for the next launch
+    }
+    __syncthreads();
+    if (!*last_flag) return;
+    __threadfence();
+    if (stager) return;
+    for (int idx = threadIdx.x; idx < ROWS * N; idx += THREADS) {
+      const float* src = ws + ((size_t)blockIdx.y * kw * rows_all + row0) * N + idx;
+      float v = __ldcg(src);
+      for (int q = 1; q < kw; ++q) v += __ldcg(src + (size_t)q * rows_all * N);  // fixed order
+      const int r = idx / N;
+      const int col = idx - r * N;
+      const int row = row0 + r;
+      const int tok = tok0 + col;
+      if (row < n_rows && tok < M)
+        store_output(v, row, tok, x, y, scale, rowptr, esc_col, esc_delta, bias, n_rows, ldx);
+    }
+    return;
   }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < 64 * N; idx += blockDim.x) {
+
+  // In the block: partial q = g + KB s. For s = 0..S-1 each warpgroup writes set s to slot g
+  // of [KB][ROWS][N], then every output adds the KB slots in order to its running sum.
+  float* partial = reinterpret_cast<float*>(stages);
+  float v[ITEMS];
+#pragma unroll
+  for (int s = 0; s < S; ++s) {
+    __syncthreads();  // stages (s = 0) or the previous slots are no longer read
+    if (!stager) {
+      float* mine = partial + ((size_t)g * ROWS + rg * 64) * N;
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) {
+        const int r = 16 * warp + gg + 8 * ((i & 3) >> 1);
+        const int col = 8 * (i >> 2) + 2 * t + (i & 1);
+        mine[r * N + col] = acc[s][i];
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int it = 0; it < ITEMS; ++it) {
+      const int idx = threadIdx.x + it * THREADS;
+      if (!stager && idx < ROWS * N) {
+        float sum = s == 0 ? partial[idx] : v[it] + partial[idx];
+#pragma unroll
+        for (int q = 1; q < KB; ++q) sum += partial[(size_t)q * ROWS * N + idx];  // in order
+        v[it] = sum;
+      }
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it) {
+    const int idx = threadIdx.x + it * THREADS;
     const int r = idx / N;
     const int col = idx - r * N;
-    const int row = blockIdx.x * 64 + r;
+    const int row = row0 + r;
     const int tok = tok0 + col;
-    if (row >= n_rows || tok >= M) continue;
-    float v = partial[idx];
-    for (int q = 1; q < kw; ++q) v += partial[(size_t)q * 64 * N + idx];  // fixed order
-    store_output(v, row, tok, x, y, scale, rowptr, esc_col, esc_delta, bias, n_rows, ldx);
+    if (!stager && idx < ROWS * N && row < n_rows && tok < M)
+      store_output(v[it], row, tok, x, y, scale, rowptr, esc_col, esc_delta, bias, n_rows,
+                   ldx);
   }
 }

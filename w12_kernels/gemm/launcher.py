@@ -92,12 +92,22 @@ def small_rows_limit() -> int:
 
 
 def _small_passes(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k, cfg):
-    """The CUDA small-M kernel over consecutive blocks of at most ``SMALL_M_MAX`` rows."""
+    """The CUDA small-M kernel over consecutive blocks of at most ``SMALL_M_MAX`` rows: the
+    mma.sync kernel, or where the table's layout names one (``Layout.wg``) and the GPU has it,
+    the warpgroup-MMA kernel with the same K split (the same bits)."""
     m = x.shape[0]
     out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
     for start in range(0, m, cfgs.SMALL_M_MAX):
         part = x[start : start + cfgs.SMALL_M_MAX]
         lay = cfg.layout(part.shape[0])
+        if lay.wg is not None and _wg_fits(cfg.kw, lay.wg):
+            from w12_kernels.gemm import wgmma
+
+            depth, warpgroups, row_groups, split = lay.wg
+            wgmma.gemm_wg(part, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k,
+                          kw=cfg.kw, depth=depth, warpgroups=warpgroups, row_groups=row_groups,
+                          split=split, out=out[start : start + part.shape[0]])
+            continue
         cuda.gemm_small(part, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k,
                         kw=cfg.kw, depth=lay.depth, prefetch=lay.prefetch, tiles=lay.tiles,
                         min_blocks=lay.min_blocks, x_stages=lay.x_stages, groups=lay.groups,
@@ -118,6 +128,22 @@ def _has_triton() -> bool:
     try:
         import triton  # noqa: F401
     except ImportError:
+        return False
+    return True
+
+
+@functools.cache
+def _wg_fits(kw: int, wg: tuple[int, int, int, int]) -> bool:
+    """Whether this GPU has the warpgroup-MMA kernel and it has the table's schedule for this
+    kw (otherwise the mma.sync kernel runs: the same bits)."""
+    from w12_kernels.gemm import wgmma
+
+    if not wgmma.available():
+        return False
+    depth, warpgroups, row_groups, split = wg
+    try:
+        wgmma.check(kw, depth, 16, warpgroups, row_groups, split)
+    except ValueError:
         return False
     return True
 
