@@ -135,7 +135,8 @@ def _has_triton() -> bool:
 @functools.cache
 def _wg_fits(kw: int, wg: tuple[int, int, int, int]) -> bool:
     """Whether this GPU has the warpgroup-MMA kernel and it has the table's schedule for this
-    kw (otherwise the mma.sync kernel runs: the same bits)."""
+    kw, within the shared memory a block may have at up to 64 rows (otherwise the mma.sync
+    kernel runs: the same bits)."""
     from w12_kernels.gemm import wgmma
 
     if not wgmma.available():
@@ -145,7 +146,8 @@ def _wg_fits(kw: int, wg: tuple[int, int, int, int]) -> bool:
         wgmma.check(kw, depth, 16, warpgroups, row_groups, split)
     except ValueError:
         return False
-    return True
+    limit = cuda.shared_memory_limit(torch.cuda.current_device())
+    return wgmma.shared_bytes(max(wgmma.N_BLOCKS), warpgroups, depth, row_groups) <= limit
 
 
 @functools.cache
