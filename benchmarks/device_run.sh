@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # The one script a GPU run of the GEMM work executes: the GPU tests, the launch-rule sweep
-# (writes w12_kernels/gemm/tuned.json), then the full benchmark with that rule.
-#   bash benchmarks/device_run.sh [sweep|large|bench|all|tests|experimental] [extra benchmark args...]
+# (writes w12_kernels/gemm/tuned.json), the warpgroup-kernel choices, the large-M sweep, then
+# the full benchmark with that table.
+#   bash benchmarks/device_run.sh [sweep|large|wg|bench|all|tests|experimental] [extra benchmark args...]
 # TEST_K: a pytest -k expression selecting GPU tests.
 # SWEEP_ARGS: more arguments of the small-M sweep (--keep-kw: only the kw of the table in use).
 # large: the large-M sweep (fused block shapes vs decode + cuBLAS at SWEEP_LARGE_M, default
 # 128,256,1024), written into the "large" entry of tuned.json; LARGE_CANDIDATES (label parts,
 # comma-separated) and SWEEP_SHAPES (NxK,...) narrow it.
+# wg: GPU tests of the warpgroup-MMA small-M kernel, then benchmarks/wgmma_probe.py
+# --write-table at WG_M (default 24,32,48,64): where it beats the mma.sync kernel, per shape and
+# class of M, into the table (run it after a small-M sweep that changed a kw).
 # experimental: GPU tests of the warpgroup-MMA GEMM and the Triton decode attention, then
 # benchmarks/wgmma_probe.py (set DECODE_MODELS and DECODE_ATTENTION=torch,triton to time the
 # attention too).
@@ -45,6 +49,17 @@ if [[ $MODE == sweep || $MODE == all ]]; then
     --m "${SWEEP_M:-1,8,16,32}" ${SWEEP_ARGS:-} --json "$OUT/sweep.json" 2>&1 \
     | tee "$OUT/sweep.txt"
   cp w12_kernels/gemm/tuned.json "$OUT/" 2>/dev/null || true
+fi
+if [[ $MODE == wg || $MODE == all ]]; then
+  timeout "${TEST_LIMIT:-180}" python3 -m pytest tests/w12_kernels/test_gemm_wgmma.py -q -x \
+    -p no:cacheprovider -W ignore::DeprecationWarning 2>&1 | tail -5 | tee "$OUT/tests_wg.txt"
+  if grep -q "passed" "$OUT/tests_wg.txt" && ! grep -q "failed\|error" "$OUT/tests_wg.txt"; then
+    timeout "${PROBE_LIMIT:-330}" python3 benchmarks/wgmma_probe.py --m "${WG_M:-24,32,48,64}" \
+      --write-table --json "$OUT/wgmma_probe.json" 2>&1 | tee "$OUT/wgmma_probe.txt"
+    cp w12_kernels/gemm/tuned.json "$OUT/" 2>/dev/null || true
+  else
+    echo "warpgroup kernel tests did not pass: table not written" | tee -a "$OUT/tests_wg.txt"
+  fi
 fi
 if [[ $MODE == large || $MODE == all ]]; then
   timeout "${SWEEP_LARGE_LIMIT:-330}" python3 benchmarks/gemm.py --sweep-large --write-table \
