@@ -27,21 +27,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemm import MODELS, Layer, default_run, layer_shapes, time_graphs  # noqa: E402
+from benchmarks.gemm import (  # noqa: E402
+    LAYOUT_KEYS,
+    SWEEP_SHAPES,
+    Layer,
+    _nt_class,
+    _small_runner,
+    default_run,
+    time_graphs,
+)
 from w12_kernels.gemm import config as cfgs  # noqa: E402
-from w12_kernels.gemm import cuda, launcher, wgmma  # noqa: E402
+from w12_kernels.gemm import launcher, wgmma  # noqa: E402
 
 M_VALUES = [16, 32]
-DEPTHS = wgmma.DEPTHS
-
-
-def shapes() -> list[tuple[int, int]]:
-    seen: list[tuple[int, int]] = []
-    for model in MODELS:
-        for _, n, k in layer_shapes(model):
-            if (n, k) not in seen:
-                seen.append((n, k))
-    return seen
 
 
 def schedules(kw: int) -> list[tuple[int, int, int, int]]:
@@ -72,15 +70,8 @@ def _wg(kw: int, depth: int, wgs: int, rg: int, split: int):
 
 def _mma_sync(cfg: cfgs.SmallConfig, m: int):
     """The mma.sync kernel with the table's layout for ``m`` rows (whatever the table routes)."""
-    lay = cfg.layout(m)
-
-    def run(x, pw, i):
-        return cuda.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta,
-                               None, pw.n, pw.k, kw=cfg.kw, depth=lay.depth,
-                               prefetch=lay.prefetch, tiles=lay.tiles,
-                               min_blocks=lay.min_blocks, x_stages=lay.x_stages,
-                               groups=lay.groups, w_stages=lay.w_stages)
-    return run
+    run = _small_runner(cfg.kw, tuple(getattr(cfg.layout(m), key) for key in LAYOUT_KEYS))
+    return lambda x, pw, i: run(x, pw)
 
 
 def probe(layer: Layer, m: int) -> dict:
@@ -130,10 +121,6 @@ def probe(layer: Layer, m: int) -> dict:
 MARGIN = 0.97  # a warpgroup schedule is chosen when it takes at most 97% of mma.sync's time
 
 
-def _nt_class(m: int) -> int:
-    return next(c for c in cfgs.NT_CLASSES if -(-m // 8) <= c)
-
-
 def choose(rows: list[dict]) -> dict[tuple[int, int, int], list[int] | None]:
     """Per (N, K, NT class) measured: the warpgroup schedule whose worst time ratio to the
     mma.sync kernel over the class's measured M is lowest, if at most ``MARGIN``, else None."""
@@ -141,10 +128,9 @@ def choose(rows: list[dict]) -> dict[tuple[int, int, int], list[int] | None]:
     keys = sorted({(r["n"], r["k"], _nt_class(r["m"])) for r in rows})
     for n, k, cls in keys:
         mine = [r for r in rows if (r["n"], r["k"], _nt_class(r["m"])) == (n, k, cls)]
-        labels = set.intersection(*({lbl for lbl in r["us"] if lbl.startswith("wg_")}
-                                    for r in mine))
-        if any(not all(r["bits_equal_small"].get(lbl) for r in mine) for lbl in labels):
-            labels = {lbl for lbl in labels if all(r["bits_equal_small"][lbl] for r in mine)}
+        # schedules timed at every M of the class, with the mma.sync kernel's bits at each
+        labels = {lbl for lbl in mine[0]["us"] if lbl.startswith("wg_")
+                  and all(r["bits_equal_small"].get(lbl) for r in mine)}
         worst = {lbl: max(r["us"][lbl] / r["us"]["mma_sync"] for r in mine) for lbl in labels}
         best = min(worst, key=worst.get) if worst else None
         out[(n, k, cls)] = (None if best is None or worst[best] > MARGIN
@@ -189,7 +175,7 @@ def main() -> None:
         sys.exit("needs a compute-capability 9.0 GPU and CuPy")
     torch.manual_seed(0)
     todo = ([tuple(map(int, s.split("x"))) for s in args.shapes.split(",")] if args.shapes
-            else shapes())
+            else SWEEP_SHAPES)
     rows = []
     for n, k in todo:
         layer = Layer(n, k, seed=n + k)

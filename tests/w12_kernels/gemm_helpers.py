@@ -74,10 +74,16 @@ def assert_within_budget(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
 
 
 @functools.cache
-def gemm_benchmark():
-    """``benchmarks/gemm.py`` as a module (its sweep's table logic is tested on the CPU)."""
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gemm.py"
-    spec = importlib.util.spec_from_file_location("gemm_benchmark", path)
+def benchmark_module(name: str):
+    """``benchmarks/<name>.py`` as a module (the table logic of its sweeps is tested on the
+    CPU)."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def gemm_benchmark():
+    """``benchmarks/gemm.py`` as a module."""
+    return benchmark_module("gemm")

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-from pathlib import Path
 
 import pytest
-from gemm_helpers import gemm_benchmark
+from gemm_helpers import benchmark_module, gemm_benchmark
 
 from w12_kernels.gemm import config as cfgs
 from w12_kernels.gemm import cuda, wgmma
@@ -314,16 +312,8 @@ def test_sweep_keeps_a_warpgroup_choice_at_the_same_kw_only(monkeypatch):
     assert "wg" not in moved["by_nt"]["4"] and "wg" not in moved["by_nt"]["8"]
 
 
-def _wgmma_probe():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "wgmma_probe.py"
-    spec = importlib.util.spec_from_file_location("wgmma_probe", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_warpgroup_choice_needs_the_margin_on_every_measured_row_count():
-    probe = _wgmma_probe()
+    probe = benchmark_module("wgmma_probe")
 
     def row(m, mma, wg, bits=True):
         return {"n": 4096, "k": 4096, "m": m, "us": {"mma_sync": mma, **wg},
