@@ -242,9 +242,9 @@ def test_weight_stages_reject_schedules_without_an_instantiation(bad):
 
 def test_weight_stages_shared_memory():
     # partials 4 x 512 B, 3 activation stages x 4 n-tiles x 1 KiB, 3 weight stages x 2 tiles x
-    # 1.5 KiB, per warp
-    assert cuda.small_shared_bytes(4, 4, 3, 1, 3, 2) == 4 * (2048 + 12288 + 9216)
-    assert cuda.small_shared_bytes(1, 8, 0, 2, 4, 1) == 16 * (512 + 6144)
+    # 1.5 KiB, per warp; then 5 words per output row of the block for the epilogue
+    assert cuda.small_shared_bytes(4, 4, 3, 1, 3, 2) == 4 * (2048 + 12288 + 9216) + 2 * 16 * 20
+    assert cuda.small_shared_bytes(1, 8, 0, 2, 4, 1) == 16 * (512 + 6144) + 2 * 16 * 20
 
 
 def test_sweep_picks_the_nt1_layout_on_every_timed_row_count(monkeypatch):

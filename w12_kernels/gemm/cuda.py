@@ -141,8 +141,10 @@ def small_shared_bytes(nt: int, kw: int, x_stages: int = 0, groups: int = 1,
                        w_stages: int = 0, tiles: int = 1) -> int:
     """``w12_gemm_small``'s dynamic shared memory: each group's kw partial tiles (at most
     32 KiB a group), then each warp's activation stages (1 KiB per n-tile and stage), then
-    each warp's weight stages (1.5 KiB per tile and stage)."""
-    return groups * kw * (nt * 4 * 32 * 4 + x_stages * nt * 1024 + w_stages * tiles * 1536)
+    each warp's weight stages (1.5 KiB per tile and stage), then the epilogue's five words per
+    output row of the block (320 bytes per 16-row tile)."""
+    return (groups * kw * (nt * 4 * 32 * 4 + x_stages * nt * 1024 + w_stages * tiles * 1536)
+            + groups * tiles * 320)
 
 
 @functools.cache

@@ -25,7 +25,8 @@
 // a sum: each row's products are accumulated in the same order whatever they are. No atomics,
 // and kw depends on the weight shape only, so the bits of an output row do not depend on M.
 // The epilogue scales each row by 2^(e0 - 112), adds the escape corrections in list order and
-// the bias, and rounds to BF16.
+// the bias, and rounds to BF16; a row's scale, escape range and first escape are brought into
+// shared memory before the main loop (so the epilogue waits on no chain of global loads).
 //
 // w12_decode: the in-window weights as BF16 [N, K] (escapes come out as record 0;
 // w12_write_escapes writes them in after it).
@@ -88,18 +89,65 @@ __device__ __forceinline__ bf16_t float_to_bf16(float v) {
   return r;
 }
 
-// The epilogue of one output: scale the row's sum ``v`` by 2^(e0 - 112), add the row's escape
-// corrections in list order and the bias, round to BF16 and store y[tok, row].
+// The epilogue's data of one output row: its scale 2^(e0 - 112), its escape range e0..e1 of
+// the lists with the first escape's column and delta (col0 < 0: none), and its bias.
+// 4 bytes global -> shared, asynchronously (zeros where ``bytes`` is 0)
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(
+                   (u32)__cvta_generic_to_shared(dst)), "l"(src), "r"(bytes)
+               : "memory");
+}
+
+struct EpiRow {
+  float scale, delta0, bias;
+  int e0, e1, col0;
+};
+
+__device__ __forceinline__ void epi_rows(EpiRow& e, int row, int n_rows, const float* scale,
+                                         const int* rowptr, const bf16_t* bias) {
+  const bool live = row < n_rows;
+  e.scale = live ? scale[row] : 0.0f;
+  e.e0 = live ? rowptr[row] : 0;
+  e.e1 = live ? rowptr[row + 1] : 0;
+  e.bias = live && bias != nullptr ? bf16_to_float(bias[row]) : 0.0f;
+  e.col0 = -1;
+  e.delta0 = 0.0f;
+}
+
+__device__ __forceinline__ void epi_first_escape(EpiRow& e, const int* esc_col,
+                                                 const float* esc_delta) {
+  if (e.e0 < e.e1) {
+    e.col0 = esc_col[e.e0];
+    e.delta0 = esc_delta[e.e0];
+  }
+}
+
+// One output: the row's sum ``v`` times its scale, plus its escape corrections in list order
+// and its bias, rounded to BF16 and stored at y[tok, row].
+__device__ __forceinline__ void store_output(float v, const EpiRow& e, int row, int tok,
+                                             const bf16_t* x, bf16_t* y, const int* esc_col,
+                                             const float* esc_delta, const bf16_t* bias,
+                                             int n_rows, int ldx) {
+  float out = v * e.scale;
+  if (e.col0 >= 0) {
+    const bf16_t* xt = x + (size_t)tok * ldx;
+    out += bf16_to_float(xt[e.col0]) * e.delta0;
+    for (int q = e.e0 + 1; q < e.e1; ++q) out += bf16_to_float(xt[esc_col[q]]) * esc_delta[q];
+  }
+  if (bias != nullptr) out += e.bias;
+  y[(size_t)tok * n_rows + row] = float_to_bf16(out);
+}
+
+// The same for a caller without preloaded rows (the warpgroup-MMA kernels): the row's data
+// loaded here.
 __device__ __forceinline__ void store_output(float v, int row, int tok, const bf16_t* x,
                                              bf16_t* y, const float* scale, const int* rowptr,
                                              const int* esc_col, const float* esc_delta,
                                              const bf16_t* bias, int n_rows, int ldx) {
-  float out = v * scale[row];
-  const bf16_t* xt = x + (size_t)tok * ldx;
-  for (int e = rowptr[row]; e < rowptr[row + 1]; ++e)
-    out += bf16_to_float(xt[esc_col[e]]) * esc_delta[e];
-  if (bias != nullptr) out += bf16_to_float(bias[row]);
-  y[(size_t)tok * n_rows + row] = float_to_bf16(out);
+  EpiRow e;
+  epi_rows(e, row, n_rows, scale, rowptr, bias);
+  epi_first_escape(e, esc_col, esc_delta);
+  store_output(v, e, row, tok, x, y, esc_col, esc_delta, bias, n_rows, ldx);
 }
 
 template <int NT>
@@ -191,6 +239,38 @@ __device__ __forceinline__ void read_w(Words4 (&w)[TL][3], const u32* stage, int
     }
 }
 
+// Where the epilogue's rows sit in shared memory: [5][TL][16 TG] words (scale, e0, e1, col0,
+// delta0) after the partial tiles and the activation and weight stages.
+template <int NT, int XS, int TG, int WS, int TL>
+__device__ __forceinline__ u32* epi_rows_at(float* partial, int kw) {
+  return reinterpret_cast<u32*>(partial + TG * kw * NT * 4 * 32) + TG * kw * XS * NT * 256 +
+         TG * kw * WS * TL * 384;
+}
+
+// The second step of the epilogue's rows, once the first columns' loads are in flight: each
+// row's escape range into shared memory and its first escape's column and delta by cp.async
+// (col0 = -1 for a row without escapes). The copies join the kernel's next cp.async group;
+// the epilogue waits for all of them.
+template <int TL>
+__device__ __forceinline__ void epi_escapes(u32* epi, int er, int ej, int erows,
+                                            const int (&e0r)[TL], const int (&e1r)[TL],
+                                            const int* esc_col, const float* esc_delta) {
+  if (ej != 0) return;
+  const int plane = TL * erows;
+#pragma unroll
+  for (int tt = 0; tt < TL; ++tt) {
+    const int at = tt * erows + er;
+    epi[plane + at] = (u32)e0r[tt];
+    epi[2 * plane + at] = (u32)e1r[tt];
+    if (e0r[tt] < e1r[tt]) {
+      cp_async4(epi + 3 * plane + at, esc_col + e0r[tt], 4);
+      cp_async4(epi + 4 * plane + at, esc_delta + e0r[tt], 4);
+    } else {
+      epi[3 * plane + at] = 0xFFFFFFFFu;  // col0 = -1
+    }
+  }
+}
+
 template <int NT, int P, bool XPF, int TL, int MINB, int XS, int TG, int WB, int WS>
 __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
@@ -225,6 +305,17 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
     xrow[nt] = x + (size_t)(live[nt] ? tok : 0) * ldx + 16 * t;
   }
 
+  // The epilogue's rows (docs/PERF_GEMM.md #39): thread (er, ej) stores row er % 16 of tile
+  // group er / 16 of every tile, tokens ej, ej + 2 kw, ... (blockDim = 32 kw TG, 16 TG rows).
+  // Once the first weight loads are issued, the threads with ej == 0 bring their rows' scale,
+  // escape range and first escape into shared memory (scale and escape by cp.async), so that
+  // no register is held across the main loop and the epilogue waits on no chain of loads. (The
+  // epilogue recomputes er, ej and the address from a fresh read of the thread index.)
+  constexpr int erows = TG * 16;
+  int er = threadIdx.x % erows;
+  int ej = threadIdx.x / erows;
+  u32* epi = epi_rows_at<NT, XS, TG, WS, TL>(partial, kw);
+  int e0r[TL], e1r[TL];
   float acc[TL][NT][4];
 #pragma unroll
   for (int tt = 0; tt < TL; ++tt)
@@ -246,6 +337,17 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
       }
     }
   }
+  if (ej == 0) {  // (after the ring's first loads: fewer registers live, measured)
+#pragma unroll
+    for (int tt = 0; tt < TL; ++tt) {
+      const int row = ((blockIdx.x * TG + er / 16) * TL + tt) * 16 + er % 16;
+      const bool on = row < N;
+      e0r[tt] = on ? rowptr[row] : 0;
+      e1r[tt] = on ? rowptr[row + 1] : 0;
+      cp_async4(epi + tt * erows + er, scale + (on ? row : 0), on ? 4 : 0);
+    }
+  }
+
   u32 xa[NT][8], xb[NT][8];
   if (XPF && n > 0) load_x<NT>(xa, xrow, live, first);
   // XS > 0: a ring of XS activation stages per warp in shared memory, XS - 1 columns ahead
@@ -273,6 +375,7 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
       }
       asm volatile("cp.async.commit_group;");
     }
+    epi_escapes<TL>(epi, er, ej, erows, e0r, e1r, esc_col, esc_delta);
     for (int ii = 0; ii < n; ++ii) {
       const int ahead = ii + WS - 1;
       if (ahead < n) {
@@ -294,6 +397,7 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
       for (int tt = 0; tt < TL; ++tt) chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
     }
   }
+  if constexpr (WS == 0) epi_escapes<TL>(epi, er, ej, erows, e0r, e1r, esc_col, esc_delta);
   for (int i = 0; i < (WS > 0 ? 0 : n); i += P) {
 #pragma unroll
     for (int s = 0; s < P; ++s) {
@@ -347,7 +451,19 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
 
   // one tile of each group at a time through shared memory: the kw partial tiles of a tile
   // summed in warp order
+  asm volatile("cp.async.wait_all;" ::: "memory");  // the epilogue's rows are in
+  {
+    u32 tid;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    er = (int)tid % erows;
+    ej = (int)tid / erows;
+    epi = epi_rows_at<NT, XS, TG, WS, TL>(partial, kw);
+  }
+  const int estep = 2 * kw;  // blockDim.x / erows
   float* mine = partial + (size_t)warp * NT * 4 * 32;
+  const int gi = er / 16;  // the tile group of the epilogue's row
+  const int rt = er % 16;
+  const float* gp = partial + (size_t)gi * kw * NT * 4 * 32;
 #pragma unroll
   for (int tt = 0; tt < TL; ++tt) {
     if (tt > 0) __syncthreads();  // the previous tile's sums are read
@@ -356,18 +472,26 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
 #pragma unroll
       for (int r = 0; r < 4; ++r) mine[(nt * 4 + r) * 32 + lane] = acc[tt][nt][r];
     __syncthreads();
-    for (int idx = threadIdx.x; idx < TG * NT * 4 * 32; idx += blockDim.x) {
-      const int gi = TG == 1 ? 0 : idx / (NT * 4 * 32);  // the tile group
-      const int ln = idx & 31;
-      const int item = (idx >> 5) - gi * NT * 4;  // nt * 4 + r
-      const int r = item & 3;
-      const int row = ((blockIdx.x * TG + gi) * TL + tt) * 16 + (ln >> 2) + 8 * (r >> 1);
-      const int tok = (item >> 2) * 8 + 2 * (ln & 3) + (r & 1);
-      if (row >= N || tok >= M) continue;
-      const float* gp = partial + (size_t)gi * kw * NT * 4 * 32;
+    const int row = ((blockIdx.x * TG + gi) * TL + tt) * 16 + rt;
+    if (row >= N) continue;
+    const int at = tt * erows + er, plane = TL * erows;
+    EpiRow e;
+    e.scale = __uint_as_float(epi[at]);
+    e.e0 = (int)epi[plane + at];
+    e.e1 = (int)epi[2 * plane + at];
+    e.col0 = (int)epi[3 * plane + at];
+    e.delta0 = __uint_as_float(epi[4 * plane + at]);
+    e.bias = bias != nullptr ? bf16_to_float(bias[row]) : 0.0f;
+    for (int j = ej; j < NT * 8; j += estep) {
+      // tokens in pairs (0, 2), (1, 3), ... so that a warp's two tokens read other banks
+      const int tok = (j & ~3) | ((j & 1) << 1) | ((j >> 1) & 1);
+      if (tok >= M) continue;
+      // the fragment slot of (row, tok): item nt * 4 + r, lane ln (mma.m16n8k16 C layout)
+      const int item = (tok >> 3) * 4 + ((rt >> 3) << 1) + (tok & 1);
+      const int ln = ((rt & 7) << 2) + ((tok & 7) >> 1);
       float v = gp[item * 32 + ln];
       for (int w = 1; w < kw; ++w) v += gp[(w * NT * 4 + item) * 32 + ln];  // fixed order
-      store_output(v, row, tok, x, y, scale, rowptr, esc_col, esc_delta, bias, N, ldx);
+      store_output(v, e, row, tok, x, y, esc_col, esc_delta, bias, N, ldx);
     }
   }
 }
