@@ -89,8 +89,6 @@ __device__ __forceinline__ bf16_t float_to_bf16(float v) {
   return r;
 }
 
-// The epilogue's data of one output row: its scale 2^(e0 - 112), its escape range e0..e1 of
-// the lists with the first escape's column and delta (col0 < 0: none), and its bias.
 // 4 bytes global -> shared, asynchronously (zeros where ``bytes`` is 0)
 __device__ __forceinline__ void cp_async4(void* dst, const void* src, int bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(
@@ -98,6 +96,8 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, int bytes)
                : "memory");
 }
 
+// The epilogue's data of one output row: its scale 2^(e0 - 112), its escape range e0..e1 of
+// the lists with the first escape's column and delta (col0 < 0: none), and its bias.
 struct EpiRow {
   float scale, delta0, bias;
   int e0, e1, col0;
