@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import sys
 from pathlib import Path
 
 import torch
@@ -80,6 +81,7 @@ def benchmark_module(name: str):
     path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"{name}_benchmark", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (dataclasses look their module up there)
     spec.loader.exec_module(module)
     return module
 

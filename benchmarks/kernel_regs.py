@@ -1,0 +1,198 @@
+"""Registers, spills and blocks per multiprocessor of every small-M kernel instantiation the
+tuned table uses, from an offline compile (``nvcc -cubin -Xptxas -v``, no GPU needed), for the
+working tree and optionally a git revision.
+
+A kernel change that adds a few registers can move a schedule across an occupancy step (a
+256-thread block at 64 registers fits 4 times on a multiprocessor, at 65-80 only 3) and turn a
+one-wave launch into two (docs/PERF_GEMM.md #39). Run this before spending GPU time: it lists
+each instantiation with the shapes and M classes that use it, its registers and spill bytes,
+and the blocks per multiprocessor its registers, shared memory and threads allow (Hopper
+limits: 64K registers, 228 KB shared memory with 1 KB reserved per block, 2048 threads, 32
+blocks), and the waves of blocks each user's launch takes on an H200 (132 multiprocessors).
+With ``--baseline REV`` it compares with that revision's ``kernels.cu`` (at the tree's shared
+memory sizes) and exits 1 where a schedule gains spills or a shape's launch more waves.
+
+    python benchmarks/kernel_regs.py --baseline HEAD~1
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from w12_kernels.gemm import config as cfgs  # noqa: E402
+from w12_kernels.gemm import cuda  # noqa: E402
+
+KERNELS = "w12_kernels/gemm/kernels.cu"
+SIGNATURE = ("(const Words4*, const bf16_t*, bf16_t*, const float*, const int*, const int*, "
+             "const float*, const bf16_t*, int, int, int, int, int, int)")
+# Hopper (sm_90) per multiprocessor
+REGS_PER_SM = 65536
+SMEM_PER_SM = 228 * 1024
+SMEM_RESERVED_PER_BLOCK = 1024
+THREADS_PER_SM = 2048
+BLOCKS_PER_SM = 32
+NUM_SMS = 132  # H200; only for the table's own kw rule on unlisted shapes
+
+
+@dataclass(frozen=True)
+class Use:
+    shape: str
+    nt: int  # NT class (ceil(M / 8))
+    kw: int
+    grid: int  # blocks of the launch
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str  # the template instantiation, as cuda.kernel_name gives it
+    threads: int  # per block
+    smem: int  # dynamic shared memory per block
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def table_instances(num_sms: int = NUM_SMS) -> dict[Instance, list[Use]]:
+    """Every (instantiation, launch geometry) the tuned table's shapes use, with its users."""
+    rule = cfgs.rule()
+    out: dict[Instance, list[Use]] = {}
+    for shape in rule.get("shapes", {}):
+        n, k = map(int, shape.split("x"))
+        cfg = cfgs.small_config(n, k, num_sms)
+        for nt, lay in cfg.by_nt:
+            name = cuda.kernel_name(nt, lay.depth, lay.prefetch, lay.tiles, lay.min_blocks,
+                                    lay.x_stages, lay.groups, cfg.kw, lay.w_stages)
+            inst = Instance(name, 32 * cfg.kw * lay.groups,
+                            cuda.small_shared_bytes(nt, cfg.kw, lay.x_stages, lay.groups,
+                                                    lay.w_stages, lay.tiles))
+            grid = _cdiv(_cdiv(n, 16), lay.tiles * lay.groups)
+            out.setdefault(inst, []).append(Use(shape, nt, cfg.kw, grid))
+    return out
+
+
+def blocks_per_sm(regs: int, threads: int, smem: int) -> int:
+    """Blocks of ``threads`` threads using ``regs`` registers each and ``smem`` bytes of dynamic
+    shared memory that fit on one multiprocessor (registers are allocated per warp in units of
+    256, i.e. per thread in units of 8)."""
+    warps = -(-threads // 32)
+    regs_per_warp = -(-max(regs, 1) * 32 // 256) * 256
+    by_regs = REGS_PER_SM // (regs_per_warp * warps)
+    by_smem = SMEM_PER_SM // (smem + SMEM_RESERVED_PER_BLOCK)
+    by_threads = THREADS_PER_SM // (warps * 32)
+    return max(0, min(by_regs, by_smem, by_threads, BLOCKS_PER_SM))
+
+
+def waves(grid: int, per_sm: int, num_sms: int = NUM_SMS) -> int:
+    """Rounds of blocks a launch of ``grid`` blocks takes with ``per_sm`` blocks per
+    multiprocessor (0 blocks per multiprocessor: it cannot launch)."""
+    return -(-grid // (per_sm * num_sms)) if per_sm else 10**9
+
+
+def _template_args(name: str) -> str:
+    return re.search(r"<(.*)>", name).group(1)
+
+
+def _mangled_args(name: str) -> str:
+    """The template arguments as they appear in the Itanium-mangled symbol (``Li8E``, ``Lb0E``)."""
+    parts = [p.strip() for p in _template_args(name).split(",")]
+    return "".join({"true": "Lb1E", "false": "Lb0E"}.get(p, f"Li{p}E") for p in parts)
+
+
+def parse_ptxas(text: str) -> dict[str, tuple[int, int]]:
+    """{mangled kernel name: (registers, spill store bytes)} from ``ptxas -v`` output."""
+    out, current, spill = {}, None, 0
+    for line in text.splitlines():
+        m = re.search(r"Compiling entry function '(\S+)'", line)
+        if m:
+            current, spill = m.group(1), 0
+            continue
+        m = re.search(r"(\d+) bytes spill stores", line)
+        if m and current:
+            spill = int(m.group(1))
+        m = re.search(r"Used (\d+) registers", line)
+        if m and current:
+            out[current] = (int(m.group(1)), spill)
+            current = None
+    return out
+
+
+def compile_counts(source: Path, names: list[str], nvcc: str, arch: str = "sm_90"
+                   ) -> dict[str, tuple[int, int]]:
+    """{instantiation name: (registers, spill bytes)} of ``names`` compiled from ``source``."""
+    with tempfile.TemporaryDirectory() as scratch:
+        unit = Path(scratch) / "unit.cu"
+        unit.write_text(f'#include "{source}"\n' + "".join(
+            f"template __global__ void {name}{SIGNATURE};\n" for name in names))
+        done = subprocess.run([nvcc, f"-arch={arch}", "-std=c++17", "-cubin", "-o",
+                               str(Path(scratch) / "unit.cubin"), str(unit), "-Xptxas", "-v",
+                               "-diag-suppress", "179"], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"kernel_regs: nvcc failed on {source}:\n{done.stderr[-2000:]}")
+    counts = parse_ptxas(done.stderr)
+    out = {}
+    for name in names:
+        key = _mangled_args(name)
+        hits = [v for symbol, v in counts.items() if "w12_gemm_small" in symbol and key in symbol]
+        if len(hits) != 1:
+            raise SystemExit(f"kernel_regs: no single ptxas entry for {name}")
+        out[name] = hits[0]
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", default=None, help="git revision to compare with")
+    parser.add_argument("--nvcc", default=shutil.which("nvcc"), help="nvcc (default: on PATH)")
+    args = parser.parse_args()
+    if not args.nvcc:
+        raise SystemExit("kernel_regs: needs nvcc (the CUDA toolkit) on PATH or --nvcc")
+    instances = table_instances()
+    names = sorted({inst.name for inst in instances})
+    tree = compile_counts(ROOT / KERNELS, names, args.nvcc)
+    base = None
+    if args.baseline:
+        with tempfile.TemporaryDirectory() as scratch:
+            text = subprocess.run(["git", "-C", str(ROOT), "show", f"{args.baseline}:{KERNELS}"],
+                                  capture_output=True, text=True)
+            if text.returncode != 0:
+                raise SystemExit(f"kernel_regs: cannot read {KERNELS} at {args.baseline!r}")
+            path = Path(scratch) / "kernels.cu"
+            path.write_text(text.stdout)
+            base = compile_counts(path, names, args.nvcc)
+    worse = []
+    for inst, uses in sorted(instances.items(), key=lambda item: item[0].name):
+        regs, spill = tree[inst.name]
+        blocks = blocks_per_sm(regs, inst.threads, inst.smem)
+        line = (f"{inst.name:52s} {inst.threads:5d} thr {inst.smem:7d} B  regs {regs:3d} "
+                f"spill {spill:4d}  blocks/SM {blocks:2d}")
+        if base is not None:
+            b_regs, b_spill = base[inst.name]
+            b_blocks = blocks_per_sm(b_regs, inst.threads, inst.smem)
+            more_waves = any(waves(u.grid, blocks) > waves(u.grid, b_blocks) for u in uses)
+            flag = more_waves or spill > b_spill
+            line += f"  | baseline regs {b_regs:3d} spill {b_spill:4d} blocks/SM {b_blocks:2d}"
+            line += "  <-- more waves or more spills" if flag else ""
+            if flag:
+                worse.append(inst.name)
+        print(line)
+        print("    used by " + ", ".join(f"{u.shape} NT{u.nt} ({waves(u.grid, blocks)} wave"
+                                      f"{'s' if waves(u.grid, blocks) > 1 else ''})"
+                                      for u in uses))
+    if worse:
+        print(f"{len(worse)} instantiation(s) take more waves on some shape or gain spills")
+    return 1 if worse else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
