@@ -30,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gemm import SWEEP_SHAPES, Layer, time_graphs  # noqa: E402
+from benchmarks.gemm import LAYOUT_KEYS, SWEEP_SHAPES, Layer, time_graphs  # noqa: E402
 from w12_kernels.gemm import cuda, launcher  # noqa: E402
 
 KERNELS = "w12_kernels/gemm/kernels.cu"
@@ -60,8 +60,7 @@ def baseline_module(rev: str, scratch: Path) -> types.ModuleType:
 
 
 def runner(module: types.ModuleType, kw: int, layout):
-    keys = ("depth", "prefetch", "tiles", "min_blocks", "x_stages", "groups", "w_stages")
-    sched = {key: getattr(layout, key) for key in keys}
+    sched = {key: getattr(layout, key) for key in LAYOUT_KEYS}
 
     def run(x, pw, bias=None):
         return module.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col,
