@@ -12,6 +12,7 @@ listed and the script exits 1. The baseline runs with its own ``cuda.py`` (its i
 names, shared-memory sizes and launch), so the two kernels' arguments may differ.
 
     python benchmarks/gemm_ab.py --baseline HEAD~1 --m 1,16,32 --json out/gemm_ab.json
+    python benchmarks/gemm_ab.py --baseline saved/  # saved/kernels.cu and saved/cuda.py
 """
 
 from __future__ import annotations
@@ -38,7 +39,15 @@ CUDA_PY = "w12_kernels/gemm/cuda.py"
 
 
 def source_at(rev: str, path: str) -> str:
-    """The text of ``path`` at git revision ``rev`` of this repository."""
+    """The text of ``path`` at git revision ``rev`` of this repository, or, where ``rev`` is
+    a directory, of the file of that name in it (a copy of a revision's kernels.cu and
+    cuda.py, for a machine whose checkout has no history)."""
+    folder = Path(rev)
+    if folder.is_dir():
+        source = folder / Path(path).name
+        if not source.is_file():
+            raise SystemExit(f"gemm_ab: {rev} has no {Path(path).name}")
+        return source.read_text()
     done = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"],
                           capture_output=True, text=True)
     if done.returncode != 0:
@@ -96,7 +105,8 @@ def geomeans(rows: list[dict]) -> dict[int, dict[str, float]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--baseline", default="HEAD", help="git revision (default HEAD)")
+    parser.add_argument("--baseline", default="HEAD", help="git revision, or a directory holding a revision's kernels.cu and "
+                        "cuda.py (default HEAD)")
     parser.add_argument("--m", default="1,16,32")
     parser.add_argument("--shapes", default=None, help="NxK shapes, comma-separated "
                                                        "(default: every benchmark shape)")

@@ -54,3 +54,17 @@ def test_geomeans_per_m():
     assert math.isclose(g[1]["baseline"], math.sqrt(1.2 * 1.0))
     assert math.isclose(g[1]["tree"], math.sqrt(1.5 * 0.8))
     assert math.isclose(g[16]["baseline"], 1.5) and math.isclose(g[16]["tree"], 1.5)
+
+
+def test_a_baseline_directory_is_read_instead_of_git(tmp_path):
+    ab = benchmark_module("gemm_ab")
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "kernels.cu").write_text("// saved kernels\n")
+    (saved / "cuda.py").write_text((ROOT / ab.CUDA_PY).read_text())
+    base = ab.baseline_module(str(saved), tmp_path)
+    assert base.SOURCE_PATH.read_text() == "// saved kernels\n"
+    assert base.gemm_small is not cuda.gemm_small
+    (saved / "cuda.py").unlink()
+    with pytest.raises(SystemExit, match="has no cuda.py"):
+        ab.baseline_module(str(saved), tmp_path)

@@ -271,6 +271,69 @@ __device__ __forceinline__ void epi_escapes(u32* epi, int er, int ej, int erows,
   }
 }
 
+// The epilogue's outputs of one row for the thread's tokens ej, ej + estep, ... (the sums of
+// the kw partial tiles at gp, in warp order), in batches of EB tokens (#40): per escape, its
+// column and delta are loaded once for the batch (the next escape's while this one is added)
+// and the batch's activation loads at that column are issued together, so a batch waits on
+// one load per escape instead of each token on two. Per output the arithmetic and its order
+// are store_output's (same bits).
+template <int NT, int EB>
+__device__ __forceinline__ void store_tokens(const EpiRow& e, const float* gp, int rt, int row,
+                                             int ej, int estep, int kw, int M, int N, int ldx,
+                                             const bf16_t* __restrict__ x,
+                                             bf16_t* __restrict__ y,
+                                             const int* __restrict__ esc_col,
+                                             const float* __restrict__ esc_delta,
+                                             const bf16_t* __restrict__ bias) {
+  for (int j0 = ej; j0 < NT * 8; j0 += EB * estep) {
+    int tk[EB];
+    float out[EB];
+#pragma unroll
+    for (int u = 0; u < EB; ++u) {
+      const int j = j0 + u * estep;
+      // tokens in pairs (0, 2), (1, 3), ... so that a warp's two tokens read other banks
+      const int tok = (j & ~3) | ((j & 1) << 1) | ((j >> 1) & 1);
+      tk[u] = j < NT * 8 && tok < M ? tok : -1;
+      out[u] = 0.0f;
+      if (tk[u] >= 0) {
+        // the fragment slot of (row, tok): item nt * 4 + r, lane ln (mma.m16n8k16 C layout)
+        const int item = (tok >> 3) * 4 + ((rt >> 3) << 1) + (tok & 1);
+        const int ln = ((rt & 7) << 2) + ((tok & 7) >> 1);
+        float v = gp[item * 32 + ln];
+        for (int w = 1; w < kw; ++w) v += gp[(w * NT * 4 + item) * 32 + ln];  // fixed order
+        out[u] = v * e.scale;
+      }
+    }
+    if (e.col0 >= 0) {
+      int c = e.col0;
+      float d = e.delta0;
+      for (int q = e.e0; q < e.e1; ++q) {
+        int cn = 0;
+        float dn = 0.0f;
+        if (q + 1 < e.e1) {
+          cn = esc_col[q + 1];
+          dn = esc_delta[q + 1];
+        }
+        float xq[EB];
+#pragma unroll
+        for (int u = 0; u < EB; ++u)
+          xq[u] = tk[u] >= 0 ? bf16_to_float(x[(size_t)tk[u] * ldx + c]) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < EB; ++u) out[u] += xq[u] * d;
+        c = cn;
+        d = dn;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < EB; ++u) {
+      if (tk[u] < 0) continue;
+      float o = out[u];
+      if (bias != nullptr) o += e.bias;
+      y[(size_t)tk[u] * N + row] = float_to_bf16(o);
+    }
+  }
+}
+
 template <int NT, int P, bool XPF, int TL, int MINB, int XS, int TG, int WB, int WS>
 __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
@@ -482,7 +545,12 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
     e.col0 = (int)epi[3 * plane + at];
     e.delta0 = __uint_as_float(epi[4 * plane + at]);
     e.bias = bias != nullptr ? bf16_to_float(bias[row]) : 0.0f;
-    for (int j = ej; j < NT * 8; j += estep) {
+    if (NT > 1 && estep < NT * 8) {  // several tokens per thread: in batches of 4 (#40)
+      store_tokens<NT, 4>(e, gp, rt, row, ej, estep, kw, M, N, ldx, x, y, esc_col, esc_delta,
+                          bias);
+      continue;
+    }
+    for (int j = ej; j < NT * 8; j += estep) {  // one token per thread (or M <= 8)
       // tokens in pairs (0, 2), (1, 3), ... so that a warp's two tokens read other banks
       const int tok = (j & ~3) | ((j & 1) << 1) | ((j >> 1) & 1);
       if (tok >= M) continue;
