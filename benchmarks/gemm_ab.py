@@ -105,8 +105,9 @@ def geomeans(rows: list[dict]) -> dict[int, dict[str, float]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--baseline", default="HEAD", help="git revision, or a directory holding a revision's kernels.cu and "
-                        "cuda.py (default HEAD)")
+    parser.add_argument("--baseline", default="HEAD",
+                        help="git revision, or a directory holding a revision's kernels.cu "
+                             "and cuda.py (default HEAD)")
     parser.add_argument("--m", default="1,16,32")
     parser.add_argument("--shapes", default=None, help="NxK shapes, comma-separated "
                                                        "(default: every benchmark shape)")
