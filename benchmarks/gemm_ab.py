@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 import tempfile
 import types
@@ -32,38 +31,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.gemm import LAYOUT_KEYS, SWEEP_SHAPES, Layer, time_graphs  # noqa: E402
+from benchmarks.revision import KERNELS, cuda_module, source_at  # noqa: E402
 from w12_kernels.gemm import cuda, launcher  # noqa: E402
-
-KERNELS = "w12_kernels/gemm/kernels.cu"
-CUDA_PY = "w12_kernels/gemm/cuda.py"
-
-
-def source_at(rev: str, path: str) -> str:
-    """The text of ``path`` at git revision ``rev`` of this repository, or, where ``rev`` is
-    a directory, of the file of that name in it (a copy of a revision's kernels.cu and
-    cuda.py, for a machine whose checkout has no history)."""
-    folder = Path(rev)
-    if folder.is_dir():
-        source = folder / Path(path).name
-        if not source.is_file():
-            raise SystemExit(f"gemm_ab: {rev} has no {Path(path).name}")
-        return source.read_text()
-    done = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"gemm_ab: cannot read {path} at {rev!r}: "
-                         f"{done.stderr.strip() or 'git failed'}")
-    return done.stdout
 
 
 def baseline_module(rev: str, scratch: Path) -> types.ModuleType:
     """``cuda.py`` at ``rev`` as a module of its own (its own compile and launch caches),
     compiling ``kernels.cu`` at ``rev`` (written to ``scratch``)."""
     kernels = scratch / "kernels.cu"
-    kernels.write_text(source_at(rev, KERNELS))
-    module = types.ModuleType("w12_ab_baseline_cuda")
-    module.__file__ = str(ROOT / CUDA_PY)
-    exec(compile(source_at(rev, CUDA_PY), f"{rev}:{CUDA_PY}", "exec"), module.__dict__)
+    kernels.write_text(source_at(rev, KERNELS, "gemm_ab"))
+    module = cuda_module(rev, "w12_ab_baseline_cuda", "gemm_ab")
     module.SOURCE_PATH = kernels
     return module
 

@@ -9,8 +9,10 @@ each instantiation with the shapes and M classes that use it, its registers and 
 and the blocks per multiprocessor its registers, shared memory and threads allow (Hopper
 limits: 64K registers, 228 KB shared memory with 1 KB reserved per block, 2048 threads, 32
 blocks), and the waves of blocks each user's launch takes on an H200 (132 multiprocessors).
-With ``--baseline REV`` it compares with that revision's ``kernels.cu`` (at the tree's shared
-memory sizes) and exits 1 where a schedule gains spills or a shape's launch more waves.
+With ``--baseline REV`` it compares with that revision's ``kernels.cu``, compiled with that
+revision's kernel signature and placed at that revision's shared-memory sizes (its own
+``cuda.small_shared_bytes``), and exits 1 where a schedule gains spills or a shape's launch more
+waves. ``REV`` may also be a directory holding a revision's ``kernels.cu`` and ``cuda.py``.
 
     python benchmarks/kernel_regs.py --baseline HEAD~1
 """
@@ -29,12 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.revision import KERNELS, cuda_module, source_at  # noqa: E402
 from w12_kernels.gemm import config as cfgs  # noqa: E402
 from w12_kernels.gemm import cuda  # noqa: E402
 
-KERNELS = "w12_kernels/gemm/kernels.cu"
-SIGNATURE = ("(const Words4*, const bf16_t*, bf16_t*, const float*, const int*, const int*, "
-             "const float*, const bf16_t*, int, int, int, int, int, int)")
 # Hopper (sm_90) per multiprocessor
 REGS_PER_SM = 65536
 SMEM_PER_SM = 228 * 1024
@@ -57,14 +57,16 @@ class Instance:
     name: str  # the template instantiation, as cuda.kernel_name gives it
     threads: int  # per block
     smem: int  # dynamic shared memory per block
+    base_smem: int | None = None  # the same under the baseline's small_shared_bytes
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def table_instances(num_sms: int = NUM_SMS) -> dict[Instance, list[Use]]:
-    """Every (instantiation, launch geometry) the tuned table's shapes use, with its users."""
+def table_instances(num_sms: int = NUM_SMS, base_shared=None) -> dict[Instance, list[Use]]:
+    """Every (instantiation, launch geometry) the tuned table's shapes use, with its users;
+    ``base_shared``: a baseline's ``small_shared_bytes``, for ``Instance.base_smem``."""
     rule = cfgs.rule()
     out: dict[Instance, list[Use]] = {}
     for shape in rule.get("shapes", {}):
@@ -73,9 +75,9 @@ def table_instances(num_sms: int = NUM_SMS) -> dict[Instance, list[Use]]:
         for nt, lay in cfg.by_nt:
             name = cuda.kernel_name(nt, lay.depth, lay.prefetch, lay.tiles, lay.min_blocks,
                                     lay.x_stages, lay.groups, cfg.kw, lay.w_stages)
-            inst = Instance(name, 32 * cfg.kw * lay.groups,
-                            cuda.small_shared_bytes(nt, cfg.kw, lay.x_stages, lay.groups,
-                                                    lay.w_stages, lay.tiles))
+            sizes = (nt, cfg.kw, lay.x_stages, lay.groups, lay.w_stages, lay.tiles)
+            inst = Instance(name, 32 * cfg.kw * lay.groups, cuda.small_shared_bytes(*sizes),
+                            base_shared(*sizes) if base_shared is not None else None)
             grid = _cdiv(_cdiv(n, 16), lay.tiles * lay.groups)
             out.setdefault(inst, []).append(Use(shape, nt, cfg.kw, grid))
     return out
@@ -127,13 +129,30 @@ def parse_ptxas(text: str) -> dict[str, tuple[int, int]]:
     return out
 
 
+def kernel_signature(source: str) -> str:
+    """The parameter types of ``w12_gemm_small`` in a ``kernels.cu`` text, as an explicit
+    instantiation spells them: ``(const Words4*, const bf16_t*, ..., int)``."""
+    m = re.search(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?w12_gemm_small\s*"
+                  r"\(([^)]*)\)", source)
+    if m is None:
+        raise SystemExit("kernel_regs: no w12_gemm_small definition in the kernels source")
+    types = []
+    for param in m.group(1).split(","):
+        words = param.replace("__restrict__", " ").replace("*", "* ").split()
+        if len(words) < 2:
+            raise SystemExit(f"kernel_regs: cannot read the parameter {param.strip()!r}")
+        types.append(" ".join(words[:-1]).replace(" *", "*"))
+    return "(" + ", ".join(types) + ")"
+
+
 def compile_counts(source: Path, names: list[str], nvcc: str, arch: str = "sm_90"
                    ) -> dict[str, tuple[int, int]]:
     """{instantiation name: (registers, spill bytes)} of ``names`` compiled from ``source``."""
+    signature = kernel_signature(source.read_text())
     with tempfile.TemporaryDirectory() as scratch:
         unit = Path(scratch) / "unit.cu"
         unit.write_text(f'#include "{source}"\n' + "".join(
-            f"template __global__ void {name}{SIGNATURE};\n" for name in names))
+            f"template __global__ void {name}{signature};\n" for name in names))
         done = subprocess.run([nvcc, f"-arch={arch}", "-std=c++17", "-cubin", "-o",
                                str(Path(scratch) / "unit.cubin"), str(unit), "-Xptxas", "-v",
                                "-diag-suppress", "179"], capture_output=True, text=True)
@@ -150,6 +169,11 @@ def compile_counts(source: Path, names: list[str], nvcc: str, arch: str = "sm_90
     return out
 
 
+def baseline_shared_bytes(rev: str):
+    """The baseline's ``small_shared_bytes`` (its ``cuda.py`` run as a module of its own)."""
+    return cuda_module(rev, "w12_regs_baseline_cuda", "kernel_regs").small_shared_bytes
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", default=None, help="git revision to compare with")
@@ -157,18 +181,15 @@ def main() -> int:
     args = parser.parse_args()
     if not args.nvcc:
         raise SystemExit("kernel_regs: needs nvcc (the CUDA toolkit) on PATH or --nvcc")
-    instances = table_instances()
+    base_shared = baseline_shared_bytes(args.baseline) if args.baseline else None
+    instances = table_instances(base_shared=base_shared)
     names = sorted({inst.name for inst in instances})
     tree = compile_counts(ROOT / KERNELS, names, args.nvcc)
     base = None
     if args.baseline:
         with tempfile.TemporaryDirectory() as scratch:
-            text = subprocess.run(["git", "-C", str(ROOT), "show", f"{args.baseline}:{KERNELS}"],
-                                  capture_output=True, text=True)
-            if text.returncode != 0:
-                raise SystemExit(f"kernel_regs: cannot read {KERNELS} at {args.baseline!r}")
             path = Path(scratch) / "kernels.cu"
-            path.write_text(text.stdout)
+            path.write_text(source_at(args.baseline, KERNELS, "kernel_regs"))
             base = compile_counts(path, names, args.nvcc)
     worse = []
     for inst, uses in sorted(instances.items(), key=lambda item: item[0].name):
@@ -178,10 +199,11 @@ def main() -> int:
                 f"spill {spill:4d}  blocks/SM {blocks:2d}")
         if base is not None:
             b_regs, b_spill = base[inst.name]
-            b_blocks = blocks_per_sm(b_regs, inst.threads, inst.smem)
+            b_blocks = blocks_per_sm(b_regs, inst.threads, inst.base_smem)
             more_waves = any(waves(u.grid, blocks) > waves(u.grid, b_blocks) for u in uses)
             flag = more_waves or spill > b_spill
-            line += f"  | baseline regs {b_regs:3d} spill {b_spill:4d} blocks/SM {b_blocks:2d}"
+            line += (f"  | baseline {inst.base_smem:7d} B regs {b_regs:3d} spill {b_spill:4d} "
+                     f"blocks/SM {b_blocks:2d}")
             line += "  <-- more waves or more spills" if flag else ""
             if flag:
                 worse.append(inst.name)

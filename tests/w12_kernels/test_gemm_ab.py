@@ -61,7 +61,7 @@ def test_a_baseline_directory_is_read_instead_of_git(tmp_path):
     saved = tmp_path / "saved"
     saved.mkdir()
     (saved / "kernels.cu").write_text("// saved kernels\n")
-    (saved / "cuda.py").write_text((ROOT / ab.CUDA_PY).read_text())
+    (saved / "cuda.py").write_text((ROOT / "w12_kernels/gemm/cuda.py").read_text())
     base = ab.baseline_module(str(saved), tmp_path)
     assert base.SOURCE_PATH.read_text() == "// saved kernels\n"
     assert base.gemm_small is not cuda.gemm_small

@@ -77,3 +77,34 @@ def test_offline_compile_counts_registers():
     counts = kr.compile_counts(Path(kr.ROOT) / kr.KERNELS, names, shutil.which("nvcc"))
     assert set(counts) == set(names)
     assert all(16 <= regs <= 255 and spill >= 0 for regs, spill in counts.values())
+
+
+def test_kernel_signature_is_read_from_the_source():
+    kr = _kr()
+    text = (Path(kr.ROOT) / kr.KERNELS).read_text()
+    assert kr.kernel_signature(text) == (
+        "(const Words4*, const bf16_t*, bf16_t*, const float*, const int*, const int*, "
+        "const float*, const bf16_t*, int, int, int, int, int, int)")
+    # a revision with another parameter list instantiates with its own
+    other = ("template <int NT>\n__global__ void __launch_bounds__(256, 1) w12_gemm_small(\n"
+             "    const Words4* __restrict__ chunks, const int2* __restrict__ first, int M) {}")
+    assert kr.kernel_signature(other) == "(const Words4*, const int2*, int)"
+    with pytest.raises(SystemExit, match="no w12_gemm_small"):
+        kr.kernel_signature("__global__ void something_else(int a) {}")
+
+
+def test_baseline_shared_memory_is_the_baselines_own(tmp_path):
+    kr = _kr()
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    cuda_py = (Path(kr.ROOT) / "w12_kernels/gemm/cuda.py").read_text()
+    # a baseline whose epilogue rows took 64 bytes less per tile
+    saved.joinpath("cuda.py").write_text(cuda_py.replace("groups * tiles * 320",
+                                                         "groups * tiles * 256"))
+    base = kr.baseline_shared_bytes(str(saved))
+    inst = kr.table_instances(base_shared=base)
+    assert inst and all(i.base_smem is not None for i in inst)
+    assert {i.smem - i.base_smem for i in inst} <= {64, 128, 192, 256}
+    assert any(i.smem != i.base_smem for i in inst)
+    with pytest.raises(SystemExit, match="has no kernels.cu"):
+        kr.source_at(str(saved), kr.KERNELS, "kernel_regs")

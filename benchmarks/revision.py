@@ -1,0 +1,39 @@
+"""The small-M kernel's sources at a git revision of this repository, or in a directory that
+holds a revision's ``kernels.cu`` and ``cuda.py`` (for a machine whose checkout has no history):
+what ``gemm_ab.py`` and ``kernel_regs.py`` compare the working tree with."""
+
+from __future__ import annotations
+
+import subprocess
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNELS = "w12_kernels/gemm/kernels.cu"
+CUDA_PY = "w12_kernels/gemm/cuda.py"
+
+
+def source_at(rev: str, path: str, tool: str) -> str:
+    """The text of ``path`` at git revision ``rev``, or, where ``rev`` is a directory, of the
+    file of that name in it; ``SystemExit`` naming ``tool`` where there is none."""
+    folder = Path(rev)
+    if folder.is_dir():
+        source = folder / Path(path).name
+        if not source.is_file():
+            raise SystemExit(f"{tool}: {rev} has no {Path(path).name}")
+        return source.read_text()
+    done = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{tool}: cannot read {path} at {rev!r}: "
+                         f"{done.stderr.strip() or 'git failed'}")
+    return done.stdout
+
+
+def cuda_module(rev: str, name: str, tool: str) -> types.ModuleType:
+    """``cuda.py`` at ``rev`` run as a module of its own, named ``name`` (its own compile and
+    launch caches; it compiles the tree's ``kernels.cu`` unless its ``SOURCE_PATH`` is set)."""
+    module = types.ModuleType(name)
+    module.__file__ = str(ROOT / CUDA_PY)
+    exec(compile(source_at(rev, CUDA_PY, tool), f"{rev}:{CUDA_PY}", "exec"), module.__dict__)
+    return module
