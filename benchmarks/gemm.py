@@ -403,13 +403,14 @@ def choose_rule(rows: list[dict], sms: int, keep_kw: bool = False) -> tuple[dict
     return best, math.exp(best_score / max(1, len(scored)))
 
 
-def run_sweep(m_values, keep_kw: bool = False) -> tuple[list[dict], dict]:
+def run_sweep(m_values, keep_kw: bool = False, shapes=None) -> tuple[list[dict], dict]:
     """Time every kw and schedule per shape and M (with ``keep_kw``, only the kw the table in
     use gives the shape, so a sweep of some M classes cannot move the split the others were
-    tuned for); return the rows and the table."""
+    tuned for); return the rows and the table. ``shapes``: only these (N, K) (the table then
+    changes only their entries, ``merge_small``)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
-    for n, k in SWEEP_SHAPES:
+    for n, k in shapes or SWEEP_SHAPES:
         layer = Layer(n, k, seed=n + k)
         chunks = -(-k // 64)
         kws = (cfgs.small_config(n, k, sms).kw,) if keep_kw else SWEEP_KW
@@ -435,8 +436,21 @@ def run_sweep(m_values, keep_kw: bool = False) -> tuple[list[dict], dict]:
         del layer
         torch.cuda.empty_cache()
     table, mean = choose_rule(rows, sms, keep_kw)
+    if shapes:
+        table = merge_small(cfgs.rule(), table)
     print(f"rule for unswept shapes: geomean x{mean:.3f} on the swept ones; {json.dumps(table)}")
     return rows, {"small_m": table}
+
+
+def merge_small(current: dict, swept: dict) -> dict:
+    """The small-M table after a sweep of some shapes (``--sweep --shapes``): their entries
+    (kw and the NT classes the sweep timed) replace the current ones; the rule for unlisted
+    shapes, its default layouts and the other shapes' entries stay, since a handful of shapes
+    says nothing about the rest."""
+    shapes = {**current.get("shapes", {})}
+    for shape, entry in swept.get("shapes", {}).items():
+        shapes[shape] = entry
+    return {**current, "shapes": shapes}
 
 
 # candidate block shapes of the fused large-M kernel:
@@ -588,7 +602,8 @@ def main() -> None:
     parser.add_argument("--keep-kw", action="store_true",
                         help="with --sweep: time only the kw of the table in use per shape")
     parser.add_argument("--shapes", default=None,
-                        help="with --sweep-large: only these NxK shapes, comma-separated")
+                        help="with --sweep or --sweep-large: only these NxK shapes, "
+                             "comma-separated (the table keeps the other shapes' entries)")
     parser.add_argument("--sweep-large", action="store_true",
                         help="time the large-M choices (fused block shapes, warpgroup-MMA "
                              "kernel configurations, decode + cuBLAS)")
@@ -614,11 +629,11 @@ def main() -> None:
         rows = run_decode(args.models.split(","), ceiling)
         result = dict(device=props.name, copy_tbs=ceiling, decode=rows)
     elif args.sweep or args.sweep_large:
+        shapes = [tuple(map(int, v.split("x"))) for v in args.shapes.split(",")] \
+            if args.shapes else None
         if args.sweep:
-            rows, table = run_sweep([m for m in m_values if m <= 64], args.keep_kw)
+            rows, table = run_sweep([m for m in m_values if m <= 64], args.keep_kw, shapes)
         else:
-            shapes = [tuple(map(int, v.split("x"))) for v in args.shapes.split(",")] \
-                if args.shapes else None
             rows, large = run_sweep_large([m for m in m_values if m > 64], shapes,
                                           args.candidates)
             table = {"large": large}

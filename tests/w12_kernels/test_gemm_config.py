@@ -191,6 +191,28 @@ def test_large_sweep_of_some_shapes_keeps_the_rest_of_the_table():
     assert current["shapes"]["4096x4096"]["256"]["splits"] == 2  # the input is not changed
 
 
+def test_small_sweep_of_some_shapes_keeps_the_rest_of_the_table():
+    """A small-M sweep of a few shapes (``--sweep --shapes``) replaces only their entries: the
+    kw rule for unlisted shapes, its default layouts and the other shapes' entries stay."""
+    merge_small = gemm_benchmark().merge_small
+    lay = {"depth": 1, "prefetch": False, "tiles": 1, "min_blocks": 1, "x_stages": 0,
+           "groups": 1, "w_stages": 0}
+    current = {"warps_per_sm": 128, "min_chunks_per_warp": 2, "max_kw": 8,
+               "by_nt": {"2": lay},
+               "shapes": {"4096x4096": {"kw": 8, "by_nt": {"2": lay}},
+                          "8192x8192": {"kw": 8, "by_nt": {"2": lay}}}}
+    swept = {"warps_per_sm": 16, "min_chunks_per_warp": 4, "max_kw": 4,
+             "by_nt": {"2": {**lay, "depth": 2}},
+             "shapes": {"4096x4096": {"kw": 16, "by_nt": {"2": {**lay, "tiles": 2}}}}}
+    merged = merge_small(current, swept)
+    assert {key: merged[key] for key in ("warps_per_sm", "min_chunks_per_warp", "max_kw",
+                                         "by_nt")} == {
+        key: current[key] for key in ("warps_per_sm", "min_chunks_per_warp", "max_kw", "by_nt")}
+    assert merged["shapes"]["4096x4096"] == swept["shapes"]["4096x4096"]
+    assert merged["shapes"]["8192x8192"] == current["shapes"]["8192x8192"]
+    assert current["shapes"]["4096x4096"]["kw"] == 8  # the input is not changed
+
+
 def test_shared_memory_opt_in_counts_static_bytes():
     """A kernel asks for more dynamic shared memory once dynamic + static bytes pass 48 KiB (a
     48 KiB request with 16 static bytes failed to launch on the H200 without it: the default
