@@ -134,14 +134,20 @@ class Layer:
         return 2 * self.n * self.k + 2 * m * self.k + 2 * m * self.n
 
 
+def time_with_cublas(layer: Layer, x: torch.Tensor, runs, calls_per_copy: int = 4
+                     ) -> list[float]:
+    """µs per call of each ``run(x, w12)`` of ``runs`` and then of cuBLAS on ``x``, their graphs
+    replayed in alternation, each cycling through the layer's weight copies."""
+    order = [i % layer.copies for i in range(layer.copies * calls_per_copy)]
+    return time_graphs(
+        [[lambda i=i, run=run: run(x, layer.w12[i]) for i in order] for run in runs]
+        + [[lambda i=i: torch.nn.functional.linear(x, layer.bf16[i]) for i in order]])
+
+
 def time_pair(layer: Layer, m: int, run_w12, calls_per_copy: int = 4):
     """(W12 µs, cuBLAS µs) per call, the two graphs replayed in alternation."""
     x = torch.randn(m, layer.k, device="cuda").to(torch.bfloat16)
-    order = [i % layer.copies for i in range(layer.copies * calls_per_copy)]
-    t_w12, t_ref = time_graphs([
-        [lambda i=i: run_w12(x, layer.w12[i]) for i in order],
-        [lambda i=i: torch.nn.functional.linear(x, layer.bf16[i]) for i in order],
-    ])
+    t_w12, t_ref = time_with_cublas(layer, x, [run_w12], calls_per_copy)
     return t_w12, t_ref
 
 

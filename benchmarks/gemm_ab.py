@@ -30,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gemm import LAYOUT_KEYS, SWEEP_SHAPES, Layer, time_graphs  # noqa: E402
+from benchmarks.gemm import LAYOUT_KEYS, SWEEP_SHAPES, Layer, time_with_cublas  # noqa: E402
 from benchmarks.revision import KERNELS, cuda_module, source_at  # noqa: E402
 from w12_kernels.gemm import cuda, launcher  # noqa: E402
 
@@ -52,17 +52,6 @@ def runner(module: types.ModuleType, kw: int, layout):
         return module.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col,
                                  pw.esc_delta, bias, pw.n, pw.k, kw=kw, **sched)
     return run
-
-
-def time_three(a, b, x: torch.Tensor, layer: Layer) -> list[float]:
-    """Median µs per call of ``a``, ``b`` and cuBLAS, replayed in alternating rounds, each
-    cycling through the layer's weight copies."""
-    order = [i % layer.copies for i in range(layer.copies * 4)]
-    return time_graphs([
-        [lambda i=i: a(x, layer.w12[i]) for i in order],
-        [lambda i=i: b(x, layer.w12[i]) for i in order],
-        [lambda i=i: torch.nn.functional.linear(x, layer.bf16[i]) for i in order],
-    ])
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -114,7 +103,7 @@ def main() -> int:
                 a, b = runner(base, cfg.kw, lay), runner(cuda, cfg.kw, lay)
                 same = all(same_bits(a(x, layer.w12[0], q), b(x, layer.w12[0], q))
                            for q in (None, bias))
-                t_a, t_b, t_ref = time_three(a, b, x, layer)
+                t_a, t_b, t_ref = time_with_cublas(layer, x, [a, b])
                 rows.append(dict(n=n, k=k, m=m, kw=cfg.kw, baseline_us=t_a, tree_us=t_b,
                                  cublas_us=t_ref, same_bits=same))
                 if not same:

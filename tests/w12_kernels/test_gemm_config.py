@@ -350,3 +350,27 @@ def test_warpgroup_choice_needs_the_margin_on_every_measured_row_count():
     assert chosen[(4096, 4096, 4)] == [4, 1, 1, 2]  # worst 0.96 against 0.99
     assert chosen[(4096, 4096, 8)] is None
     assert chosen[(4096, 4096, 2)] is None
+
+
+def test_time_with_cublas_builds_one_graph_per_run_then_cublas(monkeypatch):
+    """Each run gets its own graph of calls cycling through the weight copies, in the order
+    given, and cuBLAS the last one (the runs' closures bound to their own run)."""
+    from types import SimpleNamespace
+
+    bench = gemm_benchmark()
+    seen = []
+
+    def fake_time_graphs(graphs):
+        for g in graphs:
+            seen.append([call() for call in g])
+        return [float(len(g)) for g in graphs]
+
+    monkeypatch.setattr(bench, "time_graphs", fake_time_graphs)
+    monkeypatch.setattr(bench.torch.nn.functional, "linear", lambda x, w: ("bf16", w))
+    layer = SimpleNamespace(copies=2, w12=["w0", "w1"], bf16=["b0", "b1"])
+    x = object()
+    times = bench.time_with_cublas(layer, x, [lambda x_, w: ("a", w), lambda x_, w: ("b", w)])
+    assert times == [8.0, 8.0, 8.0]
+    assert seen[0] == [("a", "w0"), ("a", "w1")] * 4
+    assert seen[1] == [("b", "w0"), ("b", "w1")] * 4
+    assert seen[2] == [("bf16", "b0"), ("bf16", "b1")] * 4
