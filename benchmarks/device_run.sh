@@ -2,7 +2,7 @@
 # The one script a GPU run of the GEMM work executes: the GPU tests, the launch-rule sweep
 # (writes w12_kernels/gemm/tuned.json), the warpgroup-kernel choices, the large-M sweep, then
 # the full benchmark with that table.
-#   bash benchmarks/device_run.sh [sweep|large|wg|bench|all|tests|experimental] [extra benchmark args...]
+#   bash benchmarks/device_run.sh [sweep|large|wg|bench|all|tests|experimental|ab] [extra benchmark args...]
 # TEST_K: a pytest -k expression selecting GPU tests.
 # SWEEP_ARGS: more arguments of the small-M sweep (--keep-kw: only the kw of the table in use).
 # large: the large-M sweep (fused block shapes vs decode + cuBLAS at SWEEP_LARGE_M, default
@@ -14,6 +14,10 @@
 # experimental: GPU tests of the warpgroup-MMA GEMM and the Triton decode attention, then
 # benchmarks/wgmma_probe.py (set DECODE_MODELS and DECODE_ATTENTION=torch,triton to time the
 # attention too).
+# ab (first, before the GPU tests): benchmarks/gemm_ab.py --baseline AB_BASELINE (a git revision
+# or a directory that `python3 benchmarks/revision.py REV DIR` wrote; default HEAD) at AB_M
+# (default 1,8,16,32): the tree's small-M kernel against the baseline's in the same graphs, bits
+# compared (exit 1 where they differ). With TESTS=0 that is the whole run (~40 s).
 # Logs and JSON go to $OUT (default ./out). Each stage has its own time limit; TESTS=0 skips the
 # GPU tests.
 set -uo pipefail
@@ -26,6 +30,10 @@ export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 triton.__version__, "cupy", cupy.__version__)'
   python3 -c 'from w12_kernels.gemm import backend; print("backend", backend())'
 } 2>&1 | tee "$OUT/env.txt"
+if [[ $MODE == ab ]]; then
+  timeout "${AB_LIMIT:-240}" python3 benchmarks/gemm_ab.py --baseline "${AB_BASELINE:-HEAD}" \
+    --m "${AB_M:-1,8,16,32}" --json "$OUT/ab.json" 2>&1 | tee "$OUT/ab.txt"
+fi
 if [[ ${TESTS:-1} == 1 ]]; then
   timeout "${TEST_LIMIT:-180}" python3 -m pytest tests/w12_kernels/test_gemm_cuda.py -q -x \
     -p no:cacheprovider -W ignore::DeprecationWarning ${TEST_K:+-k "$TEST_K"} \
