@@ -176,7 +176,9 @@ def baseline_shared_bytes(rev: str):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--baseline", default=None, help="git revision to compare with")
+    parser.add_argument("--baseline", default=None,
+                        help="git revision to compare with, or a directory holding a "
+                             "revision's kernels.cu and cuda.py")
     parser.add_argument("--nvcc", default=shutil.which("nvcc"), help="nvcc (default: on PATH)")
     args = parser.parse_args()
     if not args.nvcc:
