@@ -453,10 +453,7 @@ def merge_small(current: dict, swept: dict) -> dict:
     (kw and the NT classes the sweep timed) replace the current ones; the rule for unlisted
     shapes, its default layouts and the other shapes' entries stay, since a handful of shapes
     says nothing about the rest."""
-    shapes = {**current.get("shapes", {})}
-    for shape, entry in swept.get("shapes", {}).items():
-        shapes[shape] = entry
-    return {**current, "shapes": shapes}
+    return {**current, "shapes": {**current.get("shapes", {}), **swept.get("shapes", {})}}
 
 
 # candidate block shapes of the fused large-M kernel:
