@@ -151,12 +151,11 @@ def _x_words(x: torch.Tensor, kp: int) -> np.ndarray:
 
 
 def _load_x(xw: np.ndarray, m: int, nt: int, cc: int) -> np.ndarray:
-    """The 8 registers ``xv[nt][0..7]`` of every lane: uint32 [32, 8] (zeros for dead rows)."""
-    tok = 8 * nt + GROUP
-    live = tok < m
+    """The 8 registers ``xv[nt][0..7]`` of every lane: uint32 [32, 8] (rows past M re-read row
+    M - 1, as the kernel does: their sums are never stored)."""
+    tok = np.minimum(8 * nt + GROUP, m - 1)
     first = (cc * 64 + 16 * THREAD) // 2  # word index of column 64 cc + 16 t
-    words = xw[np.where(live, tok, 0)[:, None], first[:, None] + np.arange(8)[None, :]]
-    return np.where(live[:, None], words, U32(0))
+    return xw[tok[:, None], first[:, None] + np.arange(8)[None, :]]
 
 
 def _warp_partials(words: np.ndarray, xw: np.ndarray, m: int, nt_count: int, kw: int,

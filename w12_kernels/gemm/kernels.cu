@@ -16,7 +16,9 @@
 // keeps P columns of weight loads in flight (a ring of registers indexed by compile-time
 // constants). Activations: loaded just before use, or with XPF one column ahead into
 // registers, or with XS >= 2 through a ring of XS stages in shared memory filled by cp.async
-// XS - 1 columns ahead. With WS >= 2 the weights, too, go through shared memory instead of the
+// XS - 1 columns ahead (the n-tile rows past M re-read row M - 1; their sums are never
+// stored). Both streams advance as running 32-bit offsets, and the column loop is unrolled
+// so that ring slots and stages are constants (#45). With WS >= 2 the weights, too, go through shared memory instead of the
 // register ring: each lane copies its own 48 bytes of a chunk by cp.async (L2 only) into a
 // ring of WS stages, WS - 1 columns ahead, so the bytes in flight do not cost registers. MINB
 // caps the registers so that MINB blocks of WB warps (at least the kw TG of the launch; 8
@@ -165,38 +167,35 @@ __device__ __forceinline__ void chunk_mma(const Words4& w0, const Words4& w1, co
   }
 }
 
+// Activations: lane (g, t) of n-tile nt reads row min(8 nt + g, M - 1) of x (xro: that row's
+// element offset; rows past M repeat row M - 1: their sums are never stored, so no branch and
+// no zero fill), columns 16 t .. 16 t + 15 of a chunk: xc = 64 chunk + 16 t, a running offset
+// of the warp's column stream (docs/PERF_GEMM.md #45: the compiler used to rebuild each
+// n-tile's row pointer from the thread index in every column, ~20 instructions an n-tile).
 template <int NT>
-__device__ __forceinline__ void load_x(u32 (&xv)[NT][8], const bf16_t* const (&xrow)[NT],
-                                       const bool (&live)[NT], int chunk) {
+__device__ __forceinline__ void load_x(u32 (&xv)[NT][8], const bf16_t* x, u32 xc,
+                                       const int (&xro)[NT]) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    if (live[nt]) {
-      const Words4 a = load_cached(xrow[nt] + (size_t)chunk * 64);
-      const Words4 b = load_cached(xrow[nt] + (size_t)chunk * 64 + 8);
-      xv[nt][0] = a.x; xv[nt][1] = a.y; xv[nt][2] = a.z; xv[nt][3] = a.w;
-      xv[nt][4] = b.x; xv[nt][5] = b.y; xv[nt][6] = b.z; xv[nt][7] = b.w;
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) xv[nt][i] = 0u;
-    }
+    const bf16_t* p = x + (size_t)(xc + (u32)xro[nt]);
+    const Words4 a = load_cached(p);
+    const Words4 b = load_cached(p + 8);
+    xv[nt][0] = a.x; xv[nt][1] = a.y; xv[nt][2] = a.z; xv[nt][3] = a.w;
+    xv[nt][4] = b.x; xv[nt][5] = b.y; xv[nt][6] = b.z; xv[nt][7] = b.w;
   }
 }
 
 // Activations through shared memory: each lane copies the 32 bytes of every n-tile that it
-// will itself read back (so no barrier is needed, only the lane's own cp.async groups), rows
-// past M filled with zeros.
+// will itself read back (so no barrier is needed, only the lane's own cp.async groups).
 template <int NT>
-__device__ __forceinline__ void issue_x(u32* stage, const bf16_t* const (&xrow)[NT],
-                                        const bool (&live)[NT], int chunk, int lane) {
+__device__ __forceinline__ void issue_x(u32* stage, const bf16_t* x, u32 xc,
+                                        const int (&xro)[NT], int lane) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const u32 dst = (u32)__cvta_generic_to_shared(stage + (nt * 32 + lane) * 8);
-    const bf16_t* src = xrow[nt] + (size_t)chunk * 64;
-    const int bytes = live[nt] ? 16 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-                 "r"(bytes));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst + 16),
-                 "l"(src + 8), "r"(bytes));
+    const bf16_t* src = x + (size_t)(xc + (u32)xro[nt]);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(dst + 16), "l"(src + 8));
   }
 }
 
@@ -215,8 +214,10 @@ __device__ __forceinline__ void read_x(u32 (&xv)[NT][8], const u32* stage, int l
 // chunk (cp.async.cg: L2 only) into a part of the stage no other lane touches, so, as for the
 // activations, only the lane's own cp.async groups need waiting on. A stage is TL x 3 x 32
 // words of 16 bytes, lanes adjacent (conflict-free 16-byte reads).
+// wc[tt]: the Words4 index of this lane's words of the stream's next column in tile tt (a
+// running 32-bit index, advanced by the caller).
 template <int TL>
-__device__ __forceinline__ void issue_w(u32* stage, const Words4* const (&wp)[TL], int chunk,
+__device__ __forceinline__ void issue_w(u32* stage, const Words4* chunks, const u32 (&wc)[TL],
                                         int lane) {
 #pragma unroll
   for (int tt = 0; tt < TL; ++tt)
@@ -224,8 +225,21 @@ __device__ __forceinline__ void issue_w(u32* stage, const Words4* const (&wp)[TL
     for (int q = 0; q < 3; ++q) {
       const u32 dst = (u32)__cvta_generic_to_shared(stage + ((tt * 3 + q) * 32 + lane) * 4);
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst),
-                   "l"(wp[tt] + (size_t)chunk * 96 + q * 32));
+                   "l"(chunks + (size_t)wc[tt] + q * 32));
     }
+}
+
+// The register ring's loads of one column.
+template <int TL>
+__device__ __forceinline__ void load_w(Words4 (&w)[TL][3], const Words4* chunks,
+                                       const u32 (&wc)[TL]) {
+#pragma unroll
+  for (int tt = 0; tt < TL; ++tt) {
+    const Words4* p = chunks + (size_t)wc[tt];
+    w[tt][0] = load_stream(p);
+    w[tt][1] = load_stream(p + 32);
+    w[tt][2] = load_stream(p + 64);
+  }
 }
 
 template <int TL>
@@ -353,20 +367,20 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
   const int first = warp - grp * kw;
   const int step = kw;
   const int n = (nchunks - first + kw - 1) / kw;
-  // tiles past the last one re-read the last tile; their rows are >= N and never stored
-  const Words4* wp[TL];
+  // The warp's weight and activation streams as running 32-bit offsets, advanced by one
+  // column (step chunks) per load (#45): wc[tt] the Words4 index of this lane's words of the
+  // next column to load in tile tt (tiles past the last one re-read the last tile; their rows
+  // are >= N and never stored), xc the element offset of its activations' column.
+  u32 wc[TL];
 #pragma unroll
   for (int tt = 0; tt < TL; ++tt)
-    wp[tt] = chunks + (size_t)min(tile0 + tt, ntiles - 1) * nchunks * 96 + lane;
-
-  const bf16_t* xrow[NT];
-  bool live[NT];
+    wc[tt] = ((u32)min(tile0 + tt, ntiles - 1) * (u32)nchunks + (u32)first) * 96u + lane;
+  const u32 wstep = (u32)step * 96u;
+  u32 xc = (u32)first * 64u + 16u * (u32)t;
+  const u32 xstep = (u32)step * 64u;
+  int xro[NT];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int tok = nt * 8 + g;
-    live[nt] = tok < M;
-    xrow[nt] = x + (size_t)(live[nt] ? tok : 0) * ldx + 16 * t;
-  }
+  for (int nt = 0; nt < NT; ++nt) xro[nt] = min(nt * 8 + g, M - 1) * ldx;
 
   // The epilogue's rows (docs/PERF_GEMM.md #39): thread (er, ej) stores row er % 16 of tile
   // group er / 16 of every tile, tokens ej, ej + 2 kw, ... (blockDim = 32 kw TG, 16 TG rows).
@@ -387,17 +401,16 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[tt][nt][r] = 0.0f;
 
-  Words4 ring[P][TL][3];
+  // The register ring: P columns of weight loads in flight in P + 1 slots (column c in slot
+  // c % (P + 1)), the loop unrolled so that every slot and stage index is a constant (no
+  // register copies between columns, no run-time modulo).
+  Words4 ring[P + 1][TL][3];
 #pragma unroll
   for (int s = 0; s < P; ++s) {
     if (WS == 0 && s < n) {
+      load_w<TL>(ring[s], chunks, wc);
 #pragma unroll
-      for (int tt = 0; tt < TL; ++tt) {
-        const Words4* p = wp[tt] + (size_t)(first + s * step) * 96;
-        ring[s][tt][0] = load_stream(p);
-        ring[s][tt][1] = load_stream(p + 32);
-        ring[s][tt][2] = load_stream(p + 64);
-      }
+      for (int tt = 0; tt < TL; ++tt) wc[tt] += wstep;
     }
   }
   if (ej == 0) {  // (after the ring's first loads: fewer registers live, measured)
@@ -412,14 +425,20 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
   }
 
   u32 xa[NT][8], xb[NT][8];
-  if (XPF && n > 0) load_x<NT>(xa, xrow, live, first);
+  if (XPF && n > 0) {
+    load_x<NT>(xa, x, xc, xro);
+    xc += xstep;
+  }
   // XS > 0: a ring of XS activation stages per warp in shared memory, XS - 1 columns ahead
   u32* xstages =
       reinterpret_cast<u32*>(partial + TG * kw * NT * 4 * 32) + warp * XS * NT * 256;
   if (XS > 0 && WS == 0) {
 #pragma unroll
     for (int st = 0; st < XS - 1; ++st) {
-      if (st < n) issue_x<NT>(xstages + st * NT * 256, xrow, live, first + st * step, lane);
+      if (st < n) {
+        issue_x<NT>(xstages + st * NT * 256, x, xc, xro, lane);
+        xc += xstep;
+      }
       asm volatile("cp.async.commit_group;");
     }
   }
@@ -430,83 +449,102 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
     static_assert(XS == 0 || XS == WS, "activation stages: none or as many as weight stages");
     u32* wstages = reinterpret_cast<u32*>(partial + TG * kw * NT * 4 * 32) +
                    TG * kw * XS * NT * 256 + warp * WS * TL * 384;
+    u32 xcur = xc;  // (XS == 0) the activations of the current column
 #pragma unroll
     for (int st = 0; st < WS - 1; ++st) {
       if (st < n) {
-        issue_w<TL>(wstages + st * TL * 384, wp, first + st * step, lane);
-        if (XS > 0) issue_x<NT>(xstages + st * NT * 256, xrow, live, first + st * step, lane);
+        issue_w<TL>(wstages + st * TL * 384, chunks, wc, lane);
+#pragma unroll
+        for (int tt = 0; tt < TL; ++tt) wc[tt] += wstep;
+        if (XS > 0) {
+          issue_x<NT>(xstages + st * NT * 256, x, xc, xro, lane);
+          xc += xstep;
+        }
       }
       asm volatile("cp.async.commit_group;");
     }
     epi_escapes<TL>(epi, er, ej, erows, e0r, e1r, esc_col, esc_delta);
-    for (int ii = 0; ii < n; ++ii) {
-      const int ahead = ii + WS - 1;
-      if (ahead < n) {
-        issue_w<TL>(wstages + (ahead % WS) * TL * 384, wp, first + ahead * step, lane);
-        if (XS > 0)
-          issue_x<NT>(xstages + (ahead % WS) * NT * 256, xrow, live, first + ahead * step,
-                      lane);
-      }
-      asm volatile("cp.async.commit_group;");
-      asm volatile("cp.async.wait_group %0;" ::"n"(WS - 1));
-      Words4 w[TL][3];
-      read_w<TL>(w, wstages + (ii % WS) * TL * 384, lane);
-      u32 xv[NT][8];
-      if (XS > 0)
-        read_x<NT>(xv, xstages + (ii % WS) * NT * 256, lane);
-      else
-        load_x<NT>(xv, xrow, live, first + ii * step);
+    for (int i = 0; i < n; i += WS) {
 #pragma unroll
-      for (int tt = 0; tt < TL; ++tt) chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
+      for (int s = 0; s < WS; ++s) {  // column ii's stage is s (i is a multiple of WS)
+        const int ii = i + s;
+        if (ii < n) {
+          if (ii + WS - 1 < n) {
+            issue_w<TL>(wstages + ((s + WS - 1) % WS) * TL * 384, chunks, wc, lane);
+#pragma unroll
+            for (int tt = 0; tt < TL; ++tt) wc[tt] += wstep;
+            if (XS > 0) {
+              issue_x<NT>(xstages + ((s + WS - 1) % WS) * NT * 256, x, xc, xro, lane);
+              xc += xstep;
+            }
+          }
+          asm volatile("cp.async.commit_group;");
+          asm volatile("cp.async.wait_group %0;" ::"n"(WS - 1));
+          Words4 w[TL][3];
+          read_w<TL>(w, wstages + s * TL * 384, lane);
+          u32 xv[NT][8];
+          if (XS > 0) {
+            read_x<NT>(xv, xstages + s * NT * 256, lane);
+          } else {
+            load_x<NT>(xv, x, xcur, xro);
+            xcur += xstep;
+          }
+#pragma unroll
+          for (int tt = 0; tt < TL; ++tt)
+            chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
+        }
+      }
     }
   }
-  if constexpr (WS == 0) epi_escapes<TL>(epi, er, ej, erows, e0r, e1r, esc_col, esc_delta);
-  for (int i = 0; i < (WS > 0 ? 0 : n); i += P) {
+  if constexpr (WS == 0) {
+    epi_escapes<TL>(epi, er, ej, erows, e0r, e1r, esc_col, esc_delta);
+    // the unroll: a multiple of the ring's P + 1 slots, of the XS stages, and of 2 with XPF
+    constexpr int U0 = P + 1;
+    constexpr int U1 = XS > 0 && U0 % XS != 0 ? U0 * XS : U0;
+    constexpr int U = XPF && U1 % 2 != 0 ? 2 * U1 : U1;
+    static_assert(XS == 0 || U % XS == 0, "unroll");
+    for (int i = 0; i < n; i += U) {
 #pragma unroll
-    for (int s = 0; s < P; ++s) {
-      const int ii = i + s;
-      if (ii < n) {
-        Words4 w[TL][3];
+      for (int s = 0; s < U; ++s) {
+        const int ii = i + s;
+        if (ii < n) {
+          if (ii + P < n) {  // into the slot column ii - 1 used
+            load_w<TL>(ring[(s + P) % (P + 1)], chunks, wc);
 #pragma unroll
-        for (int tt = 0; tt < TL; ++tt) {
-          w[tt][0] = ring[s][tt][0];
-          w[tt][1] = ring[s][tt][1];
-          w[tt][2] = ring[s][tt][2];
-        }
-        if (ii + P < n) {
-#pragma unroll
-          for (int tt = 0; tt < TL; ++tt) {
-            const Words4* p = wp[tt] + (size_t)(first + (ii + P) * step) * 96;
-            ring[s][tt][0] = load_stream(p);
-            ring[s][tt][1] = load_stream(p + 32);
-            ring[s][tt][2] = load_stream(p + 64);
+            for (int tt = 0; tt < TL; ++tt) wc[tt] += wstep;
           }
-        }
-        if (XS > 0) {
-          const int ahead = ii + XS - 1;
-          if (ahead < n)
-            issue_x<NT>(xstages + (ahead % XS) * NT * 256, xrow, live, first + ahead * step,
-                        lane);
-          asm volatile("cp.async.commit_group;");
-          asm volatile("cp.async.wait_group %0;" ::"n"(XS > 0 ? XS - 1 : 0));
-          u32 xv[NT][8];
-          read_x<NT>(xv, xstages + (ii % XS) * NT * 256, lane);
+          const Words4(&w)[TL][3] = ring[s % (P + 1)];
+          if (XS > 0) {
+            if (ii + XS - 1 < n) {
+              issue_x<NT>(xstages + ((s + XS - 1) % (XS > 0 ? XS : 1)) * NT * 256, x, xc, xro,
+                          lane);
+              xc += xstep;
+            }
+            asm volatile("cp.async.commit_group;");
+            asm volatile("cp.async.wait_group %0;" ::"n"(XS > 0 ? XS - 1 : 0));
+            u32 xv[NT][8];
+            read_x<NT>(xv, xstages + (s % (XS > 0 ? XS : 1)) * NT * 256, lane);
 #pragma unroll
-          for (int tt = 0; tt < TL; ++tt)
-            chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
-        } else if (XPF) {  // activations one chunk ahead; P is even, so s's parity is ii's
-          u32(&cur)[NT][8] = (s & 1) ? xb : xa;
-          u32(&nxt)[NT][8] = (s & 1) ? xa : xb;
-          if (ii + 1 < n) load_x<NT>(nxt, xrow, live, first + (ii + 1) * step);
+            for (int tt = 0; tt < TL; ++tt)
+              chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
+          } else if (XPF) {  // activations one column ahead; U is even, so s's parity is ii's
+            u32(&cur)[NT][8] = (s & 1) ? xb : xa;
+            u32(&nxt)[NT][8] = (s & 1) ? xa : xb;
+            if (ii + 1 < n) {
+              load_x<NT>(nxt, x, xc, xro);
+              xc += xstep;
+            }
 #pragma unroll
-          for (int tt = 0; tt < TL; ++tt)
-            chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], cur, acc[tt]);
-        } else {
-          u32 xv[NT][8];
-          load_x<NT>(xv, xrow, live, first + ii * step);
+            for (int tt = 0; tt < TL; ++tt)
+              chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], cur, acc[tt]);
+          } else {
+            u32 xv[NT][8];
+            load_x<NT>(xv, x, xc, xro);
+            xc += xstep;
 #pragma unroll
-          for (int tt = 0; tt < TL; ++tt)
-            chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
+            for (int tt = 0; tt < TL; ++tt)
+              chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
+          }
         }
       }
     }
