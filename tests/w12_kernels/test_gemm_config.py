@@ -374,3 +374,16 @@ def test_time_with_cublas_builds_one_graph_per_run_then_cublas(monkeypatch):
     assert seen[0] == [("a", "w0"), ("a", "w1")] * 4
     assert seen[1] == [("b", "w0"), ("b", "w1")] * 4
     assert seen[2] == [("bf16", "b0"), ("bf16", "b1")] * 4
+
+
+def test_small_kernel_refuses_offsets_past_32_bits():
+    """The kernel's streams are 32-bit offsets (a weight's 16-byte words, an activation row's
+    elements): a weight past that is refused before anything is launched (no GPU needed; the
+    chunk tensor is a broadcast view, so nothing that large is allocated)."""
+    import torch
+
+    chunks = torch.zeros(1, 1, 384, dtype=torch.int32).expand(2**16, 2**12, 384)
+    x = torch.zeros(1, 2**12 * 64, dtype=torch.bfloat16)
+    vec = torch.zeros(1)
+    with pytest.raises(ValueError, match="32-bit offsets"):
+        cuda.gemm_small(x, chunks, vec, vec, vec, vec, None, 2**20, 2**18, kw=8, depth=1)
