@@ -18,8 +18,8 @@
 // registers, or with XS >= 2 through a ring of XS stages in shared memory filled by cp.async
 // XS - 1 columns ahead (the n-tile rows past M re-read row M - 1; their sums are never
 // stored). Both streams advance as running 32-bit offsets, and the column loop is unrolled
-// so that ring slots and stages are constants (#45). With WS >= 2 the weights, too, go through shared memory instead of the
-// register ring: each lane copies its own 48 bytes of a chunk by cp.async (L2 only) into a
+// so that ring slots and stages are constants (#45). With WS >= 2 the weights, too, go
+// through shared memory instead of the register ring: each lane copies its own 48 bytes of a chunk by cp.async (L2 only) into a
 // ring of WS stages, WS - 1 columns ahead, so the bytes in flight do not cost registers. MINB
 // caps the registers so that MINB blocks of WB warps (at least the kw TG of the launch; 8
 // where TG is 1 and kw <= 8) fit on a multiprocessor. The block sums each tile's kw partial
@@ -170,10 +170,11 @@ __device__ __forceinline__ void chunk_mma(const Words4& w0, const Words4& w1, co
 // Activations: lane (g, t) of n-tile nt reads row min(8 nt + g, M - 1) of x (xro: that row's
 // element offset; rows past M repeat row M - 1: their sums are never stored, so no branch and
 // no zero fill), columns 16 t .. 16 t + 15 of a chunk: xc = 64 chunk + 16 t, a running offset
-// of the warp's column stream (docs/PERF_GEMM.md #45: the compiler used to rebuild each
-// n-tile's row pointer from the thread index in every column, ~20 instructions an n-tile).
+// of the warp's column stream, advanced here by xstep (docs/PERF_GEMM.md #45: the compiler
+// used to rebuild each n-tile's row pointer from the thread index in every column, ~20
+// instructions an n-tile).
 template <int NT>
-__device__ __forceinline__ void load_x(u32 (&xv)[NT][8], const bf16_t* x, u32 xc,
+__device__ __forceinline__ void load_x(u32 (&xv)[NT][8], const bf16_t* x, u32& xc, u32 xstep,
                                        const int (&xro)[NT]) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -183,12 +184,13 @@ __device__ __forceinline__ void load_x(u32 (&xv)[NT][8], const bf16_t* x, u32 xc
     xv[nt][0] = a.x; xv[nt][1] = a.y; xv[nt][2] = a.z; xv[nt][3] = a.w;
     xv[nt][4] = b.x; xv[nt][5] = b.y; xv[nt][6] = b.z; xv[nt][7] = b.w;
   }
+  xc += xstep;
 }
 
 // Activations through shared memory: each lane copies the 32 bytes of every n-tile that it
 // will itself read back (so no barrier is needed, only the lane's own cp.async groups).
 template <int NT>
-__device__ __forceinline__ void issue_x(u32* stage, const bf16_t* x, u32 xc,
+__device__ __forceinline__ void issue_x(u32* stage, const bf16_t* x, u32& xc, u32 xstep,
                                         const int (&xro)[NT], int lane) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -197,6 +199,7 @@ __device__ __forceinline__ void issue_x(u32* stage, const bf16_t* x, u32 xc,
     asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
     asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(dst + 16), "l"(src + 8));
   }
+  xc += xstep;
 }
 
 template <int NT>
@@ -215,10 +218,10 @@ __device__ __forceinline__ void read_x(u32 (&xv)[NT][8], const u32* stage, int l
 // activations, only the lane's own cp.async groups need waiting on. A stage is TL x 3 x 32
 // words of 16 bytes, lanes adjacent (conflict-free 16-byte reads).
 // wc[tt]: the Words4 index of this lane's words of the stream's next column in tile tt (a
-// running 32-bit index, advanced by the caller).
+// running 32-bit index, advanced here by wstep).
 template <int TL>
-__device__ __forceinline__ void issue_w(u32* stage, const Words4* chunks, const u32 (&wc)[TL],
-                                        int lane) {
+__device__ __forceinline__ void issue_w(u32* stage, const Words4* chunks, u32 (&wc)[TL],
+                                        u32 wstep, int lane) {
 #pragma unroll
   for (int tt = 0; tt < TL; ++tt)
 #pragma unroll
@@ -227,18 +230,21 @@ __device__ __forceinline__ void issue_w(u32* stage, const Words4* chunks, const 
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst),
                    "l"(chunks + (size_t)wc[tt] + q * 32));
     }
+#pragma unroll
+  for (int tt = 0; tt < TL; ++tt) wc[tt] += wstep;
 }
 
-// The register ring's loads of one column.
+// The register ring's loads of one column (wc as for issue_w).
 template <int TL>
-__device__ __forceinline__ void load_w(Words4 (&w)[TL][3], const Words4* chunks,
-                                       const u32 (&wc)[TL]) {
+__device__ __forceinline__ void load_w(Words4 (&w)[TL][3], const Words4* chunks, u32 (&wc)[TL],
+                                       u32 wstep) {
 #pragma unroll
   for (int tt = 0; tt < TL; ++tt) {
     const Words4* p = chunks + (size_t)wc[tt];
     w[tt][0] = load_stream(p);
     w[tt][1] = load_stream(p + 32);
     w[tt][2] = load_stream(p + 64);
+    wc[tt] += wstep;
   }
 }
 
@@ -285,6 +291,22 @@ __device__ __forceinline__ void epi_escapes(u32* epi, int er, int ej, int erows,
   }
 }
 
+// The epilogue's j-th token (in pairs (0, 2), (1, 3), ... so that a warp's two tokens read
+// other banks) and the sum of the kw partial tiles at gp of (tile row rt, token tok), in warp
+// order (the mma.m16n8k16 C layout: item nt * 4 + r, lane ln).
+__device__ __forceinline__ int epi_token(int j) {
+  return (j & ~3) | ((j & 1) << 1) | ((j >> 1) & 1);
+}
+
+template <int NT>
+__device__ __forceinline__ float partial_sum(const float* gp, int rt, int tok, int kw) {
+  const int item = (tok >> 3) * 4 + ((rt >> 3) << 1) + (tok & 1);
+  const int ln = ((rt & 7) << 2) + ((tok & 7) >> 1);
+  float v = gp[item * 32 + ln];
+  for (int w = 1; w < kw; ++w) v += gp[(w * NT * 4 + item) * 32 + ln];  // fixed order
+  return v;
+}
+
 // The epilogue's outputs of one row for the thread's tokens ej, ej + estep, ... (the sums of
 // the kw partial tiles at gp, in warp order), in batches of EB tokens (#40): per escape, its
 // column and delta are loaded once for the batch (the next escape's while this one is added)
@@ -305,18 +327,10 @@ __device__ __forceinline__ void store_tokens(const EpiRow& e, const float* gp, i
 #pragma unroll
     for (int u = 0; u < EB; ++u) {
       const int j = j0 + u * estep;
-      // tokens in pairs (0, 2), (1, 3), ... so that a warp's two tokens read other banks
-      const int tok = (j & ~3) | ((j & 1) << 1) | ((j >> 1) & 1);
+      const int tok = epi_token(j);
       tk[u] = j < NT * 8 && tok < M ? tok : -1;
       out[u] = 0.0f;
-      if (tk[u] >= 0) {
-        // the fragment slot of (row, tok): item nt * 4 + r, lane ln (mma.m16n8k16 C layout)
-        const int item = (tok >> 3) * 4 + ((rt >> 3) << 1) + (tok & 1);
-        const int ln = ((rt & 7) << 2) + ((tok & 7) >> 1);
-        float v = gp[item * 32 + ln];
-        for (int w = 1; w < kw; ++w) v += gp[(w * NT * 4 + item) * 32 + ln];  // fixed order
-        out[u] = v * e.scale;
-      }
+      if (tk[u] >= 0) out[u] = partial_sum<NT>(gp, rt, tok, kw) * e.scale;
     }
     if (e.col0 >= 0) {
       int c = e.col0;
@@ -408,9 +422,7 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
 #pragma unroll
   for (int s = 0; s < P; ++s) {
     if (WS == 0 && s < n) {
-      load_w<TL>(ring[s], chunks, wc);
-#pragma unroll
-      for (int tt = 0; tt < TL; ++tt) wc[tt] += wstep;
+      load_w<TL>(ring[s], chunks, wc, wstep);
     }
   }
   if (ej == 0) {  // (after the ring's first loads: fewer registers live, measured)
@@ -425,20 +437,14 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
   }
 
   u32 xa[NT][8], xb[NT][8];
-  if (XPF && n > 0) {
-    load_x<NT>(xa, x, xc, xro);
-    xc += xstep;
-  }
+  if (XPF && n > 0) load_x<NT>(xa, x, xc, xstep, xro);
   // XS > 0: a ring of XS activation stages per warp in shared memory, XS - 1 columns ahead
   u32* xstages =
       reinterpret_cast<u32*>(partial + TG * kw * NT * 4 * 32) + warp * XS * NT * 256;
   if (XS > 0 && WS == 0) {
 #pragma unroll
     for (int st = 0; st < XS - 1; ++st) {
-      if (st < n) {
-        issue_x<NT>(xstages + st * NT * 256, x, xc, xro, lane);
-        xc += xstep;
-      }
+      if (st < n) issue_x<NT>(xstages + st * NT * 256, x, xc, xstep, xro, lane);
       asm volatile("cp.async.commit_group;");
     }
   }
@@ -453,13 +459,8 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
 #pragma unroll
     for (int st = 0; st < WS - 1; ++st) {
       if (st < n) {
-        issue_w<TL>(wstages + st * TL * 384, chunks, wc, lane);
-#pragma unroll
-        for (int tt = 0; tt < TL; ++tt) wc[tt] += wstep;
-        if (XS > 0) {
-          issue_x<NT>(xstages + st * NT * 256, x, xc, xro, lane);
-          xc += xstep;
-        }
+        issue_w<TL>(wstages + st * TL * 384, chunks, wc, wstep, lane);
+        if (XS > 0) issue_x<NT>(xstages + st * NT * 256, x, xc, xstep, xro, lane);
       }
       asm volatile("cp.async.commit_group;");
     }
@@ -470,25 +471,19 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
         const int ii = i + s;
         if (ii < n) {
           if (ii + WS - 1 < n) {
-            issue_w<TL>(wstages + ((s + WS - 1) % WS) * TL * 384, chunks, wc, lane);
-#pragma unroll
-            for (int tt = 0; tt < TL; ++tt) wc[tt] += wstep;
-            if (XS > 0) {
-              issue_x<NT>(xstages + ((s + WS - 1) % WS) * NT * 256, x, xc, xro, lane);
-              xc += xstep;
-            }
+            issue_w<TL>(wstages + ((s + WS - 1) % WS) * TL * 384, chunks, wc, wstep, lane);
+            if (XS > 0)
+              issue_x<NT>(xstages + ((s + WS - 1) % WS) * NT * 256, x, xc, xstep, xro, lane);
           }
           asm volatile("cp.async.commit_group;");
           asm volatile("cp.async.wait_group %0;" ::"n"(WS - 1));
           Words4 w[TL][3];
           read_w<TL>(w, wstages + s * TL * 384, lane);
           u32 xv[NT][8];
-          if (XS > 0) {
+          if (XS > 0)
             read_x<NT>(xv, xstages + s * NT * 256, lane);
-          } else {
-            load_x<NT>(xv, x, xcur, xro);
-            xcur += xstep;
-          }
+          else
+            load_x<NT>(xv, x, xcur, xstep, xro);
 #pragma unroll
           for (int tt = 0; tt < TL; ++tt)
             chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
@@ -508,39 +503,29 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
       for (int s = 0; s < U; ++s) {
         const int ii = i + s;
         if (ii < n) {
-          if (ii + P < n) {  // into the slot column ii - 1 used
-            load_w<TL>(ring[(s + P) % (P + 1)], chunks, wc);
-#pragma unroll
-            for (int tt = 0; tt < TL; ++tt) wc[tt] += wstep;
-          }
+          if (ii + P < n)  // into the slot column ii - 1 used
+            load_w<TL>(ring[(s + P) % (P + 1)], chunks, wc, wstep);
           const Words4(&w)[TL][3] = ring[s % (P + 1)];
-          if (XS > 0) {
-            if (ii + XS - 1 < n) {
-              issue_x<NT>(xstages + ((s + XS - 1) % (XS > 0 ? XS : 1)) * NT * 256, x, xc, xro,
-                          lane);
-              xc += xstep;
-            }
+          if constexpr (XS > 0) {
+            if (ii + XS - 1 < n)
+              issue_x<NT>(xstages + ((s + XS - 1) % XS) * NT * 256, x, xc, xstep, xro, lane);
             asm volatile("cp.async.commit_group;");
-            asm volatile("cp.async.wait_group %0;" ::"n"(XS > 0 ? XS - 1 : 0));
+            asm volatile("cp.async.wait_group %0;" ::"n"(XS - 1));
             u32 xv[NT][8];
-            read_x<NT>(xv, xstages + (s % (XS > 0 ? XS : 1)) * NT * 256, lane);
+            read_x<NT>(xv, xstages + (s % XS) * NT * 256, lane);
 #pragma unroll
             for (int tt = 0; tt < TL; ++tt)
               chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
           } else if (XPF) {  // activations one column ahead; U is even, so s's parity is ii's
             u32(&cur)[NT][8] = (s & 1) ? xb : xa;
             u32(&nxt)[NT][8] = (s & 1) ? xa : xb;
-            if (ii + 1 < n) {
-              load_x<NT>(nxt, x, xc, xro);
-              xc += xstep;
-            }
+            if (ii + 1 < n) load_x<NT>(nxt, x, xc, xstep, xro);
 #pragma unroll
             for (int tt = 0; tt < TL; ++tt)
               chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], cur, acc[tt]);
           } else {
             u32 xv[NT][8];
-            load_x<NT>(xv, x, xc, xro);
-            xc += xstep;
+            load_x<NT>(xv, x, xc, xstep, xro);
 #pragma unroll
             for (int tt = 0; tt < TL; ++tt)
               chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
@@ -589,15 +574,10 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
       continue;
     }
     for (int j = ej; j < NT * 8; j += estep) {  // one token per thread (or M <= 8)
-      // tokens in pairs (0, 2), (1, 3), ... so that a warp's two tokens read other banks
-      const int tok = (j & ~3) | ((j & 1) << 1) | ((j >> 1) & 1);
-      if (tok >= M) continue;
-      // the fragment slot of (row, tok): item nt * 4 + r, lane ln (mma.m16n8k16 C layout)
-      const int item = (tok >> 3) * 4 + ((rt >> 3) << 1) + (tok & 1);
-      const int ln = ((rt & 7) << 2) + ((tok & 7) >> 1);
-      float v = gp[item * 32 + ln];
-      for (int w = 1; w < kw; ++w) v += gp[(w * NT * 4 + item) * 32 + ln];  // fixed order
-      store_output(v, e, row, tok, x, y, esc_col, esc_delta, bias, N, ldx);
+      const int tok = epi_token(j);
+      if (tok < M)
+        store_output(partial_sum<NT>(gp, rt, tok, kw), e, row, tok, x, y, esc_col, esc_delta,
+                     bias, N, ldx);
     }
   }
 }
