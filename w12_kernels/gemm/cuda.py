@@ -207,10 +207,11 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     if m > 8 * NT_MAX:
         raise ValueError(f"gemm_small takes at most {8 * NT_MAX} rows, got {m}")
     ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
-    xp = _padded_x(x, nchunks * 64)
-    if ntiles * nchunks * 96 >= 2**32 or 64 * xp.stride(0) >= 2**31:
+    # (checked before padding x: the padded rows' stride is nchunks * 64)
+    if ntiles * nchunks * 96 >= 2**32 or 64 * nchunks * 64 >= 2**31:
         raise ValueError("gemm_small: the weight (over 64 GiB) or the activation rows are too "
                          "large for the kernel's 32-bit offsets")
+    xp = _padded_x(x, nchunks * 64)
     func, smem = _small_kernel(_index(x.device), -(-m // 8), kw, depth, prefetch, tiles,
                                min_blocks, x_stages, groups, w_stages)
     args = (_ptr(chunks), _ptr(xp), _ptr(out), _ptr(scale), _ptr(esc_rowptr), _ptr(esc_col),
