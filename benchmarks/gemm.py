@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -280,11 +281,25 @@ _W_STAGED = {
     4: ((1, 2, 0, 4), (2, 2, 0, 3), (2, 2, 0, 4), (1, 3, 0, 3), (2, 3, 3, 3)),
     8: ((1, 1, 0, 3), (2, 1, 0, 3), (1, 2, 0, 3)),
 }
-SWEEP_LAYOUTS = {cls: tuple((*lay, 1, 0) for lay in _ONE_GROUP[cls])
-                 + tuple((*lay, 0) for lay in _GROUPED[cls])
-                 + tuple((1, False, t, b, xs, 1, ws) for t, b, xs, ws in _W_STAGED[cls])
+# the activations prefetched into L1 one or two columns ahead (#46), on the layouts that load
+# them at their column (no register prefetch, no activation stages) and have won a shape at
+# 9-32 rows: (depth, tiles, min_blocks, groups, w_stages)
+_L1_AHEAD = {
+    1: (),
+    2: ((1, 1, 1, 1, 0), (1, 1, 4, 1, 0), (1, 1, 2, 1, 0), (1, 2, 1, 1, 0), (1, 1, 1, 2, 0),
+        (1, 1, 1, 4, 0), (1, 1, 1, 1, 3), (1, 1, 2, 1, 3)),
+    4: ((1, 1, 1, 1, 0), (1, 1, 3, 1, 0), (1, 2, 1, 1, 0), (1, 3, 1, 1, 0), (1, 2, 2, 1, 0),
+        (1, 1, 1, 2, 0), (1, 2, 1, 2, 0), (1, 1, 2, 1, 4), (1, 2, 2, 1, 3), (1, 1, 3, 1, 3)),
+    8: (),
+}
+SWEEP_LAYOUTS = {cls: tuple((*lay, 1, 0, 0) for lay in _ONE_GROUP[cls])
+                 + tuple((*lay, 0, 0) for lay in _GROUPED[cls])
+                 + tuple((1, False, t, b, xs, 1, ws, 0) for t, b, xs, ws in _W_STAGED[cls])
+                 + tuple((d, False, t, b, 0, g, ws, la) for d, t, b, g, ws in _L1_AHEAD[cls]
+                         for la in (1, 2))
                  for cls in _ONE_GROUP}
-LAYOUT_KEYS = ("depth", "prefetch", "tiles", "min_blocks", "x_stages", "groups", "w_stages")
+LAYOUT_KEYS = ("depth", "prefetch", "tiles", "min_blocks", "x_stages", "groups", "w_stages",
+               "l1_ahead")
 
 
 def _layout_dict(layout: tuple) -> dict:
@@ -331,6 +346,13 @@ def _measure(layer: Layer, m: int, runs: dict) -> tuple[float, dict]:
         f"{lbl} {t:.2f} (x{t_ref / t:.2f}{'' if e <= 2 else f' ERR x{e:.0f}'})"
         for lbl, (t, e) in ranked), flush=True)
     return t_ref, results
+
+
+def _small_schedule(kw: int, layout: tuple) -> tuple:
+    """``cuda.kernel_name``'s arguments after NT for kw and a sweep layout."""
+    d = _layout_dict(layout)
+    return (d["depth"], d["prefetch"], d["tiles"], d["min_blocks"], d["x_stages"], d["groups"],
+            kw, d["w_stages"], d["l1_ahead"])
 
 
 def _small_runner(kw: int, layout: tuple):
@@ -413,32 +435,70 @@ def choose_rule(rows: list[dict], sms: int, keep_kw: bool = False) -> tuple[dict
     return best, math.exp(best_score / max(1, len(scored)))
 
 
-def run_sweep(m_values, keep_kw: bool = False, shapes=None) -> tuple[list[dict], dict]:
+def sweep_candidates(n: int, k: int, m: int, kws) -> list[tuple[str, int, tuple]]:
+    """(label, kw, layout) of every schedule the sweep times for an (N, K) weight at M rows
+    with each kw of ``kws``."""
+    out = []
+    for kw in kws:
+        if -(-k // 64) // kw < 2:
+            continue
+        for lay in SWEEP_LAYOUTS[_nt_class(m)]:
+            depth, prefetch, tiles, min_blocks, x_stages, groups, w_stages, l1_ahead = lay
+            if kw * groups > 32:
+                continue
+            label = (f"kw{kw}_d{depth}{'_xpf' if prefetch else ''}_t{tiles}"
+                     f"_b{min_blocks}_xs{x_stages}"
+                     + (f"_g{groups}" if groups > 1 else "")
+                     + (f"_ws{w_stages}" if w_stages else "")
+                     + (f"_la{l1_ahead}" if l1_ahead else ""))
+            out.append((label, kw, lay))
+    return out
+
+
+def _compile_one(name: str) -> str:
+    cuda._kernel(0, name)
+    return name
+
+
+def precompile(names, workers: int) -> None:
+    """Compile the kernels ``names`` in ``workers`` processes (CuPy keeps each binary in its
+    on-disk cache, where the sweep's own compile then finds it): a fresh machine spends
+    minutes compiling a sweep's instantiations one after another otherwise."""
+    import multiprocessing
+
+    names = sorted(set(names))
+    t0 = time.time()
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        for _ in pool.imap_unordered(_compile_one, names):
+            pass
+    print(f"compiled {len(names)} kernels in {workers} processes, {time.time() - t0:.0f} s",
+          flush=True)
+
+
+def run_sweep(m_values, keep_kw: bool = False, shapes=None,
+              workers: int = 0) -> tuple[list[dict], dict]:
     """Time every kw and schedule per shape and M (with ``keep_kw``, only the kw the table in
     use gives the shape, so a sweep of some M classes cannot move the split the others were
     tuned for); return the rows and the table. ``shapes``: only these (N, K) (the table then
-    changes only their entries, ``merge_small``)."""
+    changes only their entries, ``merge_small``). ``workers`` > 0: compile every schedule
+    first in that many processes."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def kws_of(n, k):
+        return (cfgs.small_config(n, k, sms).kw,) if keep_kw else SWEEP_KW
+
+    if workers:
+        precompile([cuda.kernel_name(-(-m // 8), *_small_schedule(kw, lay))
+                    for n, k in shapes or SWEEP_SHAPES for m in m_values
+                    for _, kw, lay in sweep_candidates(n, k, m, kws_of(n, k))], workers)
     rows = []
     for n, k in shapes or SWEEP_SHAPES:
         layer = Layer(n, k, seed=n + k)
-        chunks = -(-k // 64)
-        kws = (cfgs.small_config(n, k, sms).kw,) if keep_kw else SWEEP_KW
         for m in m_values:
             runs, meta = {}, {}
-            for kw in kws:
-                if chunks // kw < 2:
-                    continue
-                for lay in SWEEP_LAYOUTS[_nt_class(m)]:
-                    depth, prefetch, tiles, min_blocks, x_stages, groups, w_stages = lay
-                    if kw * groups > 32:
-                        continue
-                    label = (f"kw{kw}_d{depth}{'_xpf' if prefetch else ''}_t{tiles}"
-                             f"_b{min_blocks}_xs{x_stages}"
-                             + (f"_g{groups}" if groups > 1 else "")
-                             + (f"_ws{w_stages}" if w_stages else ""))
-                    runs[label] = _small_runner(kw, lay)
-                    meta[label] = dict(kw=kw, **_layout_dict(lay))
+            for label, kw, lay in sweep_candidates(n, k, m, kws_of(n, k)):
+                runs[label] = _small_runner(kw, lay)
+                meta[label] = dict(kw=kw, **_layout_dict(lay))
             t_ref, results = _measure(layer, m, runs)
             for label, (t, e) in results.items():
                 rows.append(dict(n=n, k=k, m=m, **meta[label], us=t, err_ratio=e,
@@ -619,6 +679,9 @@ def main() -> None:
                              "these comma-separated parts (decode + cuBLAS is always timed)")
     parser.add_argument("--decode", action="store_true",
                         help="time the decode-to-BF16 kernel alone against a weight copy")
+    parser.add_argument("--compile-workers", type=int, default=min(16, os.cpu_count() or 1),
+                        help="with --sweep: processes that compile the schedules before the "
+                             "timing (0: each compiled when first timed)")
     parser.add_argument("--write-table", action="store_true",
                         help="with --sweep: write the winners to w12_kernels/gemm/tuned.json")
     parser.add_argument("--invariant-rows", type=int, default=128, choices=(64, 128),
@@ -639,7 +702,8 @@ def main() -> None:
         shapes = [tuple(map(int, v.split("x"))) for v in args.shapes.split(",")] \
             if args.shapes else None
         if args.sweep:
-            rows, table = run_sweep([m for m in m_values if m <= 64], args.keep_kw, shapes)
+            rows, table = run_sweep([m for m in m_values if m <= 64], args.keep_kw, shapes,
+                                    args.compile_workers)
         else:
             rows, large = run_sweep_large([m for m in m_values if m > 64], shapes,
                                           args.candidates)
