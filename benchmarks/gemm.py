@@ -281,25 +281,11 @@ _W_STAGED = {
     4: ((1, 2, 0, 4), (2, 2, 0, 3), (2, 2, 0, 4), (1, 3, 0, 3), (2, 3, 3, 3)),
     8: ((1, 1, 0, 3), (2, 1, 0, 3), (1, 2, 0, 3)),
 }
-# the activations prefetched into L1 one or two columns ahead (#46), on the layouts that load
-# them at their column (no register prefetch, no activation stages) and have won a shape at
-# 9-32 rows: (depth, tiles, min_blocks, groups, w_stages)
-_L1_AHEAD = {
-    1: (),
-    2: ((1, 1, 1, 1, 0), (1, 1, 4, 1, 0), (1, 1, 2, 1, 0), (1, 2, 1, 1, 0), (1, 1, 1, 2, 0),
-        (1, 1, 1, 4, 0), (1, 1, 1, 1, 3), (1, 1, 2, 1, 3)),
-    4: ((1, 1, 1, 1, 0), (1, 1, 3, 1, 0), (1, 2, 1, 1, 0), (1, 3, 1, 1, 0), (1, 2, 2, 1, 0),
-        (1, 1, 1, 2, 0), (1, 2, 1, 2, 0), (1, 1, 2, 1, 4), (1, 2, 2, 1, 3), (1, 1, 3, 1, 3)),
-    8: (),
-}
-SWEEP_LAYOUTS = {cls: tuple((*lay, 1, 0, 0) for lay in _ONE_GROUP[cls])
-                 + tuple((*lay, 0, 0) for lay in _GROUPED[cls])
-                 + tuple((1, False, t, b, xs, 1, ws, 0) for t, b, xs, ws in _W_STAGED[cls])
-                 + tuple((d, False, t, b, 0, g, ws, la) for d, t, b, g, ws in _L1_AHEAD[cls]
-                         for la in (1, 2))
+SWEEP_LAYOUTS = {cls: tuple((*lay, 1, 0) for lay in _ONE_GROUP[cls])
+                 + tuple((*lay, 0) for lay in _GROUPED[cls])
+                 + tuple((1, False, t, b, xs, 1, ws) for t, b, xs, ws in _W_STAGED[cls])
                  for cls in _ONE_GROUP}
-LAYOUT_KEYS = ("depth", "prefetch", "tiles", "min_blocks", "x_stages", "groups", "w_stages",
-               "l1_ahead")
+LAYOUT_KEYS = ("depth", "prefetch", "tiles", "min_blocks", "x_stages", "groups", "w_stages")
 
 
 def _layout_dict(layout: tuple) -> dict:
@@ -352,7 +338,7 @@ def _small_schedule(kw: int, layout: tuple) -> tuple:
     """``cuda.kernel_name``'s arguments after NT for kw and a sweep layout."""
     d = _layout_dict(layout)
     return (d["depth"], d["prefetch"], d["tiles"], d["min_blocks"], d["x_stages"], d["groups"],
-            kw, d["w_stages"], d["l1_ahead"])
+            kw, d["w_stages"])
 
 
 def _small_runner(kw: int, layout: tuple):
@@ -443,14 +429,13 @@ def sweep_candidates(n: int, k: int, m: int, kws) -> list[tuple[str, int, tuple]
         if -(-k // 64) // kw < 2:
             continue
         for lay in SWEEP_LAYOUTS[_nt_class(m)]:
-            depth, prefetch, tiles, min_blocks, x_stages, groups, w_stages, l1_ahead = lay
+            depth, prefetch, tiles, min_blocks, x_stages, groups, w_stages = lay
             if kw * groups > 32:
                 continue
             label = (f"kw{kw}_d{depth}{'_xpf' if prefetch else ''}_t{tiles}"
                      f"_b{min_blocks}_xs{x_stages}"
                      + (f"_g{groups}" if groups > 1 else "")
-                     + (f"_ws{w_stages}" if w_stages else "")
-                     + (f"_la{l1_ahead}" if l1_ahead else ""))
+                     + (f"_ws{w_stages}" if w_stages else ""))
             out.append((label, kw, lay))
     return out
 

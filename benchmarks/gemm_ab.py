@@ -46,9 +46,7 @@ def baseline_module(rev: str, scratch: Path) -> types.ModuleType:
 
 
 def runner(module: types.ModuleType, kw: int, layout):
-    # (l1_ahead only where set: a baseline from before it takes no such argument)
-    sched = {key: getattr(layout, key) for key in LAYOUT_KEYS
-             if key != "l1_ahead" or layout.l1_ahead}
+    sched = {key: getattr(layout, key) for key in LAYOUT_KEYS}
 
     def run(x, pw, bias=None):
         return module.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col,

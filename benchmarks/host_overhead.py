@@ -65,7 +65,7 @@ def main() -> None:
             lay = cfg.layout(m)
             sched = dict(kw=cfg.kw, depth=lay.depth, prefetch=lay.prefetch, tiles=lay.tiles,
                          min_blocks=lay.min_blocks, x_stages=lay.x_stages, groups=lay.groups,
-                         w_stages=lay.w_stages, l1_ahead=lay.l1_ahead)
+                         w_stages=lay.w_stages)
             line["kernel call"] = per_call_us(
                 lambda x=x, s=sched: cuda.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr,
                                                      pw.esc_col, pw.esc_delta, None, pw.n, pw.k,

@@ -74,8 +74,7 @@ def table_instances(num_sms: int = NUM_SMS, base_shared=None) -> dict[Instance, 
         cfg = cfgs.small_config(n, k, num_sms)
         for nt, lay in cfg.by_nt:
             name = cuda.kernel_name(nt, lay.depth, lay.prefetch, lay.tiles, lay.min_blocks,
-                                    lay.x_stages, lay.groups, cfg.kw, lay.w_stages,
-                                    lay.l1_ahead)
+                                    lay.x_stages, lay.groups, cfg.kw, lay.w_stages)
             sizes = (nt, cfg.kw, lay.x_stages, lay.groups, lay.w_stages, lay.tiles)
             inst = Instance(name, 32 * cfg.kw * lay.groups, cuda.small_shared_bytes(*sizes),
                             base_shared(*sizes) if base_shared is not None else None)
@@ -162,12 +161,8 @@ def compile_counts(source: Path, names: list[str], nvcc: str, arch: str = "sm_90
     counts = parse_ptxas(done.stderr)
     out = {}
     for name in names:
-        # the whole argument list (I...E), the template's defaulted last argument (0) spelled
-        # out or not, so that a schedule's name does not also match a longer one's
         key = _mangled_args(name)
-        whole = (f"I{key}E", f"I{key}Li0EE")
-        hits = [v for symbol, v in counts.items()
-                if "w12_gemm_small" in symbol and any(w in symbol for w in whole)]
+        hits = [v for symbol, v in counts.items() if "w12_gemm_small" in symbol and key in symbol]
         if len(hits) != 1:
             raise SystemExit(f"kernel_regs: no single ptxas entry for {name}")
         out[name] = hits[0]

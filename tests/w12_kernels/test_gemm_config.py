@@ -245,30 +245,11 @@ def test_every_sweep_candidate_is_a_valid_schedule():
             for kw in gemm_bench.SWEEP_KW:
                 if kw * d["groups"] > 32:
                     continue
-                cuda.check_small(kw, **d, rows=8 * cls)
+                cuda.check_small(kw, **d)
                 assert kw > 8 or cuda.small_shared_bytes(
                     cls, kw, d["x_stages"], d["groups"], d["w_stages"], d["tiles"]) <= 227 * 1024
     with pytest.raises(ValueError, match="bad configuration"):
         cuda.check_small(cuda.KW_MAX + 1, 1)
-
-
-@pytest.mark.parametrize("bad", [dict(l1_ahead=3), dict(l1_ahead=1, prefetch=True, depth=2),
-                                 dict(l1_ahead=1, x_stages=2), dict(l1_ahead=2, rows=33)])
-def test_l1_prefetch_rejects_schedules_without_an_instantiation(bad):
-    """The L1 prefetch of the activations has one lane a row (up to 32 rows) and goes with
-    activations loaded at their column (no register prefetch, no activation stages)."""
-    with pytest.raises(ValueError, match="bad configuration"):
-        cuda.check_small(**{"kw": 4, "depth": 1, **bad})
-    cuda.check_small(kw=4, depth=1, l1_ahead=2, rows=32, w_stages=3)
-
-
-def test_kernel_name_keeps_the_names_of_schedules_without_the_l1_prefetch():
-    """l1_ahead 0 is the template's default and stays out of the name (the instantiations of
-    the table before it keep their names and compiled binaries); other values are appended."""
-    assert cuda.kernel_name(4, 1, False, 1, 3, 0, 1, 8, 3) == \
-        "w12_gemm_small<4, 1, false, 1, 3, 0, 1, 8, 3>"
-    assert cuda.kernel_name(4, 1, False, 1, 3, 0, 1, 8, 3, 2) == \
-        "w12_gemm_small<4, 1, false, 1, 3, 0, 1, 8, 3, 2>"
 
 
 @pytest.mark.parametrize("bad", [dict(w_stages=5), dict(w_stages=3, depth=2),
@@ -409,20 +390,20 @@ def test_small_kernel_refuses_offsets_past_32_bits():
 
 
 def test_sweep_candidates_are_distinct_and_named_as_the_kernels_they_compile():
-    """Every schedule the sweep times has its own label, and the name its precompile step
-    builds is the instantiation ``gemm_small`` launches for that schedule (so the compile
-    ahead of the timing is not wasted)."""
+    """Every schedule the sweep times has its own label, and the instantiation its compile
+    step ahead of the timing builds is the one ``gemm_small`` launches for that schedule (so
+    that compile is not wasted)."""
     gemm_bench = gemm_benchmark()
     for m in (1, 16, 32, 64):
         cands = gemm_bench.sweep_candidates(4096, 4096, m, gemm_bench.SWEEP_KW)
         labels = [label for label, _, _ in cands]
         assert len(set(labels)) == len(labels) > 0
-        nt = -(-m // 8)
-        for label, kw, lay in cands:
+        assert all(kw in gemm_bench.SWEEP_KW for _, kw, _ in cands)
+        for _, kw, lay in cands:
             d = gemm_bench._layout_dict(lay)
-            assert ("_la" in label) == bool(d["l1_ahead"])
-            assert cuda.kernel_name(nt, *gemm_bench._small_schedule(kw, lay)) == \
-                cuda.kernel_name(nt, d["depth"], d["prefetch"], d["tiles"], d["min_blocks"],
-                                 d["x_stages"], d["groups"], kw, d["w_stages"], d["l1_ahead"])
-    assert any(d for _, _, lay in gemm_bench.sweep_candidates(4096, 4096, 32, (8,))
-               if (d := gemm_bench._layout_dict(lay)["l1_ahead"]))
+            assert cuda.kernel_name(-(-m // 8), *gemm_bench._small_schedule(kw, lay)) == \
+                cuda.kernel_name(-(-m // 8), d["depth"], d["prefetch"], d["tiles"],
+                                 d["min_blocks"], d["x_stages"], d["groups"], kw=kw,
+                                 w_stages=d["w_stages"])
+    # a weight of 3 columns takes kw 1 only: every kw of the sweep (>= 2) is skipped
+    assert gemm_bench.sweep_candidates(4096, 192, 16, gemm_bench.SWEEP_KW) == []

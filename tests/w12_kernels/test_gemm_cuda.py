@@ -87,35 +87,6 @@ def test_small_kernel_schedules_change_no_bits(tiles, min_blocks, depth, x_stage
 
 
 @needs_cupy
-@pytest.mark.parametrize("l1_ahead,tiles,min_blocks,groups,w_stages",
-                         [(1, 1, 1, 1, 0), (2, 1, 3, 1, 0), (1, 2, 2, 1, 0), (2, 1, 1, 2, 0),
-                          (1, 1, 3, 1, 3), (2, 2, 2, 1, 3)])
-def test_small_kernel_l1_prefetch_changes_no_bits(l1_ahead, tiles, min_blocks, groups,
-                                                  w_stages):
-    """The L1 prefetch of the activations (one lane a row, 1-2 columns ahead) is a hint: the
-    same bits as the plainest schedule at every row count it takes (1-32), also where a warp
-    has fewer columns than the prefetch distance (kw 16 on 47 columns: 2 or 3 each) and where
-    x has more rows than the call uses."""
-    t, x = _inputs(1000, 3000, 64, seed=10 + l1_ahead)
-    pw = prepare_weight(encoded(t))
-    bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
-    for kw in (5, 16):
-        if kw * groups > 32:
-            continue
-        for m in (1, 7, 9, 17, 32):
-            args = (x[:m], pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, bias,
-                    pw.n, pw.k)
-            want = cuda.gemm_small(*args, kw=kw, depth=2)
-            got = cuda.gemm_small(*args, kw=kw, depth=1, tiles=tiles, min_blocks=min_blocks,
-                                  groups=groups, w_stages=w_stages, l1_ahead=l1_ahead)
-            assert_within_budget(got, x[:m], t, _ref(x[:m], t, bias), bias)
-            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"kw={kw} M={m}"
-    with pytest.raises(ValueError, match="bad configuration"):
-        cuda.gemm_small(x[:33], pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta,
-                        None, pw.n, pw.k, kw=5, depth=1, l1_ahead=1)
-
-
-@needs_cupy
 def test_small_kernel_sixteen_warps_a_tile():
     """kw 16 (a 1024-thread block with two tile groups): every schedule the same bits as the
     plainest one at that kw."""

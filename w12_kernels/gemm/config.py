@@ -48,8 +48,6 @@ class Layout:
     x_stages: int = 0  # activations through this many shared-memory stages (0: registers)
     groups: int = 1  # groups of kw warps per block, each on its own tiles (sharing L1)
     w_stages: int = 0  # weights through this many shared-memory stages (0: register ring)
-    l1_ahead: int = 0  # activations prefetched into L1 this many columns ahead (0: none;
-    # up to 32 rows, activations in registers; docs/PERF_GEMM.md #46)
     # The warpgroup-MMA kernel instead of the mma.sync one (same kw, so the same bits; on a
     # GPU without it, the mma.sync kernel): (stages, warpgroups, row groups, split) of
     # wgmma.gemm_wg, or None

@@ -27,8 +27,6 @@ MIN_BLOCKS = (1, 2, 3, 4)  # blocks (of max(8, kw x groups) warps) per SM the re
 X_STAGES = (0, 2, 3, 4, 6)  # shared-memory activation stages (0: activations through registers)
 GROUPS = (1, 2, 3, 4)  # groups of kw warps per block, each on its own tiles
 W_STAGES = (0, 2, 3, 4, 6)  # shared-memory weight stages (0: the register ring of `depth`)
-L1_AHEAD = (0, 1, 2)  # columns ahead the activations are prefetched into L1 (0: none)
-L1_AHEAD_MAX_ROWS = 32  # one lane a row, so up to 32 rows (NT <= 4)
 
 
 @functools.cache
@@ -46,16 +44,13 @@ def available() -> bool:
 
 
 def kernel_name(nt: int, depth: int, prefetch: bool, tiles: int = 1, min_blocks: int = 1,
-                x_stages: int = 0, groups: int = 1, kw: int = 8, w_stages: int = 0,
-                l1_ahead: int = 0) -> str:
+                x_stages: int = 0, groups: int = 1, kw: int = 8, w_stages: int = 0) -> str:
     """The instantiation; its launch bound is 8 warps with one group of up to 8 warps (any
     such kw), else exactly the ``kw * groups`` warps of the launch (so that the register cap is
-    not lower than it needs to be). ``l1_ahead`` 0 is the template's default and is left out
-    of the name, so the schedules without the prefetch keep their names."""
+    not lower than it needs to be)."""
     bound = max(8, kw) if groups == 1 else kw * groups
     return (f"w12_gemm_small<{nt}, {depth}, {'true' if prefetch else 'false'}, {tiles}, "
-            f"{min_blocks}, {x_stages}, {groups}, {bound}, {w_stages}"
-            + (f", {l1_ahead}>" if l1_ahead else ">"))
+            f"{min_blocks}, {x_stages}, {groups}, {bound}, {w_stages}>")
 
 
 @functools.cache
@@ -171,27 +166,23 @@ def _padded_x(x: torch.Tensor, kp: int) -> torch.Tensor:
 
 def check_small(kw: int, depth: int, prefetch: bool = False, tiles: int = 1,
                 min_blocks: int = 1, x_stages: int = 0, groups: int = 1,
-                w_stages: int = 0, l1_ahead: int = 0, rows: int = 1) -> None:
-    """ValueError unless ``gemm_small`` has an instantiation of this schedule for ``rows``
-    activation rows."""
+                w_stages: int = 0) -> None:
+    """ValueError unless ``gemm_small`` has an instantiation of this schedule."""
     if (not 1 <= kw <= KW_MAX or depth < 1 or (prefetch and depth % 2) or tiles not in TILES
             or min_blocks not in MIN_BLOCKS or x_stages not in X_STAGES
             or (prefetch and x_stages) or groups not in GROUPS or kw * groups > 32
             or w_stages not in W_STAGES
-            or (w_stages and (depth != 1 or prefetch or x_stages not in (0, w_stages)))
-            or l1_ahead not in L1_AHEAD
-            or (l1_ahead and (prefetch or x_stages or rows > L1_AHEAD_MAX_ROWS))):
+            or (w_stages and (depth != 1 or prefetch or x_stages not in (0, w_stages)))):
         raise ValueError(f"gemm_small: bad configuration kw={kw} depth={depth} "
                          f"prefetch={prefetch} tiles={tiles} min_blocks={min_blocks} "
-                         f"x_stages={x_stages} groups={groups} w_stages={w_stages} "
-                         f"l1_ahead={l1_ahead} at {rows} rows")
+                         f"x_stages={x_stages} groups={groups} w_stages={w_stages}")
 
 
 def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                esc_rowptr: torch.Tensor, esc_col: torch.Tensor, esc_delta: torch.Tensor,
                bias: torch.Tensor | None, n: int, k: int, *, kw: int, depth: int,
                prefetch: bool = False, tiles: int = 1, min_blocks: int = 1,
-               x_stages: int = 0, groups: int = 1, w_stages: int = 0, l1_ahead: int = 0,
+               x_stages: int = 0, groups: int = 1, w_stages: int = 0,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]`` with ``M <= 64``.
 
@@ -206,10 +197,7 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     tiles, in one block, so that the activations one group loads are in L1 for the others;
     ``w_stages`` >= 2 streams the weights through that many shared-memory stages with cp.async
     instead of the register ring (``depth`` 1, no ``prefetch``, ``x_stages`` 0 or the same
-    count), so that the chunks in flight cost no registers; ``l1_ahead`` 1 or 2 (up to 32
-    rows, activations in registers without ``prefetch``) asks L1 for the activations that many
-    columns ahead, one 128-byte line a row, so that their loads hit L1 instead of waiting on
-    L2. None of these changes a sum.
+    count), so that the chunks in flight cost no registers. None of these changes a sum.
     """
     m = x.shape[0]
     if out is None:
@@ -225,7 +213,7 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                          "large for the kernel's 32-bit offsets")
     xp = _padded_x(x, nchunks * 64)
     func, smem = _small_kernel(_index(x.device), -(-m // 8), kw, depth, prefetch, tiles,
-                               min_blocks, x_stages, groups, w_stages, l1_ahead)
+                               min_blocks, x_stages, groups, w_stages)
     args = (_ptr(chunks), _ptr(xp), _ptr(out), _ptr(scale), _ptr(esc_rowptr), _ptr(esc_col),
             _ptr(esc_delta), _ptr(bias), m, n, ntiles, nchunks, xp.stride(0), kw)
     launch(func, (-(-ntiles // (tiles * groups)),), (kw * 32 * groups,), args, x.device, smem)
@@ -234,14 +222,12 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
 
 @functools.cache
 def _small_kernel(index: int, nt: int, kw: int, depth: int, prefetch: bool, tiles: int,
-                  min_blocks: int, x_stages: int, groups: int, w_stages: int,
-                  l1_ahead: int = 0):
+                  min_blocks: int, x_stages: int, groups: int, w_stages: int):
     """The compiled instantiation of a schedule on GPU ``index`` and its shared memory, checked
     and allowed once (a call then costs only the launch)."""
     import cupy
 
-    check_small(kw, depth, prefetch, tiles, min_blocks, x_stages, groups, w_stages, l1_ahead,
-                8 * nt)
+    check_small(kw, depth, prefetch, tiles, min_blocks, x_stages, groups, w_stages)
     smem = small_shared_bytes(nt, kw, x_stages, groups, w_stages, tiles)
     if smem > shared_memory_limit(index):
         raise ValueError(f"gemm_small: kw={kw} groups={groups} x_stages={x_stages} "
@@ -249,7 +235,7 @@ def _small_kernel(index: int, nt: int, kw: int, depth: int, prefetch: bool, tile
                          f"{smem} bytes of shared memory at {8 * nt} rows, over the "
                          f"{shared_memory_limit(index)} a block may have here")
     func = _kernel(index, kernel_name(nt, depth, prefetch, tiles, min_blocks, x_stages, groups,
-                                      kw, w_stages, l1_ahead))
+                                      kw, w_stages))
     with cupy.cuda.Device(index):
         allow_shared_memory(func, smem)
     return func, smem

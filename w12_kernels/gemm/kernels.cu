@@ -362,20 +362,7 @@ __device__ __forceinline__ void store_tokens(const EpiRow& e, const float* gp, i
   }
 }
 
-// The L1 prefetch of the activations LA columns ahead (#46): lane l asks for the 128-byte line
-// of row l of the column (8 NT rows of 64 BF16: one line a row), rows < M only, group 0 only,
-// so that the column's own loads, issued when it comes up, hit L1 instead of waiting on L2.
-// No register holds the data and no sum changes. pc: the element offset of this lane's line in
-// the next column to prefetch, advanced by one column (xstep) per call.
-template <int LA>
-__device__ __forceinline__ void prefetch_x(const bf16_t* x, u32& pc, u32 xstep, bool live) {
-  if constexpr (LA > 0) {
-    if (live) asm volatile("prefetch.global.L1 [%0];" ::"l"(x + (size_t)pc));
-    pc += xstep;
-  }
-}
-
-template <int NT, int P, bool XPF, int TL, int MINB, int XS, int TG, int WB, int WS, int LA = 0>
+template <int NT, int P, bool XPF, int TL, int MINB, int XS, int TG, int WB, int WS>
 __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
     const float* __restrict__ scale, const int* __restrict__ rowptr,
@@ -408,10 +395,6 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
   int xro[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) xro[nt] = min(nt * 8 + g, M - 1) * ldx;
-  static_assert(LA == 0 || (NT <= 4 && XS == 0 && !XPF),
-                "the L1 prefetch: up to 32 rows, activations loaded at their column");
-  const bool pf_lane = LA > 0 && lane < M && (TG == 1 || grp == 0);
-  u32 pc = (u32)min(lane, M - 1) * (u32)ldx + (u32)first * 64u;
 
   // The epilogue's rows (docs/PERF_GEMM.md #39): thread (er, ej) stores row er % 16 of tile
   // group er / 16 of every tile, tokens ej, ej + 2 kw, ... (blockDim = 32 kw TG, 16 TG rows).
@@ -452,9 +435,6 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
       cp_async4(epi + tt * erows + er, scale + (on ? row : 0), on ? 4 : 0);
     }
   }
-
-#pragma unroll
-  for (int s = 0; s < LA; ++s) prefetch_x<LA>(x, pc, xstep, pf_lane && s < n);
 
   u32 xa[NT][8], xb[NT][8];
   if (XPF && n > 0) load_x<NT>(xa, x, xc, xstep, xro);
@@ -500,12 +480,10 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
           Words4 w[TL][3];
           read_w<TL>(w, wstages + s * TL * 384, lane);
           u32 xv[NT][8];
-          if (XS > 0) {
+          if (XS > 0)
             read_x<NT>(xv, xstages + s * NT * 256, lane);
-          } else {
-            prefetch_x<LA>(x, pc, xstep, pf_lane && ii + LA < n);
+          else
             load_x<NT>(xv, x, xcur, xstep, xro);
-          }
 #pragma unroll
           for (int tt = 0; tt < TL; ++tt)
             chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
@@ -546,7 +524,6 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
             for (int tt = 0; tt < TL; ++tt)
               chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], cur, acc[tt]);
           } else {
-            prefetch_x<LA>(x, pc, xstep, pf_lane && ii + LA < n);
             u32 xv[NT][8];
             load_x<NT>(xv, x, xc, xstep, xro);
 #pragma unroll
