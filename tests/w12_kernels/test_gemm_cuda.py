@@ -87,6 +87,24 @@ def test_small_kernel_schedules_change_no_bits(tiles, min_blocks, depth, x_stage
 
 
 @needs_cupy
+@pytest.mark.parametrize("tiles,min_blocks,groups", [(1, 2, 1), (2, 1, 1), (3, 1, 1), (1, 1, 2)])
+def test_small_kernel_activation_prefetch_with_tiles_changes_no_bits(tiles, min_blocks, groups):
+    """The activations one column ahead in registers with several tiles or tile groups per
+    block (the sweep's 17-32-row candidates): the same bits as the plainest schedule."""
+    t, x = _inputs(1000, 3000, 32, seed=20 + tiles)
+    pw = prepare_weight(encoded(t))
+    bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
+    for m in (17, 25, 32):
+        args = (x[:m], pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, bias,
+                pw.n, pw.k)
+        want = cuda.gemm_small(*args, kw=5, depth=2)
+        got = cuda.gemm_small(*args, kw=5, depth=2, prefetch=True, tiles=tiles,
+                              min_blocks=min_blocks, groups=groups)
+        assert_within_budget(got, x[:m], t, _ref(x[:m], t, bias), bias)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"M={m}"
+
+
+@needs_cupy
 def test_small_kernel_sixteen_warps_a_tile():
     """kw 16 (a 1024-thread block with two tile groups): every schedule the same bits as the
     plainest one at that kw."""
