@@ -257,10 +257,9 @@ _ONE_GROUP = {
         (1, False, 1, 4, 0), (1, False, 1, 2, 0)),
     4: ((1, False, 1, 1, 0), (2, False, 1, 1, 0), (1, False, 1, 3, 0), (1, False, 2, 1, 0),
         (1, False, 3, 1, 0), (1, False, 2, 2, 0), (1, False, 1, 1, 3), (1, False, 2, 2, 3),
-        (2, False, 1, 1, 3),
-        # the activations one column ahead in registers (#47): 128-248 registers without
-        # spills offline, the one- and two-block-per-multiprocessor shapes of the layouts above
-        (2, True, 1, 1, 0), (2, True, 1, 2, 0), (2, True, 2, 1, 0), (2, True, 3, 1, 0)),
+        (2, False, 1, 1, 3)),
+    # (the activations one column ahead in registers lost 13-28% on every shape at 32 rows,
+    # run 179, docs/PERF_GEMM.md #47: not candidates)
     8: ((1, False, 1, 1, 0), (1, False, 1, 2, 0), (1, False, 2, 1, 0), (1, False, 3, 1, 0),
         (2, False, 1, 1, 0), (1, False, 2, 1, 2), (1, False, 1, 2, 3)),
 }
@@ -271,7 +270,7 @@ _GROUPED = {
     1: (),
     2: ((1, False, 1, 1, 0, 2), (1, False, 1, 1, 0, 4), (2, False, 1, 1, 0, 2)),
     4: ((1, False, 1, 1, 0, 2), (1, False, 2, 1, 0, 2), (1, False, 1, 1, 0, 4),
-        (1, False, 1, 2, 0, 2), (2, True, 1, 1, 0, 2)),
+        (1, False, 1, 2, 0, 2)),
     8: ((1, False, 1, 1, 0, 2), (1, False, 2, 1, 0, 2), (1, False, 1, 1, 0, 4)),
 }
 # the weights through shared-memory stages filled by cp.async instead of the register ring, so
