@@ -280,11 +280,9 @@ _W_STAGED = {
     1: ((1, 1, 0, 3), (1, 1, 0, 4), (1, 1, 0, 6), (1, 1, 3, 3), (1, 1, 4, 4), (1, 1, 6, 6)),
     2: ((1, 1, 0, 3), (1, 1, 0, 4), (1, 2, 0, 4), (2, 1, 0, 3), (1, 1, 3, 3), (1, 1, 0, 6),
         (1, 2, 0, 3), (1, 2, 3, 3)),
-    4: ((1, 2, 0, 4), (2, 2, 0, 3), (2, 2, 0, 4), (1, 3, 0, 3), (2, 3, 3, 3),
-        # three or four tiles a block with weight stages: one block of 8 warps a
-        # multiprocessor keeping 2-3 columns of 3-4 tiles' weights in flight (72-108 KB),
-        # where the register ring keeps one (#48; 161-178 registers, no spills offline)
-        (3, 1, 0, 2), (3, 1, 0, 3), (3, 1, 0, 4), (4, 1, 0, 3)),
+    4: ((1, 2, 0, 4), (2, 2, 0, 3), (2, 2, 0, 4), (1, 3, 0, 3), (2, 3, 3, 3)),
+    # (3-4 tiles a block with 2-4 weight stages lost 5-33% on every shape at 32 rows, run 181,
+    # docs/PERF_GEMM.md #48: not candidates)
     8: ((1, 1, 0, 3), (2, 1, 0, 3), (1, 2, 0, 3)),
 }
 SWEEP_LAYOUTS = {cls: tuple((*lay, 1, 0) for lay in _ONE_GROUP[cls])
