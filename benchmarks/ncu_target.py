@@ -1,0 +1,54 @@
+"""A target for Nsight Compute: ``w12_linear`` on some layer shapes and row counts, each called
+twice (the first call compiles the kernel and loads the table), nothing else on the GPU.
+
+Profile the second call of every (shape, M) with, for example:
+
+    ncu --clock-control none --kernel-name regex:w12_gemm_small --launch-skip 0 \\
+        --launch-count 4 --section WarpStateStats --page raw \\
+        python3 benchmarks/ncu_target.py --shapes 6144x4096,4096x4096 --m 16,32
+
+(The first call of each pair is profiled too unless ``--launch-skip`` / ``--kernel-id`` say
+otherwise; the script prints which launch is which.) Random data, never zeros.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import w12  # noqa: E402
+from w12_kernels.gemm import w12_linear  # noqa: E402
+from w12_kernels.gemm.layout import prepare_weight  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # (the CPU: a dry run of the script)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="6144x4096", help="NxK,NxK,...")
+    parser.add_argument("--m", default="16,32", help="row counts, comma-separated")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    launch = 0
+    for shape in args.shapes.split(","):
+        n, k = map(int, shape.split("x"))
+        weight = (torch.randn(n, k, device=DEVICE) * 0.02).to(torch.bfloat16)
+        pw = prepare_weight(w12.encode(weight), device=DEVICE)
+        del weight
+        for m in map(int, args.m.split(",")):
+            x = torch.randn(m, k, device=DEVICE).to(torch.bfloat16)
+            for call in ("compile", "profile"):
+                w12_linear(x, pw)
+                if DEVICE == "cuda":
+                    torch.cuda.synchronize()
+                print(f"launch {launch}: {n}x{k} M={m} ({call})", flush=True)
+                launch += 1
+
+
+if __name__ == "__main__":
+    main()
