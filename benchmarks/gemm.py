@@ -259,7 +259,7 @@ _ONE_GROUP = {
         (1, False, 3, 1, 0), (1, False, 2, 2, 0), (1, False, 1, 1, 3), (1, False, 2, 2, 3),
         (2, False, 1, 1, 3)),
     # (the activations one column ahead in registers lost 13-28% on every shape at 32 rows,
-    # run 179, docs/PERF_GEMM.md #47: not candidates)
+    # run 180, docs/PERF_GEMM.md #47: not candidates)
     8: ((1, False, 1, 1, 0), (1, False, 1, 2, 0), (1, False, 2, 1, 0), (1, False, 3, 1, 0),
         (2, False, 1, 1, 0), (1, False, 2, 1, 2), (1, False, 1, 2, 3)),
 }

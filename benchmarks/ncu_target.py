@@ -1,14 +1,13 @@
 """A target for Nsight Compute: ``w12_linear`` on some layer shapes and row counts, each called
 twice (the first call compiles the kernel and loads the table), nothing else on the GPU.
 
-Profile the second call of every (shape, M) with, for example:
+Profile every call with, for example:
 
-    ncu --clock-control none --kernel-name regex:w12_gemm_small --launch-skip 0 \\
-        --launch-count 4 --section WarpStateStats --page raw \\
-        python3 benchmarks/ncu_target.py --shapes 6144x4096,4096x4096 --m 16,32
+    ncu --clock-control none --kernel-name regex:w12_gemm_small --section WarpStateStats \\
+        --page raw --csv python3 benchmarks/ncu_target.py --shapes 6144x4096,4096x4096 --m 16,32
 
-(The first call of each pair is profiled too unless ``--launch-skip`` / ``--kernel-id`` say
-otherwise; the script prints which launch is which.) Random data, never zeros.
+The script prints which launch is which (2 i: the compile call of the i-th (shape, M), 2 i + 1:
+the one to read). Random data, never zeros.
 """
 
 from __future__ import annotations

@@ -90,7 +90,8 @@ def test_small_kernel_schedules_change_no_bits(tiles, min_blocks, depth, x_stage
 @pytest.mark.parametrize("tiles,min_blocks,groups", [(1, 2, 1), (2, 1, 1), (3, 1, 1), (1, 1, 2)])
 def test_small_kernel_activation_prefetch_with_tiles_changes_no_bits(tiles, min_blocks, groups):
     """The activations one column ahead in registers with several tiles or tile groups per
-    block (the sweep's 17-32-row candidates): the same bits as the plainest schedule."""
+    block at 17-32 rows (timed as sweep candidates in docs/PERF_GEMM.md #47; any caller of
+    gemm_small may ask for them): the same bits as the plainest schedule."""
     t, x = _inputs(1000, 3000, 32, seed=20 + tiles)
     pw = prepare_weight(encoded(t))
     bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
