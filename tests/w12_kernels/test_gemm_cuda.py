@@ -375,3 +375,90 @@ def test_tensors_on_another_gpu_than_the_current_one():
         got = w12_linear(x.to("cuda:1"), pw.to("cuda:1"))
     assert got.device == torch.device("cuda:1")
     assert torch.equal(got.cpu().view(torch.int16), want.cpu().view(torch.int16))
+
+
+_PDL_SOURCE = r"""
+extern "C" __global__ void slow_copy(const unsigned short* src, unsigned short* dst, int n,
+                                     long long spin) {
+  // lets a grid launched after it with programmatic dependent launch start at once, then
+  // writes dst only after ``spin`` clocks
+  asm volatile("griddepcontrol.launch_dependents;");
+  const long long t0 = clock64();
+  while (clock64() - t0 < spin) {
+  }
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    dst[i] = src[i];
+}
+
+extern "C" __global__ void copy_no_wait(const unsigned short* src, unsigned short* dst, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    dst[i] = src[i];
+}
+"""
+
+
+def _pdl_kernels():
+    import cupy
+
+    module = cupy.RawModule(code=_PDL_SOURCE, options=("--gpu-architecture=sm_90",))
+    return module.get_function("slow_copy"), module.get_function("copy_no_wait")
+
+
+@needs_cupy
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="programmatic dependent launch needs compute capability 9.0")
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda-graph"])
+def test_small_kernel_with_pdl_waits_for_the_kernel_before_it(graph):
+    """Launched with programmatic dependent launch right after a kernel that lets dependents
+    start at once and writes the activations ~20 us later, the small-M kernel still reads the
+    new activations (it waits before its first activation load) and gives the bits of a plain
+    launch. A control kernel launched the same way without the wait reads the old values,
+    which shows that the two grids did overlap (so a missing wait would be caught)."""
+    slow_copy, copy_no_wait = _pdl_kernels()
+    t, _ = _inputs(4096, 4096, 32, seed=41)
+    pw = prepare_weight(encoded(t))
+    cfg = launcher.small_config(pw.n, pw.k, torch.device("cuda"))
+    lay = cfg.layout(32)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    old = torch.randn(32, 4096, device="cuda", generator=gen).to(torch.bfloat16)
+    new = torch.randn(32, 4096, device="cuda", generator=gen).to(torch.bfloat16)
+    buf, buf2 = old.clone(), old.clone()
+    control = torch.empty_like(buf)
+    n = buf.numel()
+    spin = 40_000  # clocks (~20 us)
+
+    def gemm(x, pdl):
+        return cuda.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta,
+                               None, pw.n, pw.k, kw=cfg.kw, depth=lay.depth, prefetch=lay.prefetch,
+                               tiles=lay.tiles, min_blocks=lay.min_blocks, x_stages=lay.x_stages,
+                               groups=lay.groups, w_stages=lay.w_stages, pdl=pdl)
+
+    want = gemm(new, pdl=False)
+    torch.cuda.synchronize()
+    dev = buf.device
+
+    def sequence():
+        cuda.launch(slow_copy, (1,), (256,), (new.data_ptr(), buf.data_ptr(), n, spin), dev)
+        y = gemm(buf, pdl=True)
+        cuda.launch(slow_copy, (1,), (256,), (new.data_ptr(), buf2.data_ptr(), n, spin), dev)
+        cuda.launch(copy_no_wait, (1,), (256,), (buf2.data_ptr(), control.data_ptr(), n), dev,
+                    pdl=True)
+        return y
+
+    if graph:
+        sequence()  # compile and warm up outside the capture
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = sequence()
+        torch.cuda.synchronize()
+        buf.copy_(old)
+        buf2.copy_(old)
+        torch.cuda.synchronize()
+        g.replay()
+    else:
+        y = sequence()
+    torch.cuda.synchronize()
+    assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+    # the control read buf2 while slow_copy was still spinning: the old values, or some of them
+    assert not torch.equal(control.view(torch.int16), new.view(torch.int16))
