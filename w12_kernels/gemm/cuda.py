@@ -12,10 +12,8 @@ exact BF16 weight for the large-M path (decode, then cuBLAS).
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -85,78 +83,8 @@ def _current_stream_ptr(index: int) -> int:
 _SLOTS = np.arange(32, dtype=np.uint64) * 8  # byte offsets of 8-byte argument slots
 
 
-class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id and a 64-byte union
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4),
-                ("value", ctypes.c_ubyte * 64)]
-
-
-class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
-    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
-                ("shared_mem", ctypes.c_uint), ("stream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
-
-
-_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-
-
-def _env_pdl() -> bool:
-    value = os.environ.get("W12_PDL", "1").strip().lower()
-    if value not in ("0", "1", "off", "on", "false", "true", ""):
-        raise ValueError(f"W12_PDL must be 0 or 1, got {value!r}")
-    return value in ("1", "on", "true", "")
-
-
-# Whether the small-M kernel is launched with programmatic dependent launch where the GPU has
-# it (compute capability 9.0 and up): the grid may then start while the kernel before it in
-# the stream finishes, its weight loads overlapping that kernel's tail; the kernel waits
-# (griddepcontrol.wait) before it reads the activations. The same bits either way.
-# ``W12_PDL=0`` in the environment, or setting this to False, turns it off.
-PDL = _env_pdl()
-
-
-@functools.cache
-def pdl_supported(index: int) -> bool:
-    """Programmatic dependent launch on GPU ``index``: Hopper (9.0) and later."""
-    return torch.cuda.get_device_capability(index)[0] >= 9
-
-
-@functools.cache
-def _launch_ex():
-    lib = ctypes.CDLL("libcuda.so.1")
-    fn = lib.cuLaunchKernelEx
-    fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
-                   ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-@functools.cache
-def _pdl_config(grid3: tuple, block3: tuple, shared_mem: int):
-    """A launch configuration with the programmatic-serialization attribute (its stream is set
-    per launch); kept, with its attribute, for the life of the process."""
-    attr = _LaunchAttribute()
-    attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value[0] = 1  # programmaticStreamSerializationAllowed
-    cfg = _LaunchConfig()
-    cfg.grid[:] = grid3
-    cfg.block[:] = block3
-    cfg.shared_mem = shared_mem
-    cfg.attrs = ctypes.pointer(attr)
-    cfg.num_attrs = 1
-    return cfg, attr
-
-
-def _launch_pdl(fptr: int, grid3: tuple, block3: tuple, shared_mem: int, stream: int,
-                params: int) -> None:
-    cfg, _ = _pdl_config(grid3, block3, shared_mem)
-    cfg.stream = stream
-    err = _launch_ex()(ctypes.byref(cfg), fptr, params, None)
-    if err != 0:
-        raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {err}")
-
-
 def launch(func, grid: tuple, block: tuple, args: tuple, device: torch.device,
-           shared_mem: int = 0, pdl: bool = False) -> None:
+           shared_mem: int = 0) -> None:
     """``func`` on PyTorch's current stream of ``device`` through the driver's launch call,
     with CuPy's current device switched only when it is not already ``device``.
 
@@ -164,9 +92,7 @@ def launch(func, grid: tuple, block: tuple, args: tuple, device: torch.device,
     kernel reads its 4 or 8 bytes from the slot's start (little-endian), so one array holds
     them all and CuPy's per-argument conversion is skipped. (Measured against CuPy's own launch
     call: no clear difference in host time, docs/PERF_ENGINE.md, "Prefill"; what it removed is
-    the stream object and device context CuPy's call needed per launch.) ``pdl``: launched
-    with programmatic dependent launch (``cuLaunchKernelEx``) where the GPU has it; the kernel
-    must wait (``pdl_wait``) before it touches what the kernel before it writes or reads."""
+    the stream object and device context CuPy's call needed per launch.)"""
     import cupy
 
     index = _index(device)
@@ -174,15 +100,6 @@ def launch(func, grid: tuple, block: tuple, args: tuple, device: torch.device,
     slots = values.ctypes.data + _SLOTS[: len(args)]
     grid3 = (*grid, 1, 1)[:3]
     block3 = (*block, 1, 1)[:3]
-    if pdl and pdl_supported(index):
-        if torch.cuda.current_device() == index:
-            _launch_pdl(_function_ptr(func, index), grid3, block3, shared_mem,
-                        _current_stream_ptr(index), slots.ctypes.data)
-        else:
-            with cupy.cuda.Device(index):
-                _launch_pdl(_function_ptr(func, index), grid3, block3, shared_mem,
-                            _current_stream_ptr(index), slots.ctypes.data)
-        return
     if torch.cuda.current_device() == index:
         cupy.cuda.driver.launchKernel(_function_ptr(func, index), *grid3, *block3, shared_mem,
                                       _current_stream_ptr(index), slots.ctypes.data, 0)
@@ -266,7 +183,7 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                bias: torch.Tensor | None, n: int, k: int, *, kw: int, depth: int,
                prefetch: bool = False, tiles: int = 1, min_blocks: int = 1,
                x_stages: int = 0, groups: int = 1, w_stages: int = 0,
-               out: torch.Tensor | None = None, pdl: bool | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]`` with ``M <= 64``.
 
     ``kw`` warps share each 16-row tile, warp ``w`` summing chunks ``w, w + kw, ...`` (a
@@ -281,7 +198,6 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     ``w_stages`` >= 2 streams the weights through that many shared-memory stages with cp.async
     instead of the register ring (``depth`` 1, no ``prefetch``, ``x_stages`` 0 or the same
     count), so that the chunks in flight cost no registers. None of these changes a sum.
-    ``pdl``: programmatic dependent launch (default ``PDL``), which changes no bit either.
     """
     m = x.shape[0]
     if out is None:
@@ -300,8 +216,7 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                                min_blocks, x_stages, groups, w_stages)
     args = (_ptr(chunks), _ptr(xp), _ptr(out), _ptr(scale), _ptr(esc_rowptr), _ptr(esc_col),
             _ptr(esc_delta), _ptr(bias), m, n, ntiles, nchunks, xp.stride(0), kw)
-    launch(func, (-(-ntiles // (tiles * groups)),), (kw * 32 * groups,), args, x.device, smem,
-           pdl=PDL if pdl is None else pdl)
+    launch(func, (-(-ntiles // (tiles * groups)),), (kw * 32 * groups,), args, x.device, smem)
     return out
 
 

@@ -91,18 +91,6 @@ __device__ __forceinline__ bf16_t float_to_bf16(float v) {
   return r;
 }
 
-// Programmatic dependent launch (sm_90+): a grid launched with the attribute (cuda.py,
-// ``pdl``) may start while the kernel before it in the stream is still finishing, so that
-// what reads only the weights (the register ring's first loads, the rows' escape ranges and
-// scales) overlaps that kernel's tail. pdl_wait() returns once that kernel has completed and
-// its writes are visible; nothing before it may read the activations or write the output.
-// In a grid launched without the attribute it returns at once.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 // 4 bytes global -> shared, asynchronously (zeros where ``bytes`` is 0)
 __device__ __forceinline__ void cp_async4(void* dst, const void* src, int bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(
@@ -448,7 +436,6 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
     }
   }
 
-  pdl_wait();  // from here on the activations are read and (at the end) the output written
   u32 xa[NT][8], xb[NT][8];
   if (XPF && n > 0) load_x<NT>(xa, x, xc, xstep, xro);
   // XS > 0: a ring of XS activation stages per warp in shared memory, XS - 1 columns ahead
