@@ -202,8 +202,11 @@ class KVCache(nn.Module):
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device))
 
     def write(self, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        # k/v [B, T, Hkv, D] go to slots (b, :, pos[b, t]); scatter never syncs with the host,
-        # so this is safe inside a captured CUDA graph.
+        # k/v [B, T, Hkv, D] go to slots (b, :, pos[b, t]); neither path syncs with the host,
+        # so both are safe inside a captured CUDA graph. With the Triton decode ops (CUDA), one
+        # kernel writes both (ops.write_kv); else two scatters.
+        if ops.write_kv(self.k, self.v, pos, k, v):
+            return
         b, t, h, d = k.shape
         index = pos[:, None, :, None].expand(b, h, t, d)
         self.k.scatter_(2, index, k.transpose(1, 2))

@@ -68,6 +68,23 @@ def use_triton_attention(enabled: bool) -> None:
     _triton_attention = enabled
 
 
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, k: torch.Tensor,
+             v: torch.Tensor) -> bool:
+    """With ``use_triton_attention(True)`` and CUDA tensors the kernel takes: the new rows
+    ``k``, ``v`` [B, T, Hkv, D] into cache slots ``pos`` [B, T] in one Triton launch
+    (``attention_triton.write_kv``; the same bits as ``scatter_``), returning True; else False
+    (the caller scatters)."""
+    if not (_triton_attention and k.is_cuda):
+        return False
+    from engine.attention_triton import kv_write_fits
+    from engine.attention_triton import write_kv as triton_write_kv
+
+    if not (kv_write_fits(k_cache, k) and kv_write_fits(v_cache, v)):
+        return False
+    triton_write_kv(k_cache, v_cache, pos, k, v)
+    return True
+
+
 def cached_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, visible: torch.Tensor,
     pos: torch.Tensor | None = None,

@@ -15,6 +15,37 @@ CASES = {
 }
 
 
+# write_kv cases, id: (batch, steps T, KV heads, head dim, cache slots S, positions per row)
+KV_CASES = {
+    "kv_decode_two_rows": (2, 1, 2, 64, 100, [[37], [99]]),
+    "kv_prefill_t20_block_not_full": (1, 20, 3, 32, 40, [list(range(20))]),
+    "kv_verify_t3_d128": (2, 3, 2, 128, 130, [[64, 65, 66], [3, 4, 5]]),
+}
+
+
+def check_kv_case(b, t, h, d, s, positions, kernel=None):
+    """write_kv leaves the caches bit-equal to two ``scatter_`` calls, with the new rows taken
+    as strided views of a fused projection (as the model splits them)."""
+    import torch
+
+    from engine.attention_triton import write_kv
+
+    gen = torch.Generator().manual_seed(1)
+    kc = torch.randn(b, h, s, d, generator=gen).to(torch.bfloat16)
+    vc = torch.randn(b, h, s, d, generator=gen).to(torch.bfloat16)
+    fused = torch.randn(b, t, 3 * h * d, generator=gen).to(torch.bfloat16)
+    _, k, v = fused.split([h * d, h * d, h * d], dim=-1)
+    k, v = k.view(b, t, h, d), v.view(b, t, h, d)
+    pos = torch.tensor(positions, dtype=torch.long)
+    want_k, want_v = kc.clone(), vc.clone()
+    index = pos[:, None, :, None].expand(b, h, t, d)
+    want_k.scatter_(2, index, k.transpose(1, 2))
+    want_v.scatter_(2, index, v.transpose(1, 2))
+    write_kv(kc, vc, pos, k, v, kernel=kernel)
+    assert torch.equal(kc.view(torch.int16), want_k.view(torch.int16)), "k cache differs"
+    assert torch.equal(vc.view(torch.int16), want_v.view(torch.int16)), "v cache differs"
+
+
 def inputs(b, t, hq, hkv, d, s, positions, seed=0):
     import torch
 
@@ -65,7 +96,8 @@ def check_case(b, t, hq, hkv, d, s, positions, kernel=None):
 def main() -> None:
     from interp_harness import report
 
-    report({cid: (lambda c=c: check_case(*c)) for cid, c in CASES.items()})
+    report({cid: (lambda c=c: check_case(*c)) for cid, c in CASES.items()}
+           | {cid: (lambda c=c: check_kv_case(*c)) for cid, c in KV_CASES.items()})
 
 
 if __name__ == "__main__":

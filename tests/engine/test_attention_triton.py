@@ -24,6 +24,11 @@ def test_interpreted_kernel_within_budget(interpreter_verdicts, case):
     assert interpreter_verdicts[case] == "ok", interpreter_verdicts[case]
 
 
+@pytest.mark.parametrize("case", list(runner.KV_CASES))
+def test_interpreted_kv_write_equals_scatter(interpreter_verdicts, case):
+    assert interpreter_verdicts[case] == "ok", interpreter_verdicts[case]
+
+
 def test_budget_catches_a_wrong_mask():
     """The check used above fails on attention that sees one slot too many."""
     q, k, v, pos = runner.inputs(2, 1, 8, 2, 64, 100, [[37], [60]])
@@ -46,3 +51,25 @@ def test_kernel_on_the_gpu(case):
     torch_path = ops.cached_attention(q.cuda(), k.cuda(), v.cuda(), visible.cuda()).cpu()
     assert torch.isfinite(got.float()).all()
     assert runner.rel_err(got, want) <= 2 * runner.rel_err(torch_path, want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", list(runner.KV_CASES))
+def test_kv_write_on_the_gpu(case):
+    import torch as t
+
+    from engine.attention_triton import write_kv
+
+    b, steps, h, d, s, positions = runner.KV_CASES[case]
+    gen = t.Generator(device="cuda").manual_seed(2)
+    kc = t.randn(b, h, s, d, device="cuda", generator=gen).to(t.bfloat16)
+    vc = t.randn(b, h, s, d, device="cuda", generator=gen).to(t.bfloat16)
+    k = t.randn(b, steps, h, d, device="cuda", generator=gen).to(t.bfloat16)
+    v = t.randn(b, steps, h, d, device="cuda", generator=gen).to(t.bfloat16)
+    pos = t.tensor(positions, dtype=t.long, device="cuda")
+    index = pos[:, None, :, None].expand(b, h, steps, d)
+    want_k = kc.clone().scatter_(2, index, k.transpose(1, 2))
+    want_v = vc.clone().scatter_(2, index, v.transpose(1, 2))
+    write_kv(kc, vc, pos, k, v)
+    assert t.equal(kc.view(t.int16), want_k.view(t.int16))
+    assert t.equal(vc.view(t.int16), want_v.view(t.int16))
