@@ -280,10 +280,7 @@ _W_STAGED = {
     1: ((1, 1, 0, 3), (1, 1, 0, 4), (1, 1, 0, 6), (1, 1, 3, 3), (1, 1, 4, 4), (1, 1, 6, 6)),
     2: ((1, 1, 0, 3), (1, 1, 0, 4), (1, 2, 0, 4), (2, 1, 0, 3), (1, 1, 3, 3), (1, 1, 0, 6),
         (1, 2, 0, 3), (1, 2, 3, 3)),
-    4: ((1, 2, 0, 4), (2, 2, 0, 3), (2, 2, 0, 4), (1, 3, 0, 3), (2, 3, 3, 3),
-        # uncapped (118-125 registers at two tiles, 80 at one): with the activations loaded
-        # before the wait for the weights (#50), twice the weight bytes in flight of the ring
-        (2, 1, 0, 3), (2, 1, 0, 4), (1, 1, 0, 3)),
+    4: ((1, 2, 0, 4), (2, 2, 0, 3), (2, 2, 0, 4), (1, 3, 0, 3), (2, 3, 3, 3)),
     # (3-4 tiles a block with 2-4 weight stages lost 5-33% on every shape at 32 rows, run 181,
     # docs/PERF_GEMM.md #48: not candidates)
     8: ((1, 1, 0, 3), (2, 1, 0, 3), (1, 2, 0, 3)),

@@ -475,16 +475,15 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
             if (XS > 0)
               issue_x<NT>(xstages + ((s + WS - 1) % WS) * NT * 256, x, xc, xstep, xro, lane);
           }
-          // (XS == 0) the column's activations are loaded before the wait for its weights, so
-          // that the two latencies overlap (#50: loaded after it, every column waited on the
-          // weight copy and then on the activation loads)
-          u32 xv[NT][8];
-          if (XS == 0) load_x<NT>(xv, x, xcur, xstep, xro);
           asm volatile("cp.async.commit_group;");
           asm volatile("cp.async.wait_group %0;" ::"n"(WS - 1));
           Words4 w[TL][3];
           read_w<TL>(w, wstages + s * TL * 384, lane);
-          if (XS > 0) read_x<NT>(xv, xstages + s * NT * 256, lane);
+          u32 xv[NT][8];
+          if (XS > 0)
+            read_x<NT>(xv, xstages + s * NT * 256, lane);
+          else
+            load_x<NT>(xv, x, xcur, xstep, xro);
 #pragma unroll
           for (int tt = 0; tt < TL; ++tt)
             chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
