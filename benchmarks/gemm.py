@@ -258,6 +258,8 @@ _ONE_GROUP = {
     4: ((1, False, 1, 1, 0), (2, False, 1, 1, 0), (1, False, 1, 3, 0), (1, False, 2, 1, 0),
         (1, False, 3, 1, 0), (1, False, 2, 2, 0), (1, False, 1, 1, 3), (1, False, 2, 2, 3),
         (2, False, 1, 1, 3)),
+    # (deeper rings, depth 2 with two tiles, depth 3, depth 2 capped, lost 1-34% on every shape
+    # at 16 and 32 rows, run 187, docs/PERF_GEMM.md #51: not candidates)
     # (the activations one column ahead in registers lost 13-28% on every shape at 32 rows,
     # run 180, docs/PERF_GEMM.md #47: not candidates)
     8: ((1, False, 1, 1, 0), (1, False, 1, 2, 0), (1, False, 2, 1, 0), (1, False, 3, 1, 0),
