@@ -129,17 +129,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 def _kv_write_kernel(
     k_ptr, v_ptr, kc_ptr, vc_ptr, pos_ptr,
     sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, skc_b, skc_h, skc_s, svc_b, svc_h, svc_s,
-    T, S, D: tl.constexpr, BLOCK_T: tl.constexpr,
+    T, D: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     """One program per (request, KV head, block of ``BLOCK_T`` steps): each step's key and
-    value rows into cache slot ``pos[b, t]`` (none outside the ``S`` slots)."""
+    value rows into cache slot ``pos[b, t]``."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     t = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)
     d = tl.arange(0, D)
-    slot = tl.load(pos_ptr + b * T + t, mask=t < T, other=-1)
-    live = ((t < T) & (slot >= 0) & (slot < S))[:, None]
-    slot = slot[:, None]
+    live = (t < T)[:, None]
+    slot = tl.load(pos_ptr + b * T + t, mask=t < T, other=0)[:, None]
     k = tl.load(k_ptr + b * sk_b + t[:, None] * sk_t + h * sk_h + d[None, :], mask=live)
     v = tl.load(v_ptr + b * sv_b + t[:, None] * sv_t + h * sv_h + d[None, :], mask=live)
     tl.store(kc_ptr + b * skc_b + h * skc_h + slot * skc_s + d[None, :], k, mask=live)
@@ -159,9 +158,7 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, k:
     and new rows ``k``, ``v`` [B, T, Hkv, D]: one launch for both, where ``scatter_`` takes two
     launches that read an int64 index per element (~4 us each at batch 32 on an H200,
     docs/PERF_ENGINE.md). A copy: the cache holds the same bits either way. Positions must be
-    distinct within a row (as ``scatter_`` needs them for a defined result); a position outside
-    the cache's slots writes nothing (``scatter_`` would fail on the device; the engine checks
-    prompt and generation lengths against the cache before it runs)."""
+    distinct within a row (as ``scatter_`` needs them for a defined result)."""
     b, t, h, d = k.shape
     if not kv_write_fits(k_cache, k) or not kv_write_fits(v_cache, v):
         raise ValueError(f"write_kv: head dim {d} (power of two >= 16) and contiguous rows "
@@ -173,5 +170,5 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, k:
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        t, k_cache.shape[2], D=d, BLOCK_T=block_t,
+        t, D=d, BLOCK_T=block_t,
     )
