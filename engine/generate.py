@@ -92,6 +92,7 @@ class Engine:
         model.setup_caches(batch, max_seq_len)
         self.tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.pos = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.next_slot = 0  # the cache slot the next step writes for the longest row (host copy)
         self.graph, self.compiled = None, compile
         if cuda_graph if cuda_graph is not None else device.type == "cuda":
             self._capture()
@@ -137,6 +138,7 @@ class Engine:
                 tokens.to(device), pos.to(device), prefill=True, last=last.to(device)
             )
         self.pos.copy_(torch.tensor(lengths)[:, None])
+        self.next_slot = longest
         return logits[:, 0]
 
     @torch.inference_mode()
@@ -144,8 +146,12 @@ class Engine:
         """Feed one token per row ([B], on the device); return the next logits [B, V].
 
         Under a CUDA graph the result is a view of the graph's output buffer: read it (or
-        clone it) before the next step.
+        clone it) before the next step. A step past the cache's last slot is refused (a
+        ``W12Error``) before anything is written.
         """
+        if self.next_slot >= self.max_seq_len:
+            raise W12Error(f"decode step {self.next_slot + 1} would write cache slot "
+                           f"{self.next_slot}; the cache holds {self.max_seq_len} positions")
         self.tokens.copy_(tokens.view(-1, 1))
         if self.graph is not None:
             self.graph.replay()
@@ -153,7 +159,17 @@ class Engine:
         else:
             logits = self.model(self.tokens, self.pos)
         self.pos += 1
+        self.next_slot += 1
         return logits[:, 0]
+
+    def rewind(self, position: int) -> None:
+        """Every row's next step at cache slot ``position`` (the cache past it is then stale and
+        is overwritten as the steps advance): for timing loops that re-run steps."""
+        if not 0 <= position < self.max_seq_len:
+            raise W12Error(f"rewind to slot {position}: the cache holds {self.max_seq_len} "
+                           "positions")
+        self.pos.fill_(position)
+        self.next_slot = position
 
     def check_prompts(self, prompts: list[list[int]], *, new_tokens: int) -> list[int]:
         if len(prompts) != self.batch:

@@ -479,7 +479,7 @@ def _step_function(model: Transformer, *, batch: int, n_tokens: int, context: in
     if n_tokens == 1:  # the engine's own decode step
         def run():
             if calls[0] and calls[0] % STEP_SLACK == 0:
-                engine.pos.fill_(context)  # rewind before the cache runs out
+                engine.rewind(context)  # before the cache runs out
             calls[1] += context + calls[0] % STEP_SLACK + 1
             calls[0] += 1
             return engine.step(first)

@@ -100,6 +100,25 @@ def test_prompt_longer_than_cache(tiny_folder):
         exc)
 
 
+def test_step_past_the_cache_is_refused(tiny_folder):
+    """A decode step that would write past the cache's last slot raises one clear error and
+    leaves the cache as it was; rewinding lets the steps go on."""
+    model = load_model(tiny_folder("llama"), dtype=torch.float32).model
+    engine = Engine(model, batch=1, max_seq_len=6)
+    logits = engine.prefill([[3, 4, 5, 6]])
+    for _ in range(2):  # slots 4 and 5
+        logits = engine.step(logits.argmax(-1))
+    cache = model.layers[0].attn.cache.k.clone()
+    with pytest.raises(W12Error) as exc:
+        engine.step(logits.argmax(-1))
+    assert "would write cache slot 6; the cache holds 6 positions" in one_line(exc)
+    assert torch.equal(model.layers[0].attn.cache.k, cache)
+    engine.rewind(4)
+    engine.step(logits.argmax(-1))
+    with pytest.raises(W12Error):
+        engine.rewind(6)
+
+
 def test_token_outside_vocabulary(tiny_folder):
     model = load_model(tiny_folder("llama"), dtype=torch.float32).model
     with pytest.raises(W12Error, match="token id 999 outside the vocabulary"):
