@@ -158,7 +158,9 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, k:
     and new rows ``k``, ``v`` [B, T, Hkv, D]: one launch for both, where ``scatter_`` takes two
     launches that read an int64 index per element (~4 us each at batch 32 on an H200,
     docs/PERF_ENGINE.md). A copy: the cache holds the same bits either way. Positions must be
-    distinct within a row (as ``scatter_`` needs them for a defined result)."""
+    distinct within a row (as ``scatter_`` needs them for a defined result) and inside the
+    cache: the kernel does not check them (``Engine.prefill`` and ``Engine.step`` refuse work
+    past the last slot before anything runs)."""
     b, t, h, d = k.shape
     if not kv_write_fits(k_cache, k) or not kv_write_fits(v_cache, v):
         raise ValueError(f"write_kv: head dim {d} (power of two >= 16) and contiguous rows "
