@@ -23,7 +23,7 @@ KV_CASES = {
 }
 
 
-def check_kv_case(b, t, h, d, s, positions, kernel=None):
+def check_kv_case(b, t, h, d, s, positions, kernel=None, device="cpu"):
     """write_kv leaves the caches bit-equal to two ``scatter_`` calls, with the new rows taken
     as strided views of a fused projection (as the model splits them)."""
     import torch
@@ -31,12 +31,12 @@ def check_kv_case(b, t, h, d, s, positions, kernel=None):
     from engine.attention_triton import write_kv
 
     gen = torch.Generator().manual_seed(1)
-    kc = torch.randn(b, h, s, d, generator=gen).to(torch.bfloat16)
-    vc = torch.randn(b, h, s, d, generator=gen).to(torch.bfloat16)
-    fused = torch.randn(b, t, 3 * h * d, generator=gen).to(torch.bfloat16)
+    kc = torch.randn(b, h, s, d, generator=gen).to(torch.bfloat16).to(device)
+    vc = torch.randn(b, h, s, d, generator=gen).to(torch.bfloat16).to(device)
+    fused = torch.randn(b, t, 3 * h * d, generator=gen).to(torch.bfloat16).to(device)
     _, k, v = fused.split([h * d, h * d, h * d], dim=-1)
     k, v = k.view(b, t, h, d), v.view(b, t, h, d)
-    pos = torch.tensor(positions, dtype=torch.long)
+    pos = torch.tensor(positions, dtype=torch.long, device=device)
     want_k, want_v = kc.clone(), vc.clone()
     index = pos[:, None, :, None].expand(b, h, t, d)
     want_k.scatter_(2, index, k.transpose(1, 2))

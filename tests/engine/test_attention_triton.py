@@ -56,20 +56,4 @@ def test_kernel_on_the_gpu(case):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("case", list(runner.KV_CASES))
 def test_kv_write_on_the_gpu(case):
-    import torch as t
-
-    from engine.attention_triton import write_kv
-
-    b, steps, h, d, s, positions = runner.KV_CASES[case]
-    gen = t.Generator(device="cuda").manual_seed(2)
-    kc = t.randn(b, h, s, d, device="cuda", generator=gen).to(t.bfloat16)
-    vc = t.randn(b, h, s, d, device="cuda", generator=gen).to(t.bfloat16)
-    k = t.randn(b, steps, h, d, device="cuda", generator=gen).to(t.bfloat16)
-    v = t.randn(b, steps, h, d, device="cuda", generator=gen).to(t.bfloat16)
-    pos = t.tensor(positions, dtype=t.long, device="cuda")
-    index = pos[:, None, :, None].expand(b, h, steps, d)
-    want_k = kc.clone().scatter_(2, index, k.transpose(1, 2))
-    want_v = vc.clone().scatter_(2, index, v.transpose(1, 2))
-    write_kv(kc, vc, pos, k, v)
-    assert t.equal(kc.view(t.int16), want_k.view(t.int16))
-    assert t.equal(vc.view(t.int16), want_v.view(t.int16))
+    runner.check_kv_case(*runner.KV_CASES[case], device="cuda")
