@@ -287,11 +287,25 @@ _W_STAGED = {
     # docs/PERF_GEMM.md #48: not candidates)
     8: ((1, 1, 0, 3), (2, 1, 0, 3), (1, 2, 0, 3)),
 }
-SWEEP_LAYOUTS = {cls: tuple((*lay, 1, 0) for lay in _ONE_GROUP[cls])
-                 + tuple((*lay, 0) for lay in _GROUPED[cls])
-                 + tuple((1, False, t, b, xs, 1, ws) for t, b, xs, ws in _W_STAGED[cls])
+# each tile group's kw warps spread over the blocks of a thread-block cluster (kw / cluster
+# warps a block), so that layers whose tile blocks of kw warps do not spread evenly over the
+# multiprocessors (6144x4096 at 32 rows: 192 blocks of 8 warps, two on 60 multiprocessors and
+# one on the other 72) take smaller ones: (tiles, min_blocks, cluster); min_blocks counts the
+# cluster's blocks (of the 8-warp bound over cluster), so 4 with cluster 2 is the register cap
+# of 2 with none
+_CLUSTERED = {
+    1: ((1, 4, 2), (2, 4, 2), (1, 8, 4), (2, 8, 4)),
+    2: ((1, 4, 2), (2, 4, 2), (3, 3, 2), (1, 8, 4), (2, 8, 4)),
+    4: ((1, 4, 2), (2, 4, 2), (2, 2, 2), (3, 3, 2), (3, 2, 2), (1, 8, 4), (2, 8, 4), (2, 4, 4)),
+    8: ((1, 2, 2), (1, 3, 2), (1, 6, 4)),
+}
+SWEEP_LAYOUTS = {cls: tuple((*lay, 1, 0, 1) for lay in _ONE_GROUP[cls])
+                 + tuple((*lay, 0, 1) for lay in _GROUPED[cls])
+                 + tuple((1, False, t, b, xs, 1, ws, 1) for t, b, xs, ws in _W_STAGED[cls])
+                 + tuple((1, False, t, b, 0, 1, 0, c) for t, b, c in _CLUSTERED[cls])
                  for cls in _ONE_GROUP}
-LAYOUT_KEYS = ("depth", "prefetch", "tiles", "min_blocks", "x_stages", "groups", "w_stages")
+LAYOUT_KEYS = ("depth", "prefetch", "tiles", "min_blocks", "x_stages", "groups", "w_stages",
+               "cluster")
 
 
 def _layout_dict(layout: tuple) -> dict:
@@ -344,7 +358,7 @@ def _small_schedule(kw: int, layout: tuple) -> tuple:
     """``cuda.kernel_name``'s arguments after NT for kw and a sweep layout."""
     d = _layout_dict(layout)
     return (d["depth"], d["prefetch"], d["tiles"], d["min_blocks"], d["x_stages"], d["groups"],
-            kw, d["w_stages"])
+            kw, d["w_stages"], d["cluster"])
 
 
 def _small_runner(kw: int, layout: tuple):
@@ -435,13 +449,14 @@ def sweep_candidates(n: int, k: int, m: int, kws) -> list[tuple[str, int, tuple]
         if -(-k // 64) // kw < 2:
             continue
         for lay in SWEEP_LAYOUTS[_nt_class(m)]:
-            depth, prefetch, tiles, min_blocks, x_stages, groups, w_stages = lay
-            if kw * groups > 32:
+            depth, prefetch, tiles, min_blocks, x_stages, groups, w_stages, cluster = lay
+            if kw * groups > 32 or kw % cluster:
                 continue
             label = (f"kw{kw}_d{depth}{'_xpf' if prefetch else ''}_t{tiles}"
                      f"_b{min_blocks}_xs{x_stages}"
                      + (f"_g{groups}" if groups > 1 else "")
-                     + (f"_ws{w_stages}" if w_stages else ""))
+                     + (f"_ws{w_stages}" if w_stages else "")
+                     + (f"_c{cluster}" if cluster > 1 else ""))
             out.append((label, kw, lay))
     return out
 

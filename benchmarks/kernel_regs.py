@@ -74,13 +74,26 @@ def table_instances(num_sms: int = NUM_SMS, base_shared=None) -> dict[Instance, 
         cfg = cfgs.small_config(n, k, num_sms)
         for nt, lay in cfg.by_nt:
             name = cuda.kernel_name(nt, lay.depth, lay.prefetch, lay.tiles, lay.min_blocks,
-                                    lay.x_stages, lay.groups, cfg.kw, lay.w_stages)
+                                    lay.x_stages, lay.groups, cfg.kw, lay.w_stages, lay.cluster)
             sizes = (nt, cfg.kw, lay.x_stages, lay.groups, lay.w_stages, lay.tiles)
-            inst = Instance(name, 32 * cfg.kw * lay.groups, cuda.small_shared_bytes(*sizes),
-                            base_shared(*sizes) if base_shared is not None else None)
-            grid = _cdiv(_cdiv(n, 16), lay.tiles * lay.groups)
+            if lay.cluster > 1:
+                sizes = (*sizes, lay.cluster)
+            inst = Instance(name, 32 * cfg.kw // lay.cluster * lay.groups,
+                            cuda.small_shared_bytes(*sizes), _base_bytes(base_shared, sizes))
+            grid = _cdiv(_cdiv(n, 16), lay.tiles * lay.groups) * lay.cluster
             out.setdefault(inst, []).append(Use(shape, nt, cfg.kw, grid))
     return out
+
+
+def _base_bytes(base_shared, sizes: tuple) -> int | None:
+    """The baseline's shared memory for ``sizes``, or None (no baseline, or one without the
+    clustered kernel, whose ``small_shared_bytes`` takes no cluster)."""
+    if base_shared is None:
+        return None
+    try:
+        return base_shared(*sizes)
+    except TypeError:
+        return None
 
 
 def blocks_per_sm(regs: int, threads: int, smem: int) -> int:
@@ -162,7 +175,9 @@ def compile_counts(source: Path, names: list[str], nvcc: str, arch: str = "sm_90
     out = {}
     for name in names:
         key = _mangled_args(name)
-        hits = [v for symbol, v in counts.items() if "w12_gemm_small" in symbol and key in symbol]
+        base = name.split("<")[0]  # w12_gemm_small or w12_gemm_small_cl
+        hits = [v for symbol, v in counts.items()
+                if symbol.startswith(f"_Z{len(base)}{base}I") and key in symbol]
         if len(hits) != 1:
             raise SystemExit(f"kernel_regs: no single ptxas entry for {name}")
         out[name] = hits[0]
@@ -191,15 +206,18 @@ def main() -> int:
     if args.baseline:
         with tempfile.TemporaryDirectory() as scratch:
             path = Path(scratch) / "kernels.cu"
-            path.write_text(source_at(args.baseline, KERNELS, "kernel_regs"))
-            base = compile_counts(path, names, args.nvcc)
+            text = source_at(args.baseline, KERNELS, "kernel_regs")
+            path.write_text(text)
+            # (a baseline without the clustered kernel is compared on the others only)
+            base = compile_counts(path, [n for n in names if re.search(
+                re.escape(n.split("<")[0]) + r"\s*\(", text)], args.nvcc)
     worse = []
     for inst, uses in sorted(instances.items(), key=lambda item: item[0].name):
         regs, spill = tree[inst.name]
         blocks = blocks_per_sm(regs, inst.threads, inst.smem)
         line = (f"{inst.name:52s} {inst.threads:5d} thr {inst.smem:7d} B  regs {regs:3d} "
                 f"spill {spill:4d}  blocks/SM {blocks:2d}")
-        if base is not None:
+        if base is not None and inst.name in base:
             b_regs, b_spill = base[inst.name]
             b_blocks = blocks_per_sm(b_regs, inst.threads, inst.base_smem)
             more_waves = any(waves(u.grid, blocks) > waves(u.grid, b_blocks) for u in uses)

@@ -53,7 +53,9 @@ def test_shipped_table_is_consistent():
             nt = -(-m // 8)
             assert lay.w_stages in cuda.W_STAGES
             assert cuda.small_shared_bytes(nt, cfg.kw, lay.x_stages, lay.groups, lay.w_stages,
-                                           lay.tiles) <= 227 * 1024
+                                           lay.tiles, lay.cluster) <= 227 * 1024
+            cuda.check_small(cfg.kw, lay.depth, lay.prefetch, lay.tiles, lay.min_blocks,
+                             lay.x_stages, lay.groups, lay.w_stages, lay.cluster)
             if lay.wg is not None:  # a warpgroup schedule the kernel has at this kw
                 depth, warpgroups, row_groups, split = lay.wg
                 wgmma.check(cfg.kw, depth, 16, warpgroups, row_groups, split)
@@ -243,11 +245,12 @@ def test_every_sweep_candidate_is_a_valid_schedule():
         for lay in layouts:
             d = gemm_bench._layout_dict(lay)
             for kw in gemm_bench.SWEEP_KW:
-                if kw * d["groups"] > 32:
+                if kw * d["groups"] > 32 or kw % d["cluster"]:
                     continue
                 cuda.check_small(kw, **d)
                 assert kw > 8 or cuda.small_shared_bytes(
-                    cls, kw, d["x_stages"], d["groups"], d["w_stages"], d["tiles"]) <= 227 * 1024
+                    cls, kw, d["x_stages"], d["groups"], d["w_stages"], d["tiles"],
+                    d["cluster"]) <= 227 * 1024
     with pytest.raises(ValueError, match="bad configuration"):
         cuda.check_small(cuda.KW_MAX + 1, 1)
 
@@ -260,6 +263,30 @@ def test_weight_stages_reject_schedules_without_an_instantiation(bad):
     (one commit group per column) or none."""
     with pytest.raises(ValueError, match="bad configuration"):
         cuda.check_small(**{"kw": 4, "depth": 1, **bad})
+
+
+@pytest.mark.parametrize("bad", [dict(cluster=3), dict(kw=6, cluster=4),
+                                 dict(cluster=2, x_stages=3), dict(cluster=2, w_stages=3)])
+def test_clusters_reject_schedules_without_an_instantiation(bad):
+    """A cluster divides kw and takes no shared-memory stages."""
+    with pytest.raises(ValueError, match="bad configuration"):
+        cuda.check_small(**{"kw": 4, "depth": 1, **bad})
+
+
+def test_cluster_names_shared_memory_and_fallback():
+    # the bound of 8 warps over the cluster: blocks of kw / cluster warps
+    assert cuda.kernel_name(4, 1, False, 2, 4, 0, 1, 8, 0, 2) == \
+        "w12_gemm_small_cl<4, 1, false, 2, 4, 0, 1, 4, 0, 2>"
+    assert cuda.kernel_name(4, 1, False, 2, 2, 0, 1, 8, 0, 1) == \
+        "w12_gemm_small<4, 1, false, 2, 2, 0, 1, 8, 0>"
+    # one block of a cluster of 2 at kw 8, NT 4, 2 tiles: the partials of all 8 warps of the
+    # cluster, 2 KiB each per tile, then 5 words per output row
+    assert cuda.small_shared_bytes(4, 8, 0, 1, 0, 2, 2) == 2 * (8 * 2048 + 320)
+    # a clustered default layout on a shape whose kw it does not divide runs unclustered
+    lay = cfgs.Layout(depth=1, tiles=2, min_blocks=4, cluster=2)
+    cfg = cfgs.SmallConfig(kw=1, by_nt=tuple((c, lay) for c in (1, 2, 4, 8)))
+    assert cfg.layout(32) == cfgs.Layout(depth=1, tiles=2, min_blocks=2, cluster=1)
+    assert cfgs.SmallConfig(kw=4, by_nt=cfg.by_nt).layout(32) == lay
 
 
 def test_weight_stages_shared_memory():
@@ -404,6 +431,6 @@ def test_sweep_candidates_are_distinct_and_named_as_the_kernels_they_compile():
             assert cuda.kernel_name(-(-m // 8), *gemm_bench._small_schedule(kw, lay)) == \
                 cuda.kernel_name(-(-m // 8), d["depth"], d["prefetch"], d["tiles"],
                                  d["min_blocks"], d["x_stages"], d["groups"], kw=kw,
-                                 w_stages=d["w_stages"])
+                                 w_stages=d["w_stages"], cluster=d["cluster"])
     # a weight of 3 columns takes kw 1 only: every kw of the sweep (>= 2) is skipped
     assert gemm_bench.sweep_candidates(4096, 192, 16, gemm_bench.SWEEP_KW) == []

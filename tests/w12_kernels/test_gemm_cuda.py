@@ -106,6 +106,32 @@ def test_small_kernel_activation_prefetch_with_tiles_changes_no_bits(tiles, min_
 
 
 @needs_cupy
+@pytest.mark.parametrize("kw,cluster,tiles,min_blocks,groups,depth,prefetch",
+                         [(8, 2, 1, 4, 1, 1, False), (8, 2, 2, 4, 1, 1, False),
+                          (8, 4, 2, 8, 1, 1, False), (8, 2, 3, 2, 1, 1, False),
+                          (6, 2, 2, 2, 1, 2, True), (4, 4, 1, 8, 2, 1, False),
+                          (16, 2, 2, 1, 1, 1, False), (16, 4, 1, 4, 2, 2, False)])
+def test_small_kernel_clusters_change_no_bits(kw, cluster, tiles, min_blocks, groups, depth,
+                                              prefetch):
+    """A tile group's kw warps spread over the blocks of a thread-block cluster, the partial
+    tiles added through distributed shared memory: the same bits as the plainest schedule at
+    that kw, every output written (the output starts as NaN), also when 63 tiles do not fill
+    the last cluster and a warp's chunk count (47 columns) differs between warps."""
+    t, x = _inputs(1000, 3000, 64, seed=30 + kw + cluster)
+    pw = prepare_weight(encoded(t))
+    bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
+    for m in (1, 9, 17, 32, 64):
+        args = (x[:m], pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, bias,
+                pw.n, pw.k)
+        want = cuda.gemm_small(*args, kw=kw, depth=2)
+        got = torch.full((m, 1000), float("nan"), device="cuda", dtype=torch.bfloat16)
+        cuda.gemm_small(*args, kw=kw, depth=depth, prefetch=prefetch, tiles=tiles,
+                        min_blocks=min_blocks, groups=groups, cluster=cluster, out=got)
+        assert_within_budget(got, x[:m], t, _ref(x[:m], t, bias), bias)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"M={m}"
+
+
+@needs_cupy
 def test_small_kernel_sixteen_warps_a_tile():
     """kw 16 (a 1024-thread block with two tile groups): every schedule the same bits as the
     plainest one at that kw."""

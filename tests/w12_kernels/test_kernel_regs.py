@@ -66,14 +66,19 @@ def test_table_instances_cover_every_tuned_shape():
     used = {(u.shape, u.nt) for uses in inst.values() for u in uses}
     assert used == {(s, nt) for s in shapes for nt in cfgs.NT_CLASSES}
     for i, uses in inst.items():
-        assert i.name.startswith("w12_gemm_small<") and i.threads % 32 == 0
-        assert all(u.grid >= 1 and i.threads >= 32 * u.kw for u in uses)
+        assert i.name.startswith(("w12_gemm_small<", "w12_gemm_small_cl<"))
+        assert i.threads % 32 == 0
+        # a clustered schedule's block holds kw / cluster of a tile group's warps
+        cluster = int(i.name.rsplit(",", 1)[1].rstrip(">")) if "_cl<" in i.name else 1
+        assert all(u.grid >= 1 and u.grid % cluster == 0 and i.threads * cluster >= 32 * u.kw
+                   for u in uses)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
 def test_offline_compile_counts_registers():
     kr = _kr()
     names = sorted({i.name for i in kr.table_instances()})[:2]
+    names.append("w12_gemm_small_cl<4, 1, false, 1, 4, 0, 1, 4, 0, 2>")  # a clustered one
     counts = kr.compile_counts(Path(kr.ROOT) / kr.KERNELS, names, shutil.which("nvcc"))
     assert set(counts) == set(names)
     assert all(16 <= regs <= 255 and spill >= 0 for regs, spill in counts.values())

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 SMALL_M_MAX = 64
@@ -48,6 +48,8 @@ class Layout:
     x_stages: int = 0  # activations through this many shared-memory stages (0: registers)
     groups: int = 1  # groups of kw warps per block, each on its own tiles (sharing L1)
     w_stages: int = 0  # weights through this many shared-memory stages (0: register ring)
+    cluster: int = 1  # blocks of a thread-block cluster sharing each tile group's kw warps
+    # (kw / cluster warps a block; min_blocks then counts blocks of the bound over cluster)
     # The warpgroup-MMA kernel instead of the mma.sync one (same kw, so the same bits; on a
     # GPU without it, the mma.sync kernel): (stages, warpgroups, row groups, split) of
     # wgmma.gemm_wg, or None
@@ -65,10 +67,15 @@ class SmallConfig:
     by_nt: tuple[tuple[int, Layout], ...]  # (NT class, layout), classes ascending
 
     def layout(self, m: int) -> Layout:
-        """The kernel layout for ``m`` activation rows."""
+        """The kernel layout for ``m`` activation rows (a clustered layout of the rule's
+        defaults on a shape whose kw the cluster does not divide runs unclustered, with the
+        same register cap)."""
         nt = -(-m // 8)
         for cls, layout in self.by_nt:
             if nt <= cls:
+                if self.kw % layout.cluster:
+                    return replace(layout, cluster=1,
+                                   min_blocks=max(1, layout.min_blocks // layout.cluster))
                 return layout
         raise ValueError(f"{m} rows is more than the small-M path takes ({SMALL_M_MAX})")
 

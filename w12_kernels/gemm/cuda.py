@@ -23,10 +23,12 @@ SOURCE_PATH = Path(__file__).with_name("kernels.cu")
 NT_MAX = 8  # 8 activation rows per n-tile: M <= 64
 KW_MAX = 16  # warps sharing a 16-row tile (a block holds kw x groups <= 32 warps)
 TILES = (1, 2, 3, 4)  # 16-row tiles per block
-MIN_BLOCKS = (1, 2, 3, 4)  # blocks (of max(8, kw x groups) warps) per SM the registers allow
+MIN_BLOCKS = (1, 2, 3, 4, 6, 8)  # blocks (of max(8, kw x groups) warps, over ``cluster``) per
+# SM the registers allow
 X_STAGES = (0, 2, 3, 4, 6)  # shared-memory activation stages (0: activations through registers)
 GROUPS = (1, 2, 3, 4)  # groups of kw warps per block, each on its own tiles
 W_STAGES = (0, 2, 3, 4, 6)  # shared-memory weight stages (0: the register ring of `depth`)
+CLUSTERS = (1, 2, 4)  # blocks of a thread-block cluster sharing a tile group's kw warps
 
 
 @functools.cache
@@ -44,13 +46,18 @@ def available() -> bool:
 
 
 def kernel_name(nt: int, depth: int, prefetch: bool, tiles: int = 1, min_blocks: int = 1,
-                x_stages: int = 0, groups: int = 1, kw: int = 8, w_stages: int = 0) -> str:
+                x_stages: int = 0, groups: int = 1, kw: int = 8, w_stages: int = 0,
+                cluster: int = 1) -> str:
     """The instantiation; its launch bound is 8 warps with one group of up to 8 warps (any
     such kw), else exactly the ``kw * groups`` warps of the launch (so that the register cap is
-    not lower than it needs to be)."""
+    not lower than it needs to be); with ``cluster`` > 1 (``w12_gemm_small_cl``) that bound over
+    ``cluster``, the warps of one of the cluster's blocks."""
     bound = max(8, kw) if groups == 1 else kw * groups
-    return (f"w12_gemm_small<{nt}, {depth}, {'true' if prefetch else 'false'}, {tiles}, "
-            f"{min_blocks}, {x_stages}, {groups}, {bound}, {w_stages}>")
+    args = (f"{nt}, {depth}, {'true' if prefetch else 'false'}, {tiles}, {min_blocks}, "
+            f"{x_stages}, {groups}")
+    if cluster == 1:
+        return f"w12_gemm_small<{args}, {bound}, {w_stages}>"
+    return f"w12_gemm_small_cl<{args}, {max(1, bound // cluster)}, {w_stages}, {cluster}>"
 
 
 @functools.cache
@@ -138,11 +145,15 @@ def allow_shared_memory(func, smem: int) -> None:
 
 
 def small_shared_bytes(nt: int, kw: int, x_stages: int = 0, groups: int = 1,
-                       w_stages: int = 0, tiles: int = 1) -> int:
+                       w_stages: int = 0, tiles: int = 1, cluster: int = 1) -> int:
     """``w12_gemm_small``'s dynamic shared memory: each group's kw partial tiles (at most
     32 KiB a group), then each warp's activation stages (1 KiB per n-tile and stage), then
     each warp's weight stages (1.5 KiB per tile and stage), then the epilogue's five words per
-    output row of the block (320 bytes per 16-row tile)."""
+    output row of the block (320 bytes per 16-row tile). With ``cluster`` > 1 (no stages) one
+    block's: the partial tiles of all kw warps of the cluster for every tile at once, then the
+    epilogue's rows."""
+    if cluster > 1:
+        return groups * tiles * kw * nt * 4 * 32 * 4 + groups * tiles * 320
     return (groups * kw * (nt * 4 * 32 * 4 + x_stages * nt * 1024 + w_stages * tiles * 1536)
             + groups * tiles * 320)
 
@@ -166,23 +177,26 @@ def _padded_x(x: torch.Tensor, kp: int) -> torch.Tensor:
 
 def check_small(kw: int, depth: int, prefetch: bool = False, tiles: int = 1,
                 min_blocks: int = 1, x_stages: int = 0, groups: int = 1,
-                w_stages: int = 0) -> None:
+                w_stages: int = 0, cluster: int = 1) -> None:
     """ValueError unless ``gemm_small`` has an instantiation of this schedule."""
     if (not 1 <= kw <= KW_MAX or depth < 1 or (prefetch and depth % 2) or tiles not in TILES
             or min_blocks not in MIN_BLOCKS or x_stages not in X_STAGES
             or (prefetch and x_stages) or groups not in GROUPS or kw * groups > 32
             or w_stages not in W_STAGES
-            or (w_stages and (depth != 1 or prefetch or x_stages not in (0, w_stages)))):
+            or (w_stages and (depth != 1 or prefetch or x_stages not in (0, w_stages)))
+            or cluster not in CLUSTERS
+            or (cluster > 1 and (kw % cluster or x_stages or w_stages))):
         raise ValueError(f"gemm_small: bad configuration kw={kw} depth={depth} "
                          f"prefetch={prefetch} tiles={tiles} min_blocks={min_blocks} "
-                         f"x_stages={x_stages} groups={groups} w_stages={w_stages}")
+                         f"x_stages={x_stages} groups={groups} w_stages={w_stages} "
+                         f"cluster={cluster}")
 
 
 def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                esc_rowptr: torch.Tensor, esc_col: torch.Tensor, esc_delta: torch.Tensor,
                bias: torch.Tensor | None, n: int, k: int, *, kw: int, depth: int,
                prefetch: bool = False, tiles: int = 1, min_blocks: int = 1,
-               x_stages: int = 0, groups: int = 1, w_stages: int = 0,
+               x_stages: int = 0, groups: int = 1, w_stages: int = 0, cluster: int = 1,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]`` with ``M <= 64``.
 
@@ -197,7 +211,11 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     tiles, in one block, so that the activations one group loads are in L1 for the others;
     ``w_stages`` >= 2 streams the weights through that many shared-memory stages with cp.async
     instead of the register ring (``depth`` 1, no ``prefetch``, ``x_stages`` 0 or the same
-    count), so that the chunks in flight cost no registers. None of these changes a sum.
+    count), so that the chunks in flight cost no registers; ``cluster`` > 1 spreads each
+    tile group's ``kw`` warps over that many blocks of a thread-block cluster (``kw /
+    cluster`` warps a block, the partial tiles added in warp order through distributed shared
+    memory; no stages), so that smaller blocks fill the multiprocessors more evenly. None of
+    these changes a sum.
     """
     m = x.shape[0]
     if out is None:
@@ -213,29 +231,31 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                          "large for the kernel's 32-bit offsets")
     xp = _padded_x(x, nchunks * 64)
     func, smem = _small_kernel(_index(x.device), -(-m // 8), kw, depth, prefetch, tiles,
-                               min_blocks, x_stages, groups, w_stages)
+                               min_blocks, x_stages, groups, w_stages, cluster)
     args = (_ptr(chunks), _ptr(xp), _ptr(out), _ptr(scale), _ptr(esc_rowptr), _ptr(esc_col),
             _ptr(esc_delta), _ptr(bias), m, n, ntiles, nchunks, xp.stride(0), kw)
-    launch(func, (-(-ntiles // (tiles * groups)),), (kw * 32 * groups,), args, x.device, smem)
+    launch(func, (-(-ntiles // (tiles * groups)) * cluster,), (kw // cluster * 32 * groups,),
+           args, x.device, smem)
     return out
 
 
 @functools.cache
 def _small_kernel(index: int, nt: int, kw: int, depth: int, prefetch: bool, tiles: int,
-                  min_blocks: int, x_stages: int, groups: int, w_stages: int):
+                  min_blocks: int, x_stages: int, groups: int, w_stages: int,
+                  cluster: int = 1):
     """The compiled instantiation of a schedule on GPU ``index`` and its shared memory, checked
     and allowed once (a call then costs only the launch)."""
     import cupy
 
-    check_small(kw, depth, prefetch, tiles, min_blocks, x_stages, groups, w_stages)
-    smem = small_shared_bytes(nt, kw, x_stages, groups, w_stages, tiles)
+    check_small(kw, depth, prefetch, tiles, min_blocks, x_stages, groups, w_stages, cluster)
+    smem = small_shared_bytes(nt, kw, x_stages, groups, w_stages, tiles, cluster)
     if smem > shared_memory_limit(index):
         raise ValueError(f"gemm_small: kw={kw} groups={groups} x_stages={x_stages} "
                          f"w_stages={w_stages} tiles={tiles} need "
                          f"{smem} bytes of shared memory at {8 * nt} rows, over the "
                          f"{shared_memory_limit(index)} a block may have here")
     func = _kernel(index, kernel_name(nt, depth, prefetch, tiles, min_blocks, x_stages, groups,
-                                      kw, w_stages))
+                                      kw, w_stages, cluster))
     with cupy.cuda.Device(index):
         allow_shared_memory(func, smem)
     return func, smem

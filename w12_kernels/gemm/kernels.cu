@@ -91,6 +91,27 @@ __device__ __forceinline__ bf16_t float_to_bf16(float v) {
   return r;
 }
 
+// Thread-block clusters (kernels_large.cu, and w12_gemm_small_cl): every thread of every block
+// of the cluster meets here; memory written before is visible to the cluster after.
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n"
+               "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  return (u32)__cvta_generic_to_shared(p);
+}
+
+// the float at shared-memory address p of block ``rank`` of the cluster
+__device__ __forceinline__ float load_cluster(const float* p, int rank) {
+  u32 remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)),
+               "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+
 // 4 bytes global -> shared, asynchronously (zeros where ``bytes`` is 0)
 __device__ __forceinline__ void cp_async4(void* dst, const void* src, int bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(
@@ -261,8 +282,10 @@ __device__ __forceinline__ void read_w(Words4 (&w)[TL][3], const u32* stage, int
 
 // Where the epilogue's rows sit in shared memory: [5][TL][16 TG] words (scale, e0, e1, col0,
 // delta0) after the partial tiles and the activation and weight stages.
-template <int NT, int XS, int TG, int WS, int TL>
+template <int NT, int XS, int TG, int WS, int TL, int CL>
 __device__ __forceinline__ u32* epi_rows_at(float* partial, int kw) {
+  if constexpr (CL > 1)  // [TL][TG][kw][NT * 4][32] partial tiles (no stages)
+    return reinterpret_cast<u32*>(partial + TL * TG * kw * NT * 4 * 32);
   return reinterpret_cast<u32*>(partial + TG * kw * NT * 4 * 32) + TG * kw * XS * NT * 256 +
          TG * kw * WS * TL * 384;
 }
@@ -362,23 +385,33 @@ __device__ __forceinline__ void store_tokens(const EpiRow& e, const float* gp, i
   }
 }
 
-template <int NT, int P, bool XPF, int TL, int MINB, int XS, int TG, int WB, int WS>
-__global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
+template <int NT, int P, bool XPF, int TL, int MINB, int XS, int TG, int WB, int WS, int CL>
+__device__ __forceinline__ void small_body(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
     const float* __restrict__ scale, const int* __restrict__ rowptr,
     const int* __restrict__ esc_col, const float* __restrict__ esc_delta,
     const bf16_t* __restrict__ bias, int M, int N, int ntiles, int nchunks, int ldx, int kw) {
   // [TG][kw][NT * 4][32], then with XS: [TG kw][XS][NT][32][8], then with WS:
-  // [TG kw][WS][TL][3][32][4]
+  // [TG kw][WS][TL][3][32][4]; with CL > 1: [TL][TG][kw][NT * 4][32]
   extern __shared__ float partial[];
-  const int warp = threadIdx.x >> 5;  // (grp, w): warp w of the kw of tile group grp
+  static_assert(CL == 1 || (XS == 0 && WS == 0), "a cluster's blocks take no stages");
+  const int kwl = CL > 1 ? kw / CL : kw;  // warps of a tile group in this block
+  int rank = 0;  // this block's part of the kw warps: warps rank * kwl .. + kwl - 1
+  if constexpr (CL > 1) {
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    // the first half of the barrier that tells this block the cluster's blocks have all
+    // started (their shared memory may be written); its wait comes after the main loop
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  }
+  const int bx = CL > 1 ? (int)blockIdx.x / CL : (int)blockIdx.x;  // the block's tiles
+  const int warp = threadIdx.x >> 5;  // (grp, w): warp w of the kwl of tile group grp
   const int lane = threadIdx.x & 31;
-  const int grp = TG == 1 ? 0 : warp / kw;
-  const int tile0 = (blockIdx.x * TG + grp) * TL;
+  const int grp = TG == 1 ? 0 : warp / kwl;
+  const int tile0 = (bx * TG + grp) * TL;
   const int g = lane >> 2;
   const int t = lane & 3;
   // the warp's chunks: first + i * step for i < n
-  const int first = warp - grp * kw;
+  const int first = rank * kwl + warp - grp * kwl;
   const int step = kw;
   const int n = (nchunks - first + kw - 1) / kw;
   // The warp's weight and activation streams as running 32-bit offsets, advanced by one
@@ -405,7 +438,7 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
   constexpr int erows = TG * 16;
   int er = threadIdx.x % erows;
   int ej = threadIdx.x / erows;
-  u32* epi = epi_rows_at<NT, XS, TG, WS, TL>(partial, kw);
+  u32* epi = epi_rows_at<NT, XS, TG, WS, TL, CL>(partial, kw);
   int e0r[TL], e1r[TL];
   float acc[TL][NT][4];
 #pragma unroll
@@ -428,7 +461,7 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
   if (ej == 0) {  // (after the ring's first loads: fewer registers live, measured)
 #pragma unroll
     for (int tt = 0; tt < TL; ++tt) {
-      const int row = ((blockIdx.x * TG + er / 16) * TL + tt) * 16 + er % 16;
+      const int row = ((bx * TG + er / 16) * TL + tt) * 16 + er % 16;
       const bool on = row < N;
       e0r[tt] = on ? rowptr[row] : 0;
       e1r[tt] = on ? rowptr[row + 1] : 0;
@@ -543,7 +576,66 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
     asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
     er = (int)tid % erows;
     ej = (int)tid / erows;
-    epi = epi_rows_at<NT, XS, TG, WS, TL>(partial, kw);
+    epi = epi_rows_at<NT, XS, TG, WS, TL, CL>(partial, kw);
+  }
+  if constexpr (CL > 1) {
+    // Every block of the cluster gets every warp's partial tiles of every tile, in the layout
+    // of the unclustered kernel ([TL][TG][kw][NT * 4][32], warp w at its place in 0..kw-1):
+    // stores into the other blocks' shared memory, which do not wait, then one barrier; then
+    // each block stores its share of the tokens (thread (er, ej) of block rank: tokens
+    // ej CL + rank, + 2 kw, ...) from its own shared memory, the sums in warp order as there.
+    // (Reading the other blocks' partials after the barrier instead cost a remote round trip
+    // per partial, in series: 14-44% slower than the unclustered kernel, docs/PERF_GEMM.md.)
+    // Nothing is read from another block after the barrier, so no block waits for the
+    // others to leave.
+    const int wg = rank * kwl + warp - grp * kwl;  // the warp's place among the kw
+    u32 remote[CL];
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block has started
+#pragma unroll
+    for (int q = 0; q < CL; ++q)
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote[q])
+                   : "r"(smem_addr(partial)), "r"(q));
+#pragma unroll
+    for (int tt = 0; tt < TL; ++tt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const u32 at = 4u * ((((tt * TG + grp) * kw + wg) * NT * 4 + nt * 4 + r) * 32 + lane);
+#pragma unroll
+          for (int q = 0; q < CL; ++q)
+            asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote[q] + at),
+                         "f"(acc[tt][nt][r]) : "memory");
+        }
+    cluster_sync_all();  // (release, acquire) every block's partials are in
+    const int gi = er / 16, rt = er % 16;
+    const int jc = ej * CL + rank, estep = 2 * kw;
+#pragma unroll
+    for (int tt = 0; tt < TL; ++tt) {
+      const int row = ((bx * TG + gi) * TL + tt) * 16 + rt;
+      if (row >= N) continue;
+      const float* gp = partial + (size_t)(tt * TG + gi) * kw * NT * 4 * 32;
+      const int at = tt * erows + er, plane = TL * erows;
+      EpiRow e;
+      e.scale = __uint_as_float(epi[at]);
+      e.e0 = (int)epi[plane + at];
+      e.e1 = (int)epi[2 * plane + at];
+      e.col0 = (int)epi[3 * plane + at];
+      e.delta0 = __uint_as_float(epi[4 * plane + at]);
+      e.bias = bias != nullptr ? bf16_to_float(bias[row]) : 0.0f;
+      if (NT > 1 && estep < NT * 8) {
+        store_tokens<NT, 4>(e, gp, rt, row, jc, estep, kw, M, N, ldx, x, y, esc_col,
+                            esc_delta, bias);
+        continue;
+      }
+      for (int j = jc; j < NT * 8; j += estep) {
+        const int tok = epi_token(j);
+        if (tok < M)
+          store_output(partial_sum<NT>(gp, rt, tok, kw), e, row, tok, x, y, esc_col,
+                       esc_delta, bias, N, ldx);
+      }
+    }
+    return;
   }
   const int estep = 2 * kw;  // blockDim.x / erows
   float* mine = partial + (size_t)warp * NT * 4 * 32;
@@ -558,7 +650,7 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
 #pragma unroll
       for (int r = 0; r < 4; ++r) mine[(nt * 4 + r) * 32 + lane] = acc[tt][nt][r];
     __syncthreads();
-    const int row = ((blockIdx.x * TG + gi) * TL + tt) * 16 + rt;
+    const int row = ((bx * TG + gi) * TL + tt) * 16 + rt;
     if (row >= N) continue;
     const int at = tt * erows + er, plane = TL * erows;
     EpiRow e;
@@ -580,6 +672,31 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
                      bias, N, ldx);
     }
   }
+}
+
+template <int NT, int P, bool XPF, int TL, int MINB, int XS, int TG, int WB, int WS>
+__global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
+    const Words4* __restrict__ chunks, const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
+    const float* __restrict__ scale, const int* __restrict__ rowptr,
+    const int* __restrict__ esc_col, const float* __restrict__ esc_delta,
+    const bf16_t* __restrict__ bias, int M, int N, int ntiles, int nchunks, int ldx, int kw) {
+  small_body<NT, P, XPF, TL, MINB, XS, TG, WB, WS, 1>(chunks, x, y, scale, rowptr, esc_col,
+                                                      esc_delta, bias, M, N, ntiles, nchunks,
+                                                      ldx, kw);
+}
+
+// The same sums with each tile group's kw warps spread over the CL blocks of a cluster
+// (blocks CL b .. CL b + CL - 1 take tile block b): smaller blocks, so that a layer whose
+// tiles do not fill the multiprocessors evenly in blocks of kw warps may in blocks of kw / CL.
+template <int NT, int P, bool XPF, int TL, int MINB, int XS, int TG, int WB, int WS, int CL>
+__global__ void __launch_bounds__(32 * WB, MINB) __cluster_dims__(CL, 1, 1) w12_gemm_small_cl(
+    const Words4* __restrict__ chunks, const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
+    const float* __restrict__ scale, const int* __restrict__ rowptr,
+    const int* __restrict__ esc_col, const float* __restrict__ esc_delta,
+    const bf16_t* __restrict__ bias, int M, int N, int ntiles, int nchunks, int ldx, int kw) {
+  small_body<NT, P, XPF, TL, MINB, XS, TG, WB, WS, CL>(chunks, x, y, scale, rowptr, esc_col,
+                                                       esc_delta, bias, M, N, ntiles,
+                                                       nchunks, ldx, kw);
 }
 
 __device__ __forceinline__ u32 scale_pair(u32 pair, float s) {

@@ -111,7 +111,8 @@ def _small_passes(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k, 
         cuda.gemm_small(part, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k,
                         kw=cfg.kw, depth=lay.depth, prefetch=lay.prefetch, tiles=lay.tiles,
                         min_blocks=lay.min_blocks, x_stages=lay.x_stages, groups=lay.groups,
-                        w_stages=lay.w_stages, out=out[start : start + part.shape[0]])
+                        w_stages=lay.w_stages, cluster=lay.cluster,
+                        out=out[start : start + part.shape[0]])
     return out
 
 
