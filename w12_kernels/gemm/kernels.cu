@@ -30,6 +30,13 @@
 // the bias, and rounds to BF16; a row's scale, escape range and first escape are brought into
 // shared memory before the main loop (so the epilogue waits on no chain of global loads).
 //
+// w12_gemm_small_cl<..., CL>: the same kernel with each tile group's kw warps spread over the CL
+// blocks of a thread-block cluster (kw / CL warps a block; warp w of the group in block
+// w / (kw / CL)), for layers whose blocks of kw warps spread unevenly over the multiprocessors.
+// Every warp stores its partial tiles into every block of the cluster, one cluster barrier, then
+// each block stores its share of the tokens from its own shared memory: the same sums in the
+// same order as w12_gemm_small (docs/PERF_GEMM.md #52).
+//
 // w12_decode: the in-window weights as BF16 [N, K] (escapes come out as record 0;
 // w12_write_escapes writes them in after it).
 
@@ -585,7 +592,8 @@ __device__ __forceinline__ void small_body(
     // each block stores its share of the tokens (thread (er, ej) of block rank: tokens
     // ej CL + rank, + 2 kw, ...) from its own shared memory, the sums in warp order as there.
     // (Reading the other blocks' partials after the barrier instead cost a remote round trip
-    // per partial, in series: 14-44% slower than the unclustered kernel, docs/PERF_GEMM.md.)
+    // per partial, one after another: 14-17% slower than the unclustered kernel on the same
+    // warps, docs/PERF_GEMM.md #52.)
     // Nothing is read from another block after the barrier, so no block waits for the
     // others to leave.
     const int wg = rank * kwl + warp - grp * kwl;  // the warp's place among the kw
