@@ -392,6 +392,38 @@ __device__ __forceinline__ void store_tokens(const EpiRow& e, const float* gp, i
   }
 }
 
+// One output row's stores (the epilogue of both kernels): the row's data from the epilogue's
+// shared-memory rows (at: its slot, plane: the slots of one field), then its tokens j0,
+// j0 + estep, ... (in batches of 4 where a thread has several, #40), each the sum of the kw
+// partial tiles at gp in warp order.
+template <int NT>
+__device__ __forceinline__ void store_row(const u32* epi, int at, int plane, const float* gp,
+                                          int rt, int row, int j0, int estep, int kw, int M,
+                                          int N, int ldx, const bf16_t* __restrict__ x,
+                                          bf16_t* __restrict__ y,
+                                          const int* __restrict__ esc_col,
+                                          const float* __restrict__ esc_delta,
+                                          const bf16_t* __restrict__ bias) {
+  EpiRow e;
+  e.scale = __uint_as_float(epi[at]);
+  e.e0 = (int)epi[plane + at];
+  e.e1 = (int)epi[2 * plane + at];
+  e.col0 = (int)epi[3 * plane + at];
+  e.delta0 = __uint_as_float(epi[4 * plane + at]);
+  e.bias = bias != nullptr ? bf16_to_float(bias[row]) : 0.0f;
+  if (NT > 1 && estep < NT * 8) {  // several tokens per thread: in batches of 4 (#40)
+    store_tokens<NT, 4>(e, gp, rt, row, j0, estep, kw, M, N, ldx, x, y, esc_col, esc_delta,
+                        bias);
+    return;
+  }
+  for (int j = j0; j < NT * 8; j += estep) {  // one token per thread (or M <= 8)
+    const int tok = epi_token(j);
+    if (tok < M)
+      store_output(partial_sum<NT>(gp, rt, tok, kw), e, row, tok, x, y, esc_col, esc_delta,
+                   bias, N, ldx);
+  }
+}
+
 template <int NT, int P, bool XPF, int TL, int MINB, int XS, int TG, int WB, int WS, int CL>
 __device__ __forceinline__ void small_body(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
@@ -622,26 +654,9 @@ __device__ __forceinline__ void small_body(
     for (int tt = 0; tt < TL; ++tt) {
       const int row = ((bx * TG + gi) * TL + tt) * 16 + rt;
       if (row >= N) continue;
-      const float* gp = partial + (size_t)(tt * TG + gi) * kw * NT * 4 * 32;
-      const int at = tt * erows + er, plane = TL * erows;
-      EpiRow e;
-      e.scale = __uint_as_float(epi[at]);
-      e.e0 = (int)epi[plane + at];
-      e.e1 = (int)epi[2 * plane + at];
-      e.col0 = (int)epi[3 * plane + at];
-      e.delta0 = __uint_as_float(epi[4 * plane + at]);
-      e.bias = bias != nullptr ? bf16_to_float(bias[row]) : 0.0f;
-      if (NT > 1 && estep < NT * 8) {
-        store_tokens<NT, 4>(e, gp, rt, row, jc, estep, kw, M, N, ldx, x, y, esc_col,
-                            esc_delta, bias);
-        continue;
-      }
-      for (int j = jc; j < NT * 8; j += estep) {
-        const int tok = epi_token(j);
-        if (tok < M)
-          store_output(partial_sum<NT>(gp, rt, tok, kw), e, row, tok, x, y, esc_col,
-                       esc_delta, bias, N, ldx);
-      }
+      store_row<NT>(epi, tt * erows + er, TL * erows,
+                    partial + (size_t)(tt * TG + gi) * kw * NT * 4 * 32, rt, row, jc, estep, kw,
+                    M, N, ldx, x, y, esc_col, esc_delta, bias);
     }
     return;
   }
@@ -660,25 +675,8 @@ __device__ __forceinline__ void small_body(
     __syncthreads();
     const int row = ((bx * TG + gi) * TL + tt) * 16 + rt;
     if (row >= N) continue;
-    const int at = tt * erows + er, plane = TL * erows;
-    EpiRow e;
-    e.scale = __uint_as_float(epi[at]);
-    e.e0 = (int)epi[plane + at];
-    e.e1 = (int)epi[2 * plane + at];
-    e.col0 = (int)epi[3 * plane + at];
-    e.delta0 = __uint_as_float(epi[4 * plane + at]);
-    e.bias = bias != nullptr ? bf16_to_float(bias[row]) : 0.0f;
-    if (NT > 1 && estep < NT * 8) {  // several tokens per thread: in batches of 4 (#40)
-      store_tokens<NT, 4>(e, gp, rt, row, ej, estep, kw, M, N, ldx, x, y, esc_col, esc_delta,
-                          bias);
-      continue;
-    }
-    for (int j = ej; j < NT * 8; j += estep) {  // one token per thread (or M <= 8)
-      const int tok = epi_token(j);
-      if (tok < M)
-        store_output(partial_sum<NT>(gp, rt, tok, kw), e, row, tok, x, y, esc_col, esc_delta,
-                     bias, N, ldx);
-    }
+    store_row<NT>(epi, tt * erows + er, TL * erows, gp, rt, row, ej, estep, kw, M, N, ldx, x,
+                  y, esc_col, esc_delta, bias);
   }
 }
 
