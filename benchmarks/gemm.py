@@ -288,11 +288,10 @@ _W_STAGED = {
     8: ((1, 1, 0, 3), (2, 1, 0, 3), (1, 2, 0, 3)),
 }
 # each tile group's kw warps spread over the blocks of a thread-block cluster (kw / cluster
-# warps a block), so that layers whose tile blocks of kw warps do not spread evenly over the
-# multiprocessors (6144x4096 at 32 rows: 192 blocks of 8 warps, two on 60 multiprocessors and
-# one on the other 72) take smaller ones: (tiles, min_blocks, cluster); min_blocks counts the
-# cluster's blocks (of the 8-warp bound over cluster), so 4 with cluster 2 is the register cap
-# of 2 with none
+# warps a block): smaller blocks for the same K split. They won the 5120-row layers at 17-32
+# rows (+6-11%) and not 6144x4096, whose uneven spread of 8-warp blocks they were built for
+# (docs/PERF_GEMM.md #52): (tiles, min_blocks, cluster); min_blocks counts the cluster's blocks
+# (of the 8-warp bound over cluster), so 4 with cluster 2 is the register cap of 2 with none
 _CLUSTERED = {
     1: ((1, 4, 2), (2, 4, 2), (1, 8, 4), (2, 8, 4)),
     2: ((1, 4, 2), (2, 4, 2), (3, 3, 2), (1, 8, 4), (2, 8, 4)),

@@ -32,7 +32,7 @@
 //
 // w12_gemm_small_cl<..., CL>: the same kernel with each tile group's kw warps spread over the CL
 // blocks of a thread-block cluster (kw / CL warps a block; warp w of the group in block
-// w / (kw / CL)), for layers whose blocks of kw warps spread unevenly over the multiprocessors.
+// w / (kw / CL)): smaller blocks for the same K split (in the table on the 5120-row layers).
 // Every warp stores its partial tiles into every block of the cluster, one cluster barrier, then
 // each block stores its share of the tokens from its own shared memory: the same sums in the
 // same order as w12_gemm_small (docs/PERF_GEMM.md #52).
@@ -628,7 +628,6 @@ __device__ __forceinline__ void small_body(
     // warps, docs/PERF_GEMM.md #52.)
     // Nothing is read from another block after the barrier, so no block waits for the
     // others to leave.
-    const int wg = rank * kwl + warp - grp * kwl;  // the warp's place among the kw
     u32 remote[CL];
     asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block has started
 #pragma unroll
@@ -641,7 +640,9 @@ __device__ __forceinline__ void small_body(
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const u32 at = 4u * ((((tt * TG + grp) * kw + wg) * NT * 4 + nt * 4 + r) * 32 + lane);
+          // (first: the warp's place among the kw)
+          const u32 at =
+              4u * ((((tt * TG + grp) * kw + first) * NT * 4 + nt * 4 + r) * 32 + lane);
 #pragma unroll
           for (int q = 0; q < CL; ++q)
             asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote[q] + at),
@@ -692,8 +693,7 @@ __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
 }
 
 // The same sums with each tile group's kw warps spread over the CL blocks of a cluster
-// (blocks CL b .. CL b + CL - 1 take tile block b): smaller blocks, so that a layer whose
-// tiles do not fill the multiprocessors evenly in blocks of kw warps may in blocks of kw / CL.
+// (blocks CL b .. CL b + CL - 1 take tile block b): blocks of kw / CL warps.
 template <int NT, int P, bool XPF, int TL, int MINB, int XS, int TG, int WB, int WS, int CL>
 __global__ void __launch_bounds__(32 * WB, MINB) __cluster_dims__(CL, 1, 1) w12_gemm_small_cl(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
