@@ -148,14 +148,14 @@ def small_shared_bytes(nt: int, kw: int, x_stages: int = 0, groups: int = 1,
                        w_stages: int = 0, tiles: int = 1, cluster: int = 1) -> int:
     """``w12_gemm_small``'s dynamic shared memory: each group's kw partial tiles (at most
     32 KiB a group), then each warp's activation stages (1 KiB per n-tile and stage), then
-    each warp's weight stages (1.5 KiB per tile and stage), then the epilogue's five words per
-    output row of the block (320 bytes per 16-row tile). With ``cluster`` > 1 (no stages) one
+    each warp's weight stages (1.5 KiB per tile and stage), then the epilogue's seven words per
+    output row of the block (448 bytes per 16-row tile). With ``cluster`` > 1 (no stages) one
     block's: the partial tiles of all kw warps of the cluster for every tile at once, then the
     epilogue's rows."""
     if cluster > 1:
-        return groups * tiles * kw * nt * 4 * 32 * 4 + groups * tiles * 320
+        return groups * tiles * kw * nt * 4 * 32 * 4 + groups * tiles * 448
     return (groups * kw * (nt * 4 * 32 * 4 + x_stages * nt * 1024 + w_stages * tiles * 1536)
-            + groups * tiles * 320)
+            + groups * tiles * 448)
 
 
 @functools.cache

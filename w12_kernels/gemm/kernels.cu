@@ -47,6 +47,35 @@ struct alignas(16) Words4 {
   u32 x, y, z, w;
 };
 
+// W12_TIMELINE (benchmarks/small_timeline.py only; not defined in the kernels the library
+// compiles, whose code it leaves unchanged): lane 0 of every warp of w12_gemm_small writes
+// %globaltimer at points of its run into w12_tl, 8 words a warp (warp id = block * warps per
+// block + warp): 0 entry, 1 the first column's MMAs issued (its weights and activations in),
+// 2 the middle column's, 3 the main loop done, 4 the partial tiles summed (the epilogue's
+// first barrier), 5 the last output stored; word 7 the multiprocessor.
+#ifdef W12_TIMELINE
+constexpr int W12_TL_WORDS = 1 << 21;
+__device__ unsigned long long w12_tl[W12_TL_WORDS];
+__device__ __forceinline__ void w12_mark(int k) {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  if ((threadIdx.x & 31) == 0) {
+    const size_t at = ((size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 8;
+    if (at + 8 <= (size_t)W12_TL_WORDS) {
+      w12_tl[at + k] = t;
+      if (k == 0) {
+        u32 sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        w12_tl[at + 7] = sm;
+      }
+    }
+  }
+}
+#define W12_MARK(k) w12_mark(k)
+#else
+#define W12_MARK(k) ((void)0)
+#endif
+
 __device__ __forceinline__ Words4 load_stream(const Words4* p) {
   Words4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -287,8 +316,12 @@ __device__ __forceinline__ void read_w(Words4 (&w)[TL][3], const u32* stage, int
     }
 }
 
-// Where the epilogue's rows sit in shared memory: [5][TL][16 TG] words (scale, e0, e1, col0,
-// delta0) after the partial tiles and the activation and weight stages.
+// The epilogue's rows: 3 + 2 ESC_STAGED planes of [TL][16 TG] words, a row's scale, its escape
+// range e0, e1, and the columns and deltas of its first ESC_STAGED escapes (column -1 past e1;
+// cuda.small_shared_bytes counts the seven words), after the partial tiles and the activation
+// and weight stages.
+constexpr int ESC_STAGED = 2;
+
 template <int NT, int XS, int TG, int WS, int TL, int CL>
 __device__ __forceinline__ u32* epi_rows_at(float* partial, int kw) {
   if constexpr (CL > 1)  // [TL][TG][kw][NT * 4][32] partial tiles (no stages)
@@ -298,9 +331,9 @@ __device__ __forceinline__ u32* epi_rows_at(float* partial, int kw) {
 }
 
 // The second step of the epilogue's rows, once the first columns' loads are in flight: each
-// row's escape range into shared memory and its first escape's column and delta by cp.async
-// (col0 = -1 for a row without escapes). The copies join the kernel's next cp.async group;
-// the epilogue waits for all of them.
+// row's escape range into shared memory and the columns and deltas of its first ESC_STAGED
+// escapes by cp.async (column -1 where the row has fewer). The copies join the kernel's next
+// cp.async group; the epilogue waits for all of them.
 template <int TL>
 __device__ __forceinline__ void epi_escapes(u32* epi, int er, int ej, int erows,
                                             const int (&e0r)[TL], const int (&e1r)[TL],
@@ -312,11 +345,14 @@ __device__ __forceinline__ void epi_escapes(u32* epi, int er, int ej, int erows,
     const int at = tt * erows + er;
     epi[plane + at] = (u32)e0r[tt];
     epi[2 * plane + at] = (u32)e1r[tt];
-    if (e0r[tt] < e1r[tt]) {
-      cp_async4(epi + 3 * plane + at, esc_col + e0r[tt], 4);
-      cp_async4(epi + 4 * plane + at, esc_delta + e0r[tt], 4);
-    } else {
-      epi[3 * plane + at] = 0xFFFFFFFFu;  // col0 = -1
+#pragma unroll
+    for (int i = 0; i < ESC_STAGED; ++i) {
+      if (e0r[tt] + i < e1r[tt]) {
+        cp_async4(epi + (3 + i) * plane + at, esc_col + e0r[tt] + i, 4);
+        cp_async4(epi + (3 + ESC_STAGED + i) * plane + at, esc_delta + e0r[tt] + i, 4);
+      } else {
+        epi[(3 + i) * plane + at] = 0xFFFFFFFFu;  // column -1
+      }
     }
   }
 }
@@ -328,99 +364,132 @@ __device__ __forceinline__ int epi_token(int j) {
   return (j & ~3) | ((j & 1) << 1) | ((j >> 1) & 1);
 }
 
-template <int NT>
+// (KWB >= kw, a compile-time bound: the kw loads are issued together, then added in warp
+// order; a loop to the run-time kw waited for each load before the next, #53)
+template <int NT, int KWB>
 __device__ __forceinline__ float partial_sum(const float* gp, int rt, int tok, int kw) {
   const int item = (tok >> 3) * 4 + ((rt >> 3) << 1) + (tok & 1);
   const int ln = ((rt & 7) << 2) + ((tok & 7) >> 1);
-  float v = gp[item * 32 + ln];
-  for (int w = 1; w < kw; ++w) v += gp[(w * NT * 4 + item) * 32 + ln];  // fixed order
+  float p[KWB];
+#pragma unroll
+  for (int w = 0; w < KWB; ++w) p[w] = w < kw ? gp[(w * NT * 4 + item) * 32 + ln] : 0.0f;
+  float v = p[0];
+#pragma unroll
+  for (int w = 1; w < KWB; ++w)
+    if (w < kw) v += p[w];  // fixed order
   return v;
 }
 
-// The epilogue's outputs of one row for the thread's tokens ej, ej + estep, ... (the sums of
-// the kw partial tiles at gp, in warp order), in batches of EB tokens (#40): per escape, its
-// column and delta are loaded once for the batch (the next escape's while this one is added)
-// and the batch's activation loads at that column are issued together, so a batch waits on
-// one load per escape instead of each token on two. Per output the arithmetic and its order
-// are store_output's (same bits).
+// The same with the bound cut to the smallest of 2, 4, 8 or KWB that holds kw (predicated loads
+// and adds for warps past kw cost the kw 2 layers 1-4% at 32 rows, #53).
+template <int NT, int KWB>
+__device__ __forceinline__ float partial_sum_kw(const float* gp, int rt, int tok, int kw) {
+  if constexpr (KWB > 2)
+    if (kw <= 2) return partial_sum<NT, 2>(gp, rt, tok, kw);
+  if constexpr (KWB > 4)
+    if (kw <= 4) return partial_sum<NT, 4>(gp, rt, tok, kw);
+  if constexpr (KWB > 8)
+    if (kw <= 8) return partial_sum<NT, 8>(gp, rt, tok, kw);
+  return partial_sum<NT, KWB>(gp, rt, tok, kw);
+}
+
+// The epilogue's escape activations (docs/PERF_GEMM.md #53): x[tok, col] of a row's first
+// ESC_STAGED escapes for the thread's first EB tokens j0, j0 + estep, ... (0 where there is
+// none), loaded for every tile of the block at once right after the barrier, so that the
+// epilogue waits on one round trip for all of them instead of one per escape and tile. EB:
+// the tokens a thread has at kw 8 (estep 16), kw 4 or 2 at one n-tile (more registers held
+// through the epilogue cost the NT = 1 and 2 kernels blocks per multiprocessor, measured
+// offline); a thread's further tokens come in further batches of EB.
+template <int NT>
+__host__ __device__ constexpr int epi_batch() {
+  return NT == 1 ? 1 : NT == 2 ? 2 : 4;
+}
+
 template <int NT, int EB>
-__device__ __forceinline__ void store_tokens(const EpiRow& e, const float* gp, int rt, int row,
-                                             int ej, int estep, int kw, int M, int N, int ldx,
-                                             const bf16_t* __restrict__ x,
-                                             bf16_t* __restrict__ y,
-                                             const int* __restrict__ esc_col,
-                                             const float* __restrict__ esc_delta,
-                                             const bf16_t* __restrict__ bias) {
-  for (int j0 = ej; j0 < NT * 8; j0 += EB * estep) {
-    int tk[EB];
-    float out[EB];
+__device__ __forceinline__ void gather_row(const u32* epi, int at, int plane, int j0, int estep,
+                                           int M, int ldx, const bf16_t* __restrict__ x,
+                                           float (&xg)[EB][ESC_STAGED]) {
+  int col[ESC_STAGED];
 #pragma unroll
-    for (int u = 0; u < EB; ++u) {
-      const int j = j0 + u * estep;
-      const int tok = epi_token(j);
-      tk[u] = j < NT * 8 && tok < M ? tok : -1;
-      out[u] = 0.0f;
-      if (tk[u] >= 0) out[u] = partial_sum<NT>(gp, rt, tok, kw) * e.scale;
-    }
-    if (e.col0 >= 0) {
-      int c = e.col0;
-      float d = e.delta0;
-      for (int q = e.e0; q < e.e1; ++q) {
-        int cn = 0;
-        float dn = 0.0f;
-        if (q + 1 < e.e1) {
-          cn = esc_col[q + 1];
-          dn = esc_delta[q + 1];
-        }
-        float xq[EB];
+  for (int i = 0; i < ESC_STAGED; ++i) col[i] = (int)epi[(3 + i) * plane + at];
 #pragma unroll
-        for (int u = 0; u < EB; ++u)
-          xq[u] = tk[u] >= 0 ? bf16_to_float(x[(size_t)tk[u] * ldx + c]) : 0.0f;
+  for (int u = 0; u < EB; ++u) {
+    const int j = j0 + u * estep;
+    const int tok = epi_token(j);
+    const bool live = j < NT * 8 && tok < M;
 #pragma unroll
-        for (int u = 0; u < EB; ++u) out[u] += xq[u] * d;
-        c = cn;
-        d = dn;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < EB; ++u) {
-      if (tk[u] < 0) continue;
-      float o = out[u];
-      if (bias != nullptr) o += e.bias;
-      y[(size_t)tk[u] * N + row] = float_to_bf16(o);
-    }
+    for (int i = 0; i < ESC_STAGED; ++i)
+      xg[u][i] = live && col[i] >= 0 ? bf16_to_float(x[(size_t)tok * ldx + col[i]]) : 0.0f;
   }
 }
 
-// One output row's stores (the epilogue of both kernels): the row's data from the epilogue's
-// shared-memory rows (at: its slot, plane: the slots of one field), then its tokens j0,
-// j0 + estep, ... (in batches of 4 where a thread has several, #40), each the sum of the kw
-// partial tiles at gp in warp order.
-template <int NT>
+// One output: the row's sum of the kw partial tiles (warp order) times its scale, plus its
+// escape corrections in list order (the first ESC_STAGED with the activations xv, the rest
+// loaded here), plus the bias, rounded to BF16: store_output's arithmetic and order, with the
+// roundings spelled out so that no contraction differs between the two.
+template <int NT, int KWB>
+__device__ __forceinline__ void emit_output(const float* gp, int rt, int tok, int kw, int row,
+                                            float scale, int e0, int e1,
+                                            const float (&d)[ESC_STAGED],
+                                            const int (&col)[ESC_STAGED],
+                                            const float (&xv)[ESC_STAGED], float b, int N,
+                                            int ldx, const bf16_t* __restrict__ x,
+                                            bf16_t* __restrict__ y,
+                                            const int* __restrict__ esc_col,
+                                            const float* __restrict__ esc_delta,
+                                            const bf16_t* __restrict__ bias) {
+  float o = __fmul_rn(partial_sum_kw<NT, KWB>(gp, rt, tok, kw), scale);
+#pragma unroll
+  for (int i = 0; i < ESC_STAGED; ++i)
+    if (col[i] >= 0) o = __fmaf_rn(xv[i], d[i], o);
+  for (int q = e0 + ESC_STAGED; q < e1; ++q)  // rows with more escapes (rare)
+    o = __fmaf_rn(bf16_to_float(x[(size_t)tok * ldx + esc_col[q]]), esc_delta[q], o);
+  if (bias != nullptr) o = __fadd_rn(o, b);
+  y[(size_t)tok * N + row] = float_to_bf16(o);
+}
+
+// One output row's stores: the row's data from the epilogue's shared-memory rows (at: its
+// slot, plane: the slots of one field), then its tokens j0, j0 + estep, ... in batches of EB,
+// the first batch's escape activations gathered ahead (xg), each later batch's loaded together
+// before its outputs.
+template <int NT, int EB, int KWB>
 __device__ __forceinline__ void store_row(const u32* epi, int at, int plane, const float* gp,
                                           int rt, int row, int j0, int estep, int kw, int M,
                                           int N, int ldx, const bf16_t* __restrict__ x,
                                           bf16_t* __restrict__ y,
                                           const int* __restrict__ esc_col,
                                           const float* __restrict__ esc_delta,
-                                          const bf16_t* __restrict__ bias) {
-  EpiRow e;
-  e.scale = __uint_as_float(epi[at]);
-  e.e0 = (int)epi[plane + at];
-  e.e1 = (int)epi[2 * plane + at];
-  e.col0 = (int)epi[3 * plane + at];
-  e.delta0 = __uint_as_float(epi[4 * plane + at]);
-  e.bias = bias != nullptr ? bf16_to_float(bias[row]) : 0.0f;
-  if (NT > 1 && estep < NT * 8) {  // several tokens per thread: in batches of 4 (#40)
-    store_tokens<NT, 4>(e, gp, rt, row, j0, estep, kw, M, N, ldx, x, y, esc_col, esc_delta,
-                        bias);
-    return;
+                                          const bf16_t* __restrict__ bias,
+                                          const float (&xg)[EB][ESC_STAGED]) {
+  const float scale = __uint_as_float(epi[at]);
+  const int e0 = (int)epi[plane + at], e1 = (int)epi[2 * plane + at];
+  int col[ESC_STAGED];
+  float d[ESC_STAGED];
+#pragma unroll
+  for (int i = 0; i < ESC_STAGED; ++i) {
+    col[i] = (int)epi[(3 + i) * plane + at];
+    d[i] = __uint_as_float(epi[(3 + ESC_STAGED + i) * plane + at]);
   }
-  for (int j = j0; j < NT * 8; j += estep) {  // one token per thread (or M <= 8)
+  const float b = bias != nullptr ? bf16_to_float(bias[row]) : 0.0f;
+#pragma unroll
+  for (int u = 0; u < EB; ++u) {
+    const int j = j0 + u * estep;
     const int tok = epi_token(j);
-    if (tok < M)
-      store_output(partial_sum<NT>(gp, rt, tok, kw), e, row, tok, x, y, esc_col, esc_delta,
-                   bias, N, ldx);
+    if (j < NT * 8 && tok < M)
+      emit_output<NT, KWB>(gp, rt, tok, kw, row, scale, e0, e1, d, col, xg[u], b, N, ldx, x, y,
+                      esc_col, esc_delta, bias);
+  }
+  for (int jb = j0 + EB * estep; jb < NT * 8; jb += EB * estep) {  // (kw <= 4 at 17+ rows)
+    float xb[EB][ESC_STAGED];
+    gather_row<NT, EB>(epi, at, plane, jb, estep, M, ldx, x, xb);
+#pragma unroll
+    for (int u = 0; u < EB; ++u) {
+      const int j = jb + u * estep;
+      const int tok = epi_token(j);
+      if (j < NT * 8 && tok < M)
+        emit_output<NT, KWB>(gp, rt, tok, kw, row, scale, e0, e1, d, col, xb[u], b, N, ldx, x, y,
+                        esc_col, esc_delta, bias);
+    }
   }
 }
 
@@ -434,6 +503,7 @@ __device__ __forceinline__ void small_body(
   // [TG kw][WS][TL][3][32][4]; with CL > 1: [TL][TG][kw][NT * 4][32]
   extern __shared__ float partial[];
   static_assert(CL == 1 || (XS == 0 && WS == 0), "a cluster's blocks take no stages");
+  W12_MARK(0);
   const int kwl = CL > 1 ? kw / CL : kw;  // warps of a tile group in this block
   int rank = 0;  // this block's part of the kw warps: warps rank * kwl .. + kwl - 1
   if constexpr (CL > 1) {
@@ -559,6 +629,8 @@ __device__ __forceinline__ void small_body(
 #pragma unroll
           for (int tt = 0; tt < TL; ++tt)
             chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
+          if (ii == 0) W12_MARK(1);
+          if (ii == n / 2) W12_MARK(2);
         }
       }
     }
@@ -602,13 +674,17 @@ __device__ __forceinline__ void small_body(
             for (int tt = 0; tt < TL; ++tt)
               chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
           }
+          if (ii == 0) W12_MARK(1);
+          if (ii == n / 2) W12_MARK(2);
         }
       }
     }
   }
+  W12_MARK(3);
 
-  // one tile of each group at a time through shared memory: the kw partial tiles of a tile
-  // summed in warp order
+  // The partial tiles through shared memory, then the block's outputs from there, each the
+  // sum of a tile's kw partial tiles in warp order. The escape activations of all of the
+  // block's tiles are loaded right after the first barrier (#53).
   asm volatile("cp.async.wait_all;" ::: "memory");  // the epilogue's rows are in
   {
     u32 tid;
@@ -617,17 +693,21 @@ __device__ __forceinline__ void small_body(
     ej = (int)tid / erows;
     epi = epi_rows_at<NT, XS, TG, WS, TL, CL>(partial, kw);
   }
+  constexpr int KWB = CL * WB / TG;  // >= kw (the bound is max(8, kw) or kw TG, over CL)
+  constexpr int EB = epi_batch<NT>();
+  const int gi = er / 16, rt = er % 16;  // the tile group and tile row of the thread's rows
+  const int j0 = ej * CL + rank, estep = 2 * kw;  // its tokens: j0, j0 + estep, ...
+  const int plane = TL * erows;
+  float xg[TL][EB][ESC_STAGED];
   if constexpr (CL > 1) {
-    // Every block of the cluster gets every warp's partial tiles of every tile, in the layout
-    // of the unclustered kernel ([TL][TG][kw][NT * 4][32], warp w at its place in 0..kw-1):
-    // stores into the other blocks' shared memory, which do not wait, then one barrier; then
-    // each block stores its share of the tokens (thread (er, ej) of block rank: tokens
-    // ej CL + rank, + 2 kw, ...) from its own shared memory, the sums in warp order as there.
-    // (Reading the other blocks' partials after the barrier instead cost a remote round trip
-    // per partial, one after another: 14-17% slower than the unclustered kernel on the same
-    // warps, docs/PERF_GEMM.md #52.)
-    // Nothing is read from another block after the barrier, so no block waits for the
-    // others to leave.
+    // Every block of the cluster gets every warp's partial tiles of every tile
+    // ([TL][TG][kw][NT * 4][32], warp w at its place in 0..kw-1): stores into the other
+    // blocks' shared memory, which do not wait, then one barrier; then each block stores its
+    // share of the tokens (thread (er, ej) of block rank: tokens ej CL + rank, + 2 kw, ...)
+    // from its own shared memory. (Reading the other blocks' partials after the barrier
+    // instead cost a remote round trip per partial, one after another: 14-17% slower than the
+    // unclustered kernel on the same warps, docs/PERF_GEMM.md #52.) Nothing is read from
+    // another block after the barrier, so no block waits for the others to leave.
     u32 remote[CL];
     asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block has started
 #pragma unroll
@@ -649,22 +729,24 @@ __device__ __forceinline__ void small_body(
                          "f"(acc[tt][nt][r]) : "memory");
         }
     cluster_sync_all();  // (release, acquire) every block's partials are in
-    const int gi = er / 16, rt = er % 16;
-    const int jc = ej * CL + rank, estep = 2 * kw;
+    W12_MARK(4);
+#pragma unroll
+    for (int tt = 0; tt < TL; ++tt)
+      gather_row<NT, EB>(epi, tt * erows + er, plane, j0, estep, M, ldx, x, xg[tt]);
 #pragma unroll
     for (int tt = 0; tt < TL; ++tt) {
       const int row = ((bx * TG + gi) * TL + tt) * 16 + rt;
       if (row >= N) continue;
-      store_row<NT>(epi, tt * erows + er, TL * erows,
-                    partial + (size_t)(tt * TG + gi) * kw * NT * 4 * 32, rt, row, jc, estep, kw,
-                    M, N, ldx, x, y, esc_col, esc_delta, bias);
+      store_row<NT, EB, KWB>(epi, tt * erows + er, plane,
+                             partial + (size_t)(tt * TG + gi) * kw * NT * 4 * 32, rt, row, j0,
+                             estep, kw, M, N, ldx, x, y, esc_col, esc_delta, bias, xg[tt]);
     }
+    W12_MARK(5);
     return;
   }
-  const int estep = 2 * kw;  // blockDim.x / erows
+  // one tile at a time through one tile's partial tiles of shared memory (all tiles' at once
+  // ran 2-4% slower on the many-block layers at 32 rows, #53)
   float* mine = partial + (size_t)warp * NT * 4 * 32;
-  const int gi = er / 16;  // the tile group of the epilogue's row
-  const int rt = er % 16;
   const float* gp = partial + (size_t)gi * kw * NT * 4 * 32;
 #pragma unroll
   for (int tt = 0; tt < TL; ++tt) {
@@ -674,11 +756,18 @@ __device__ __forceinline__ void small_body(
 #pragma unroll
       for (int r = 0; r < 4; ++r) mine[(nt * 4 + r) * 32 + lane] = acc[tt][nt][r];
     __syncthreads();
+    if (tt == 0) {
+      W12_MARK(4);
+#pragma unroll
+      for (int t2 = 0; t2 < TL; ++t2)
+        gather_row<NT, EB>(epi, t2 * erows + er, plane, j0, estep, M, ldx, x, xg[t2]);
+    }
     const int row = ((bx * TG + gi) * TL + tt) * 16 + rt;
     if (row >= N) continue;
-    store_row<NT>(epi, tt * erows + er, TL * erows, gp, rt, row, ej, estep, kw, M, N, ldx, x,
-                  y, esc_col, esc_delta, bias);
+    store_row<NT, EB, KWB>(epi, tt * erows + er, plane, gp, rt, row, j0, estep, kw, M, N, ldx,
+                           x, y, esc_col, esc_delta, bias, xg[tt]);
   }
+  W12_MARK(5);
 }
 
 template <int NT, int P, bool XPF, int TL, int MINB, int XS, int TG, int WB, int WS>
