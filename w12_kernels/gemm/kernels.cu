@@ -27,8 +27,10 @@
 // a sum: each row's products are accumulated in the same order whatever they are. No atomics,
 // and kw depends on the weight shape only, so the bits of an output row do not depend on M.
 // The epilogue scales each row by 2^(e0 - 112), adds the escape corrections in list order and
-// the bias, and rounds to BF16; a row's scale, escape range and first escape are brought into
-// shared memory before the main loop (so the epilogue waits on no chain of global loads).
+// the bias, and rounds to BF16; a row's scale, escape range and first two escapes are brought
+// into shared memory before the main loop, and the activations of those escapes are loaded for
+// all of the block's tiles at once after the epilogue's first barrier (so the epilogue waits on
+// one round trip, not a chain of global loads per escape; docs/PERF_GEMM.md #53).
 //
 // w12_gemm_small_cl<..., CL>: the same kernel with each tile group's kw warps spread over the CL
 // blocks of a thread-block cluster (kw / CL warps a block; warp w of the group in block
@@ -477,7 +479,7 @@ __device__ __forceinline__ void store_row(const u32* epi, int at, int plane, con
     const int tok = epi_token(j);
     if (j < NT * 8 && tok < M)
       emit_output<NT, KWB>(gp, rt, tok, kw, row, scale, e0, e1, d, col, xg[u], b, N, ldx, x, y,
-                      esc_col, esc_delta, bias);
+                           esc_col, esc_delta, bias);
   }
   for (int jb = j0 + EB * estep; jb < NT * 8; jb += EB * estep) {  // (kw <= 4 at 17+ rows)
     float xb[EB][ESC_STAGED];
@@ -487,8 +489,8 @@ __device__ __forceinline__ void store_row(const u32* epi, int at, int plane, con
       const int j = jb + u * estep;
       const int tok = epi_token(j);
       if (j < NT * 8 && tok < M)
-        emit_output<NT, KWB>(gp, rt, tok, kw, row, scale, e0, e1, d, col, xb[u], b, N, ldx, x, y,
-                        esc_col, esc_delta, bias);
+        emit_output<NT, KWB>(gp, rt, tok, kw, row, scale, e0, e1, d, col, xb[u], b, N, ldx, x,
+                             y, esc_col, esc_delta, bias);
     }
   }
 }
