@@ -50,6 +50,14 @@ def _timeline_kernel(index: int, name: str):
         return module.get_function(name), module.get_global("w12_tl")
 
 
+def _call(x: torch.Tensor, pw, kw: int, lay: cfgs.Layout) -> torch.Tensor:
+    """The small-M kernel on ``x`` and the packed weight ``pw`` with ``kw`` and ``lay``."""
+    return cuda.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, None,
+                           pw.n, pw.k, kw=kw, depth=lay.depth, prefetch=lay.prefetch,
+                           tiles=lay.tiles, min_blocks=lay.min_blocks, x_stages=lay.x_stages,
+                           groups=lay.groups, w_stages=lay.w_stages, cluster=lay.cluster)
+
+
 def _run_stamped(layer: Layer, m: int, kw: int, lay: cfgs.Layout) -> dict:
     """One stamped call per weight copy (each after the others, so its weight is not in L2);
     the stats of the median call by span."""
@@ -69,10 +77,7 @@ def _run_stamped(layer: Layer, m: int, kw: int, lay: cfgs.Layout) -> dict:
             pw = layer.w12[i % layer.copies]
             tl.fill(0)
             torch.cuda.synchronize()
-            cuda.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta,
-                            None, pw.n, pw.k, kw=kw, depth=lay.depth, prefetch=lay.prefetch,
-                            tiles=lay.tiles, min_blocks=lay.min_blocks, x_stages=lay.x_stages,
-                            groups=lay.groups, w_stages=lay.w_stages, cluster=lay.cluster)
+            _call(x, pw, kw, lay)
             torch.cuda.synchronize()
             if i >= layer.copies:  # the first round compiles and warms up
                 calls.append(_stats(tl.get(), layer, kw, lay))
@@ -151,18 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 d = json.loads(args.layout)
                 kw = d.pop("kw", kw)
                 lay = cfgs.Layout.from_dict({**dataclasses.asdict(cfgs.Layout()), "wg": None, **d})
-            pw0 = layer.w12[0]
-
-            def run(x, pw, kw=kw, lay=lay):
-                return cuda.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col,
-                                       pw.esc_delta, None, pw.n, pw.k, kw=kw, depth=lay.depth,
-                                       prefetch=lay.prefetch, tiles=lay.tiles,
-                                       min_blocks=lay.min_blocks, x_stages=lay.x_stages,
-                                       groups=lay.groups, w_stages=lay.w_stages,
-                                       cluster=lay.cluster)
-
-            del pw0
-            t_w12, t_ref = time_pair(layer, m, run)
+            t_w12, t_ref = time_pair(layer, m, lambda x, pw, kw=kw, lay=lay: _call(x, pw, kw, lay))
             s = _run_stamped(layer, m, kw, lay)
             label = (f"kw{kw} d{lay.depth} t{lay.tiles} b{lay.min_blocks} xs{lay.x_stages} "
                      f"g{lay.groups} ws{lay.w_stages} c{lay.cluster}")

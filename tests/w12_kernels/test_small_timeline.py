@@ -47,3 +47,10 @@ def test_stats_skip_warps_that_never_ran():
     words[0:8] = [10_000, 12_000, 13_000, 14_000, 14_500, 15_000, 0, 1]
     s = tl._stats(words, SimpleNamespace(n=32, k=256), 2, cfgs.Layout(depth=1, tiles=1))
     assert s["warps"] == 1 and s["span"] == 5.0 and s["first_col"] == 2.0
+
+
+def test_without_a_gpu_it_says_so(capsys, monkeypatch):
+    tl = benchmark_module("small_timeline")
+    monkeypatch.setattr(tl.cuda, "available", lambda: False)
+    assert tl.main(["--shapes", "64x64", "--m", "1"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
