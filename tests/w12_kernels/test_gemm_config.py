@@ -280,8 +280,8 @@ def test_cluster_names_shared_memory_and_fallback():
     assert cuda.kernel_name(4, 1, False, 2, 2, 0, 1, 8, 0, 1) == \
         "w12_gemm_small<4, 1, false, 2, 2, 0, 1, 8, 0>"
     # one block of a cluster of 2 at kw 8, NT 4, 2 tiles: the partials of all 8 warps of the
-    # cluster, 2 KiB each per tile, then 7 words per output row
-    assert cuda.small_shared_bytes(4, 8, 0, 1, 0, 2, 2) == 2 * (8 * 2048 + 448)
+    # cluster, 2 KiB each per tile, then 8 words per output row
+    assert cuda.small_shared_bytes(4, 8, 0, 1, 0, 2, 2) == 2 * (8 * 2048 + 512)
     # a clustered default layout on a shape whose kw it does not divide runs unclustered
     lay = cfgs.Layout(depth=1, tiles=2, min_blocks=4, cluster=2)
     cfg = cfgs.SmallConfig(kw=1, by_nt=tuple((c, lay) for c in (1, 2, 4, 8)))
@@ -291,9 +291,9 @@ def test_cluster_names_shared_memory_and_fallback():
 
 def test_weight_stages_shared_memory():
     # partials 4 x 512 B, 3 activation stages x 4 n-tiles x 1 KiB, 3 weight stages x 2 tiles x
-    # 1.5 KiB, per warp; then 7 words per output row of the block for the epilogue
-    assert cuda.small_shared_bytes(4, 4, 3, 1, 3, 2) == 4 * (2048 + 12288 + 9216) + 2 * 16 * 28
-    assert cuda.small_shared_bytes(1, 8, 0, 2, 4, 1) == 16 * (512 + 6144) + 2 * 16 * 28
+    # 1.5 KiB, per warp; then 8 words per output row of the block for the epilogue
+    assert cuda.small_shared_bytes(4, 4, 3, 1, 3, 2) == 4 * (2048 + 12288 + 9216) + 2 * 16 * 32
+    assert cuda.small_shared_bytes(1, 8, 0, 2, 4, 1) == 16 * (512 + 6144) + 2 * 16 * 32
 
 
 def test_sweep_picks_the_nt1_layout_on_every_timed_row_count(monkeypatch):

@@ -148,14 +148,14 @@ def small_shared_bytes(nt: int, kw: int, x_stages: int = 0, groups: int = 1,
                        w_stages: int = 0, tiles: int = 1, cluster: int = 1) -> int:
     """``w12_gemm_small``'s dynamic shared memory: each group's kw partial tiles (at most
     32 KiB a group), then each warp's activation stages (1 KiB per n-tile and stage), then
-    each warp's weight stages (1.5 KiB per tile and stage), then the epilogue's seven words per
-    output row of the block (448 bytes per 16-row tile). With ``cluster`` > 1 (no stages) one
+    each warp's weight stages (1.5 KiB per tile and stage), then the epilogue's eight words per
+    output row of the block (512 bytes per 16-row tile). With ``cluster`` > 1 (no stages) one
     block's: the partial tiles of all kw warps of the cluster for every tile at once, then the
     epilogue's rows."""
     if cluster > 1:
-        return groups * tiles * kw * nt * 4 * 32 * 4 + groups * tiles * 448
+        return groups * tiles * kw * nt * 4 * 32 * 4 + groups * tiles * 512
     return (groups * kw * (nt * 4 * 32 * 4 + x_stages * nt * 1024 + w_stages * tiles * 1536)
-            + groups * tiles * 448)
+            + groups * tiles * 512)
 
 
 @functools.cache
@@ -226,9 +226,9 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
         raise ValueError(f"gemm_small takes at most {8 * NT_MAX} rows, got {m}")
     ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
     # (checked before padding x: the padded rows' stride is nchunks * 64)
-    if ntiles * nchunks * 96 >= 2**32 or 64 * nchunks * 64 >= 2**31:
-        raise ValueError("gemm_small: the weight (over 64 GiB) or the activation rows are too "
-                         "large for the kernel's 32-bit offsets")
+    if ntiles * nchunks * 96 >= 2**32 or 64 * nchunks * 64 >= 2**31 or 64 * n >= 2**32:
+        raise ValueError("gemm_small: the weight (over 64 GiB), the activation rows or the "
+                         "output rows are too large for the kernel's 32-bit offsets")
     xp = _padded_x(x, nchunks * 64)
     func, smem = _small_kernel(_index(x.device), -(-m // 8), kw, depth, prefetch, tiles,
                                min_blocks, x_stages, groups, w_stages, cluster)

@@ -30,7 +30,9 @@
 // the bias, and rounds to BF16; a row's scale, escape range and first two escapes are brought
 // into shared memory before the main loop, and the activations of those escapes are loaded for
 // all of the block's tiles at once after the epilogue's first barrier (so the epilogue waits on
-// one round trip, not a chain of global loads per escape; docs/PERF_GEMM.md #53).
+// one round trip, not a chain of global loads per escape; docs/PERF_GEMM.md #53). The partial
+// tiles go through shared memory as one float4 per lane, and each thread of the epilogue
+// finishes whole MMA lane fragments (two rows, two tokens) from 16-byte loads (#54).
 //
 // w12_gemm_small_cl<..., CL>: the same kernel with each tile group's kw warps spread over the CL
 // blocks of a thread-block cluster (kw / CL warps a block; warp w of the group in block
@@ -318,15 +320,18 @@ __device__ __forceinline__ void read_w(Words4 (&w)[TL][3], const u32* stage, int
     }
 }
 
-// The epilogue's rows: 3 + 2 ESC_STAGED planes of [TL][16 TG] words, a row's scale, its escape
-// range e0, e1, and the columns and deltas of its first ESC_STAGED escapes (column -1 past e1;
-// cuda.small_shared_bytes counts the seven words), after the partial tiles and the activation
+// The epilogue's rows: [TL][16 TG] rows of EPI_WORDS words each (32 bytes, read as two 16-byte
+// words): the row's scale, its escape range start e0, the columns of its first ESC_STAGED
+// escapes (-1 past the range), their deltas, the range's end e1, one spare word
+// (cuda.small_shared_bytes counts the eight words); after the partial tiles and the activation
 // and weight stages.
 constexpr int ESC_STAGED = 2;
+constexpr int EPI_WORDS = 8;
+constexpr int EPI_SCALE = 0, EPI_E0 = 1, EPI_COL = 2, EPI_DELTA = 4, EPI_E1 = 6;
 
 template <int NT, int XS, int TG, int WS, int TL, int CL>
 __device__ __forceinline__ u32* epi_rows_at(float* partial, int kw) {
-  if constexpr (CL > 1)  // [TL][TG][kw][NT * 4][32] partial tiles (no stages)
+  if constexpr (CL > 1)  // [TL][TG][kw][NT][32] float4 partial tiles (no stages)
     return reinterpret_cast<u32*>(partial + TL * TG * kw * NT * 4 * 32);
   return reinterpret_cast<u32*>(partial + TG * kw * NT * 4 * 32) + TG * kw * XS * NT * 256 +
          TG * kw * WS * TL * 384;
@@ -341,157 +346,200 @@ __device__ __forceinline__ void epi_escapes(u32* epi, int er, int ej, int erows,
                                             const int (&e0r)[TL], const int (&e1r)[TL],
                                             const int* esc_col, const float* esc_delta) {
   if (ej != 0) return;
-  const int plane = TL * erows;
 #pragma unroll
   for (int tt = 0; tt < TL; ++tt) {
-    const int at = tt * erows + er;
-    epi[plane + at] = (u32)e0r[tt];
-    epi[2 * plane + at] = (u32)e1r[tt];
+    u32* rw = epi + (tt * erows + er) * EPI_WORDS;
+    rw[EPI_E0] = (u32)e0r[tt];
+    rw[EPI_E1] = (u32)e1r[tt];
 #pragma unroll
     for (int i = 0; i < ESC_STAGED; ++i) {
       if (e0r[tt] + i < e1r[tt]) {
-        cp_async4(epi + (3 + i) * plane + at, esc_col + e0r[tt] + i, 4);
-        cp_async4(epi + (3 + ESC_STAGED + i) * plane + at, esc_delta + e0r[tt] + i, 4);
+        cp_async4(rw + EPI_COL + i, esc_col + e0r[tt] + i, 4);
+        cp_async4(rw + EPI_DELTA + i, esc_delta + e0r[tt] + i, 4);
       } else {
-        epi[(3 + i) * plane + at] = 0xFFFFFFFFu;  // column -1
+        rw[EPI_COL + i] = 0xFFFFFFFFu;  // column -1
       }
     }
   }
 }
 
-// The epilogue's j-th token (in pairs (0, 2), (1, 3), ... so that a warp's two tokens read
-// other banks) and the sum of the kw partial tiles at gp of (tile row rt, token tok), in warp
-// order (the mma.m16n8k16 C layout: item nt * 4 + r, lane ln).
-__device__ __forceinline__ int epi_token(int j) {
-  return (j & ~3) | ((j & 1) << 1) | ((j >> 1) & 1);
+// The epilogue works on positions (docs/PERF_GEMM.md #54). Lane 4 g + t of n-tile nt holds, in
+// the mma.m16n8k16 C layout, rows g, g + 8 of its tile and tokens 8 nt + 2 t, + 1 (registers
+// 0..3: (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)). The partial tiles are stored as one
+// float4 per lane ([kw][NT][32]). A position is a share of one lane fragment f: with the split
+// S = 1 all four outputs (16-byte loads of the partial tiles), S = 2 one row's two tokens
+// (8-byte loads), S = 4 one output, so that a thread finishes 4 / S outputs at once from one
+// load per warp's tile. S follows the threads a fragment has (kw over NT): where they are few
+// (kw 2 and 4 at 17-32 rows) a thread takes whole fragments and the epilogue issues few
+// instructions (one output per thread took ~600 instructions per warp at NT = 4 with two
+// tiles; ncu: the epilogue issue-bound there), where they are many (kw 8-16 at 1-16 rows) the
+// outputs spread over all of them so that no long chain of loads waits on few warps. Position
+// q is share q % S of fragment q / S: a warp's lanes read adjacent bytes, conflict-free.
+template <int NT, int KB>
+__host__ __device__ constexpr int epi_split() {
+  return KB >= 4 * NT ? 4 : KB >= 2 * NT ? 2 : 1;
 }
 
-// (KWB >= kw, a compile-time bound: the kw loads are issued together, then added in warp
-// order; a loop to the run-time kw waited for each load before the next, #53)
-template <int NT, int KWB>
-__device__ __forceinline__ float partial_sum(const float* gp, int rt, int tok, int kw) {
-  const int item = (tok >> 3) * 4 + ((rt >> 3) << 1) + (tok & 1);
-  const int ln = ((rt & 7) << 2) + ((tok & 7) >> 1);
-  float p[KWB];
-#pragma unroll
-  for (int w = 0; w < KWB; ++w) p[w] = w < kw ? gp[(w * NT * 4 + item) * 32 + ln] : 0.0f;
-  float v = p[0];
-#pragma unroll
-  for (int w = 1; w < KWB; ++w)
-    if (w < kw) v += p[w];  // fixed order
-  return v;
+template <int V>
+struct IntC {
+  static constexpr int value = V;
+};
+
+// position q of a tile: its fragment f, the row g + 8 h0 and token tok0 of its first output
+template <int S>
+__device__ __forceinline__ void epi_pos(int q, int& f, int& g, int& h0, int& tok0) {
+  f = q / S;
+  const int sub = q % S;
+  g = (f & 31) >> 2;
+  h0 = S == 1 ? 0 : S == 2 ? sub : sub >> 1;
+  tok0 = (f >> 5) * 8 + 2 * (f & 3) + (S == 4 ? (sub & 1) : 0);
 }
 
-// The same with the bound cut to the smallest of 2, 4, 8 or KWB that holds kw (predicated loads
-// and adds for warps past kw cost the kw 2 layers 1-4% at 32 rows, #53).
-template <int NT, int KWB>
-__device__ __forceinline__ float partial_sum_kw(const float* gp, int rt, int tok, int kw) {
-  if constexpr (KWB > 2)
-    if (kw <= 2) return partial_sum<NT, 2>(gp, rt, tok, kw);
-  if constexpr (KWB > 4)
-    if (kw <= 4) return partial_sum<NT, 4>(gp, rt, tok, kw);
-  if constexpr (KWB > 8)
-    if (kw <= 8) return partial_sum<NT, 8>(gp, rt, tok, kw);
-  return partial_sum<NT, KWB>(gp, rt, tok, kw);
-}
-
-// The epilogue's escape activations (docs/PERF_GEMM.md #53): x[tok, col] of a row's first
-// ESC_STAGED escapes for the thread's first EB tokens j0, j0 + estep, ... (0 where there is
-// none), loaded for every tile of the block at once right after the barrier, so that the
-// epilogue waits on one round trip for all of them instead of one per escape and tile. EB:
-// the tokens a thread has at kw 8 (estep 16), kw 4 or 2 at one n-tile (more registers held
-// through the epilogue cost the NT = 1 and 2 kernels blocks per multiprocessor, measured
-// offline); a thread's further tokens come in further batches of EB.
-template <int NT>
-__host__ __device__ constexpr int epi_batch() {
-  return NT == 1 ? 1 : NT == 2 ? 2 : 4;
-}
-
-template <int NT, int EB>
-__device__ __forceinline__ void gather_row(const u32* epi, int at, int plane, int j0, int estep,
-                                           int M, int ldx, const bf16_t* __restrict__ x,
-                                           float (&xg)[EB][ESC_STAGED]) {
-  int col[ESC_STAGED];
+// The escape activations of position q: x[tok, col] of the first ESC_STAGED escapes of its rows
+// for its tokens, xg[r * NC + c][i] (0 where there is none or the token is past M).
+template <int S>
+__device__ __forceinline__ void gather_pos(const u32* rows, int q, int M, int ldx,
+                                           const bf16_t* __restrict__ x,
+                                           float (&xg)[4 / S][ESC_STAGED]) {
+  constexpr int NR = S == 1 ? 2 : 1, NC = S == 4 ? 1 : 2;
+  int f, g, h0, tok0;
+  epi_pos<S>(q, f, g, h0, tok0);
 #pragma unroll
-  for (int i = 0; i < ESC_STAGED; ++i) col[i] = (int)epi[(3 + i) * plane + at];
+  for (int r = 0; r < NR; ++r) {
+    const int2 col =
+        *reinterpret_cast<const int2*>(rows + (g + 8 * (h0 + r)) * EPI_WORDS + EPI_COL);
+    const int cs[ESC_STAGED] = {col.x, col.y};
 #pragma unroll
-  for (int u = 0; u < EB; ++u) {
-    const int j = j0 + u * estep;
-    const int tok = epi_token(j);
-    const bool live = j < NT * 8 && tok < M;
+    for (int c = 0; c < NC; ++c) {
+      const u32 tok = (u32)(tok0 + c);
 #pragma unroll
-    for (int i = 0; i < ESC_STAGED; ++i)
-      xg[u][i] = live && col[i] >= 0 ? bf16_to_float(x[(size_t)tok * ldx + col[i]]) : 0.0f;
+      for (int i = 0; i < ESC_STAGED; ++i)
+        xg[r * NC + c][i] = (int)tok < M && cs[i] >= 0
+                                ? bf16_to_float(x[tok * (u32)ldx + (u32)cs[i]])
+                                : 0.0f;
+    }
   }
 }
 
-// One output: the row's sum of the kw partial tiles (warp order) times its scale, plus its
-// escape corrections in list order (the first ESC_STAGED with the activations xv, the rest
-// loaded here), plus the bias, rounded to BF16: store_output's arithmetic and order, with the
-// roundings spelled out so that no contraction differs between the two.
-template <int NT, int KWB>
-__device__ __forceinline__ void emit_output(const float* gp, int rt, int tok, int kw, int row,
-                                            float scale, int e0, int e1,
+// The partial sums of position q's 4 / S outputs, added in warp order 0..kw-1 (gp: warp w's
+// tile at w * NT * 32 float4s); KB >= kw a compile-time bound, the loads issued in batches of
+// up to 16 words before their adds.
+template <int NT, int KB, int S>
+__device__ __forceinline__ void partial_sums(const float4* gp, int f, int h0, int sub,
+                                             int kw, float (&v)[4 / S]) {
+  constexpr int NV = 4 / S;
+  constexpr int B = KB < 16 / NV ? KB : 16 / NV;
+  const float* base = reinterpret_cast<const float*>(gp + f) +
+                      (S == 1 ? 0 : S == 2 ? 2 * h0 : 2 * h0 + (sub & 1));
+#pragma unroll
+  for (int w0 = 0; w0 < KB; w0 += B) {
+    float q[B][NV];
+#pragma unroll
+    for (int u = 0; u < B; ++u)
+      if (w0 + u < kw) {
+        const float* p = base + (size_t)(w0 + u) * NT * 32 * 4;
+        if constexpr (NV == 4) {
+          const float4 a = *reinterpret_cast<const float4*>(p);
+          q[u][0] = a.x; q[u][1] = a.y; q[u][2] = a.z; q[u][3] = a.w;
+        } else if constexpr (NV == 2) {
+          const float2 a = *reinterpret_cast<const float2*>(p);
+          q[u][0] = a.x; q[u][1] = a.y;
+        } else {
+          q[u][0] = *p;
+        }
+      }
+#pragma unroll
+    for (int u = 0; u < B; ++u)
+#pragma unroll
+      for (int e = 0; e < NV; ++e) {
+        if (w0 + u == 0)
+          v[e] = q[0][e];
+        else if (w0 + u < kw)
+          v[e] += q[u][e];  // fixed order
+      }
+  }
+}
+
+// One output: the row's sum v times its scale, plus its escape corrections in list order (the
+// first ESC_STAGED with the gathered activations xv, the rest loaded here), plus the bias,
+// rounded to BF16: store_output's arithmetic and order, with the roundings spelled out so that
+// no contraction differs between the two.
+__device__ __forceinline__ void emit_output(float v, float scale, const int (&col)[ESC_STAGED],
                                             const float (&d)[ESC_STAGED],
-                                            const int (&col)[ESC_STAGED],
-                                            const float (&xv)[ESC_STAGED], float b, int N,
+                                            const float (&xv)[ESC_STAGED], int e0, int e1,
+                                            bool has_bias, float b, u32 tok, int row, int N,
                                             int ldx, const bf16_t* __restrict__ x,
                                             bf16_t* __restrict__ y,
                                             const int* __restrict__ esc_col,
-                                            const float* __restrict__ esc_delta,
-                                            const bf16_t* __restrict__ bias) {
-  float o = __fmul_rn(partial_sum_kw<NT, KWB>(gp, rt, tok, kw), scale);
+                                            const float* __restrict__ esc_delta) {
+  float o = __fmul_rn(v, scale);
 #pragma unroll
   for (int i = 0; i < ESC_STAGED; ++i)
     if (col[i] >= 0) o = __fmaf_rn(xv[i], d[i], o);
+#pragma unroll 1
   for (int q = e0 + ESC_STAGED; q < e1; ++q)  // rows with more escapes (rare)
-    o = __fmaf_rn(bf16_to_float(x[(size_t)tok * ldx + esc_col[q]]), esc_delta[q], o);
-  if (bias != nullptr) o = __fadd_rn(o, b);
-  y[(size_t)tok * N + row] = float_to_bf16(o);
+    o = __fmaf_rn(bf16_to_float(x[tok * (u32)ldx + (u32)esc_col[q]]), esc_delta[q], o);
+  if (has_bias) o = __fadd_rn(o, b);
+  y[tok * (u32)N + (u32)row] = float_to_bf16(o);
 }
 
-// One output row's stores: the row's data from the epilogue's shared-memory rows (at: its
-// slot, plane: the slots of one field), then its tokens j0, j0 + estep, ... in batches of EB,
-// the first batch's escape activations gathered ahead (xg), each later batch's loaded together
-// before its outputs.
-template <int NT, int EB, int KWB>
-__device__ __forceinline__ void store_row(const u32* epi, int at, int plane, const float* gp,
-                                          int rt, int row, int j0, int estep, int kw, int M,
-                                          int N, int ldx, const bf16_t* __restrict__ x,
-                                          bf16_t* __restrict__ y,
+// The outputs of position q of one tile (rows: the tile's 16 epilogue rows, gp: its kw partial
+// tiles, row0: its first output row; xg: the position's escape activations).
+template <int NT, int KB>
+__device__ __forceinline__ void store_pos(const u32* rows, const float4* gp, int q, int row0,
+                                          int kw, int M, int N, int ldx,
+                                          const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
                                           const int* __restrict__ esc_col,
                                           const float* __restrict__ esc_delta,
                                           const bf16_t* __restrict__ bias,
-                                          const float (&xg)[EB][ESC_STAGED]) {
-  const float scale = __uint_as_float(epi[at]);
-  const int e0 = (int)epi[plane + at], e1 = (int)epi[2 * plane + at];
-  int col[ESC_STAGED];
-  float d[ESC_STAGED];
+                                          const float (&xg)[4 / epi_split<NT, KB>()][ESC_STAGED]) {
+  constexpr int S = epi_split<NT, KB>();
+  constexpr int NR = S == 1 ? 2 : 1, NC = S == 4 ? 1 : 2;
+  int f, g, h0, tok0;
+  epi_pos<S>(q, f, g, h0, tok0);
+  if (tok0 >= M) return;
+  float sv[4 / S];
+  partial_sums<NT, KB, S>(gp, f, h0, q % S, kw, sv);
 #pragma unroll
-  for (int i = 0; i < ESC_STAGED; ++i) {
-    col[i] = (int)epi[(3 + i) * plane + at];
-    d[i] = __uint_as_float(epi[(3 + ESC_STAGED + i) * plane + at]);
+  for (int r = 0; r < NR; ++r) {
+    const int h = h0 + r;
+    const int row = row0 + g + 8 * h;
+    if (row >= N) continue;
+    const uint4 a = *reinterpret_cast<const uint4*>(rows + (g + 8 * h) * EPI_WORDS);
+    const uint4 bw = *reinterpret_cast<const uint4*>(rows + (g + 8 * h) * EPI_WORDS + 4);
+    const float scale = __uint_as_float(a.x);
+    const int e0 = (int)a.y, e1 = (int)bw.z;
+    const int col[ESC_STAGED] = {(int)a.z, (int)a.w};
+    const float d[ESC_STAGED] = {__uint_as_float(bw.x), __uint_as_float(bw.y)};
+    const float b = bias != nullptr ? bf16_to_float(bias[row]) : 0.0f;
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+      if (tok0 + c < M)
+        emit_output(sv[r * NC + c], scale, col, d, xg[r * NC + c], e0, e1, bias != nullptr, b,
+                    (u32)(tok0 + c), row, N, ldx, x, y, esc_col, esc_delta);
   }
-  const float b = bias != nullptr ? bf16_to_float(bias[row]) : 0.0f;
-#pragma unroll
-  for (int u = 0; u < EB; ++u) {
-    const int j = j0 + u * estep;
-    const int tok = epi_token(j);
-    if (j < NT * 8 && tok < M)
-      emit_output<NT, KWB>(gp, rt, tok, kw, row, scale, e0, e1, d, col, xg[u], b, N, ldx, x, y,
-                           esc_col, esc_delta, bias);
-  }
-  for (int jb = j0 + EB * estep; jb < NT * 8; jb += EB * estep) {  // (kw <= 4 at 17+ rows)
-    float xb[EB][ESC_STAGED];
-    gather_row<NT, EB>(epi, at, plane, jb, estep, M, ldx, x, xb);
-#pragma unroll
-    for (int u = 0; u < EB; ++u) {
-      const int j = jb + u * estep;
-      const int tok = epi_token(j);
-      if (j < NT * 8 && tok < M)
-        emit_output<NT, KWB>(gp, rt, tok, kw, row, scale, e0, e1, d, col, xb[u], b, N, ldx, x,
-                             y, esc_col, esc_delta, bias);
-    }
+}
+
+// One tile's outputs by the threads of its group: positions q0 + idx, q0 + idx + nthr, ... below
+// q1, the first one's escape activations gathered ahead (xg), each later one's loaded here.
+template <int NT, int KB>
+__device__ __forceinline__ void store_tile(const u32* rows, const float4* gp, int q0, int q1,
+                                           int idx, int nthr, int row0, int kw, int M, int N,
+                                           int ldx, const bf16_t* __restrict__ x,
+                                           bf16_t* __restrict__ y,
+                                           const int* __restrict__ esc_col,
+                                           const float* __restrict__ esc_delta,
+                                           const bf16_t* __restrict__ bias,
+                                           const float (&xg)[4 / epi_split<NT, KB>()][ESC_STAGED]) {
+  constexpr int S = epi_split<NT, KB>();
+  int q = q0 + idx;
+  if (q < q1)
+    store_pos<NT, KB>(rows, gp, q, row0, kw, M, N, ldx, x, y, esc_col, esc_delta, bias, xg);
+#pragma unroll 1
+  for (q += nthr; q < q1; q += nthr) {  // (kw < NT: the kw 2 and 4 layers at 17+ rows)
+    float xb[4 / S][ESC_STAGED];
+    gather_pos<S>(rows, q, M, ldx, x, xb);
+    store_pos<NT, KB>(rows, gp, q, row0, kw, M, N, ldx, x, y, esc_col, esc_delta, bias, xb);
   }
 }
 
@@ -540,15 +588,13 @@ __device__ __forceinline__ void small_body(
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) xro[nt] = min(nt * 8 + g, M - 1) * ldx;
 
-  // The epilogue's rows (docs/PERF_GEMM.md #39): thread (er, ej) stores row er % 16 of tile
-  // group er / 16 of every tile, tokens ej, ej + 2 kw, ... (blockDim = 32 kw TG, 16 TG rows).
-  // Once the first weight loads are issued, the threads with ej == 0 bring their rows' scale,
-  // escape range and first escape into shared memory (scale and escape by cp.async), so that
-  // no register is held across the main loop and the epilogue waits on no chain of loads. (The
-  // epilogue recomputes er, ej and the address from a fresh read of the thread index.)
+  // The epilogue's rows (docs/PERF_GEMM.md #39): once the first weight loads are issued, the
+  // threads (er, 0) bring row er % 16 of tile group er / 16 of every tile (its scale, escape
+  // range and first ESC_STAGED escapes; scale and escapes by cp.async) into shared memory, so
+  // that no register is held across the main loop and the epilogue waits on no chain of loads.
   constexpr int erows = TG * 16;
-  int er = threadIdx.x % erows;
-  int ej = threadIdx.x / erows;
+  const int er = threadIdx.x % erows;
+  const int ej = threadIdx.x / erows;
   u32* epi = epi_rows_at<NT, XS, TG, WS, TL, CL>(partial, kw);
   int e0r[TL], e1r[TL];
   float acc[TL][NT][4];
@@ -576,7 +622,8 @@ __device__ __forceinline__ void small_body(
       const bool on = row < N;
       e0r[tt] = on ? rowptr[row] : 0;
       e1r[tt] = on ? rowptr[row + 1] : 0;
-      cp_async4(epi + tt * erows + er, scale + (on ? row : 0), on ? 4 : 0);
+      cp_async4(epi + (tt * erows + er) * EPI_WORDS + EPI_SCALE, scale + (on ? row : 0),
+                on ? 4 : 0);
     }
   }
 
@@ -684,32 +731,27 @@ __device__ __forceinline__ void small_body(
   }
   W12_MARK(3);
 
-  // The partial tiles through shared memory, then the block's outputs from there, each the
-  // sum of a tile's kw partial tiles in warp order. The escape activations of all of the
-  // block's tiles are loaded right after the first barrier (#53).
+  // The partial tiles through shared memory, then the block's outputs from there by positions
+  // (#54), each output the sum of its tile's kw partial tiles in warp order. The escape
+  // activations of the thread's first position of every tile of the block are loaded right
+  // after the first barrier (#53).
   asm volatile("cp.async.wait_all;" ::: "memory");  // the epilogue's rows are in
-  {
-    u32 tid;
-    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-    er = (int)tid % erows;
-    ej = (int)tid / erows;
-    epi = epi_rows_at<NT, XS, TG, WS, TL, CL>(partial, kw);
-  }
+  u32 tid;  // (a fresh read: nothing derived from it is held across the main loop)
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  epi = epi_rows_at<NT, XS, TG, WS, TL, CL>(partial, kw);
   constexpr int KWB = CL * WB / TG;  // >= kw (the bound is max(8, kw) or kw TG, over CL)
-  constexpr int EB = epi_batch<NT>();
-  const int gi = er / 16, rt = er % 16;  // the tile group and tile row of the thread's rows
-  const int j0 = ej * CL + rank, estep = 2 * kw;  // its tokens: j0, j0 + estep, ...
-  const int plane = TL * erows;
-  float xg[TL][EB][ESC_STAGED];
+  const int gq = TG == 1 ? 0 : (int)(tid >> 5) / kwl;  // the thread's tile group
+  const int idx = (int)tid - gq * kwl * 32, nthr = kwl * 32;  // the thread among its group's
+  const float4* part4 = reinterpret_cast<const float4*>(partial);
   if constexpr (CL > 1) {
     // Every block of the cluster gets every warp's partial tiles of every tile
-    // ([TL][TG][kw][NT * 4][32], warp w at its place in 0..kw-1): stores into the other
+    // ([TL][TG][kw][NT][32] float4, warp w at its place in 0..kw-1): stores into the other
     // blocks' shared memory, which do not wait, then one barrier; then each block stores its
-    // share of the tokens (thread (er, ej) of block rank: tokens ej CL + rank, + 2 kw, ...)
-    // from its own shared memory. (Reading the other blocks' partials after the barrier
-    // instead cost a remote round trip per partial, one after another: 14-17% slower than the
-    // unclustered kernel on the same warps, docs/PERF_GEMM.md #52.) Nothing is read from
-    // another block after the barrier, so no block waits for the others to leave.
+    // share of the positions (block rank: the rank-th CL-th of them) from its own shared
+    // memory. (Reading the other blocks' partials after the barrier instead cost a remote round
+    // trip per partial, one after another: 14-17% slower than the unclustered kernel on the
+    // same warps, docs/PERF_GEMM.md #52.) Nothing is read from another block after the barrier,
+    // so no block waits for the others to leave.
     u32 remote[CL];
     asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block has started
 #pragma unroll
@@ -719,56 +761,89 @@ __device__ __forceinline__ void small_body(
 #pragma unroll
     for (int tt = 0; tt < TL; ++tt)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+      for (int nt = 0; nt < NT; ++nt) {
+        // (first: the warp's place among the kw)
+        const u32 at = 16u * ((((tt * TG + grp) * kw + first) * NT + nt) * 32 + lane);
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          // (first: the warp's place among the kw)
-          const u32 at =
-              4u * ((((tt * TG + grp) * kw + first) * NT * 4 + nt * 4 + r) * 32 + lane);
-#pragma unroll
-          for (int q = 0; q < CL; ++q)
-            asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote[q] + at),
-                         "f"(acc[tt][nt][r]) : "memory");
-        }
+        for (int q = 0; q < CL; ++q)
+          asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};"
+                       ::"r"(remote[q] + at), "f"(acc[tt][nt][0]), "f"(acc[tt][nt][1]),
+                       "f"(acc[tt][nt][2]), "f"(acc[tt][nt][3]) : "memory");
+      }
     cluster_sync_all();  // (release, acquire) every block's partials are in
     W12_MARK(4);
+  }
+  // The rest with the partial sums' bound cut to the smallest of 2, 4, 8 or KWB that holds kw
+  // (predicated loads and adds for warps past kw cost the kw 2 layers 1-4% at 32 rows, #53),
+  // which also sets the positions' split.
+  auto finish = [&](auto kbc) {
+    constexpr int KB = decltype(kbc)::value;
+    constexpr int S = epi_split<NT, KB>();
+    constexpr int PT = NT * 32 * S / CL;  // positions of a tile that this block stores
+    const int p0 = rank * PT, p1 = p0 + PT;
+    float xg[TL][4 / S][ESC_STAGED];
+    if constexpr (CL > 1) {
 #pragma unroll
-    for (int tt = 0; tt < TL; ++tt)
-      gather_row<NT, EB>(epi, tt * erows + er, plane, j0, estep, M, ldx, x, xg[tt]);
+      for (int tt = 0; tt < TL; ++tt)
+        if (p0 + idx < p1)
+          gather_pos<S>(epi + (tt * erows + gq * 16) * EPI_WORDS, p0 + idx, M, ldx, x, xg[tt]);
+#pragma unroll
+      for (int tt = 0; tt < TL; ++tt) {
+        const int row0 = ((bx * TG + gq) * TL + tt) * 16;
+        if (row0 >= N) continue;
+        store_tile<NT, KB>(epi + (tt * erows + gq * 16) * EPI_WORDS,
+                           part4 + (size_t)(tt * TG + gq) * kw * NT * 32, p0, p1, idx, nthr,
+                           row0, kw, M, N, ldx, x, y, esc_col, esc_delta, bias, xg[tt]);
+      }
+      return;
+    }
+    // one tile at a time through one tile's partial tiles of shared memory (all tiles' at once
+    // ran 2-4% slower on the many-block layers at 32 rows, #53)
+    float4* mine = reinterpret_cast<float4*>(partial) + (size_t)(tid >> 5) * NT * 32;
+    const float4* gp = part4 + (size_t)gq * kw * NT * 32;
 #pragma unroll
     for (int tt = 0; tt < TL; ++tt) {
-      const int row = ((bx * TG + gi) * TL + tt) * 16 + rt;
-      if (row >= N) continue;
-      store_row<NT, EB, KWB>(epi, tt * erows + er, plane,
-                             partial + (size_t)(tt * TG + gi) * kw * NT * 4 * 32, rt, row, j0,
-                             estep, kw, M, N, ldx, x, y, esc_col, esc_delta, bias, xg[tt]);
+      if (tt > 0) __syncthreads();  // the previous tile's sums are read
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        mine[nt * 32 + (tid & 31)] =
+            make_float4(acc[tt][nt][0], acc[tt][nt][1], acc[tt][nt][2], acc[tt][nt][3]);
+      __syncthreads();
+      if (tt == 0) {
+        W12_MARK(4);
+#pragma unroll
+        for (int t2 = 0; t2 < TL; ++t2)
+          if (idx < PT)
+            gather_pos<S>(epi + (t2 * erows + gq * 16) * EPI_WORDS, idx, M, ldx, x, xg[t2]);
+      }
+      const int row0 = ((bx * TG + gq) * TL + tt) * 16;
+      if (row0 >= N) continue;
+      store_tile<NT, KB>(epi + (tt * erows + gq * 16) * EPI_WORDS, gp, 0, PT, idx, nthr, row0,
+                         kw, M, N, ldx, x, y, esc_col, esc_delta, bias, xg[tt]);
     }
-    W12_MARK(5);
-    return;
-  }
-  // one tile at a time through one tile's partial tiles of shared memory (all tiles' at once
-  // ran 2-4% slower on the many-block layers at 32 rows, #53)
-  float* mine = partial + (size_t)warp * NT * 4 * 32;
-  const float* gp = partial + (size_t)gi * kw * NT * 4 * 32;
-#pragma unroll
-  for (int tt = 0; tt < TL; ++tt) {
-    if (tt > 0) __syncthreads();  // the previous tile's sums are read
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) mine[(nt * 4 + r) * 32 + lane] = acc[tt][nt][r];
-    __syncthreads();
-    if (tt == 0) {
-      W12_MARK(4);
-#pragma unroll
-      for (int t2 = 0; t2 < TL; ++t2)
-        gather_row<NT, EB>(epi, t2 * erows + er, plane, j0, estep, M, ldx, x, xg[t2]);
+  };
+  if constexpr (KWB > 2) {
+    if (kw <= 2) {
+      finish(IntC<2>());
+      W12_MARK(5);
+      return;
     }
-    const int row = ((bx * TG + gi) * TL + tt) * 16 + rt;
-    if (row >= N) continue;
-    store_row<NT, EB, KWB>(epi, tt * erows + er, plane, gp, rt, row, j0, estep, kw, M, N, ldx,
-                           x, y, esc_col, esc_delta, bias, xg[tt]);
   }
+  if constexpr (KWB > 4) {
+    if (kw <= 4) {
+      finish(IntC<4>());
+      W12_MARK(5);
+      return;
+    }
+  }
+  if constexpr (KWB > 8) {
+    if (kw <= 8) {
+      finish(IntC<8>());
+      W12_MARK(5);
+      return;
+    }
+  }
+  finish(IntC<KWB>());
   W12_MARK(5);
 }
 
