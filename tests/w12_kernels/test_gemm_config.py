@@ -405,8 +405,8 @@ def test_time_with_cublas_builds_one_graph_per_run_then_cublas(monkeypatch):
 
 def test_small_kernel_refuses_offsets_past_32_bits():
     """The kernel's streams are 32-bit offsets (a weight's 16-byte words, an activation row's
-    elements): a weight past that is refused before anything is launched (no GPU needed; the
-    chunk tensor is a broadcast view, so nothing that large is allocated)."""
+    elements, an output's elements): a weight past that is refused before anything is launched
+    (no GPU needed; the chunk tensor is a broadcast view, so nothing that large is allocated)."""
     import torch
 
     chunks = torch.zeros(1, 1, 384, dtype=torch.int32).expand(2**16, 2**12, 384)
@@ -414,6 +414,12 @@ def test_small_kernel_refuses_offsets_past_32_bits():
     vec = torch.zeros(1)
     with pytest.raises(ValueError, match="32-bit offsets"):
         cuda.gemm_small(x, chunks, vec, vec, vec, vec, None, 2**20, 2**18, kw=8, depth=1)
+    # the epilogue's output offsets (token x N + row) too: 2^26 output rows at up to 64 tokens,
+    # refused before the 8 GiB output would be allocated
+    chunks = torch.zeros(1, 1, 384, dtype=torch.int32).expand(2**22, 1, 384)
+    x = torch.zeros(64, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="output rows"):
+        cuda.gemm_small(x, chunks, vec, vec, vec, vec, None, 2**26, 64, kw=1, depth=1)
 
 
 def test_sweep_candidates_are_distinct_and_named_as_the_kernels_they_compile():

@@ -218,17 +218,18 @@ def gemm_small(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     these changes a sum.
     """
     m = x.shape[0]
+    if m > 8 * NT_MAX:
+        raise ValueError(f"gemm_small takes at most {8 * NT_MAX} rows, got {m}")
+    ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
+    # (checked before padding x, whose padded rows' stride is nchunks * 64, and before the
+    # output is allocated)
+    if ntiles * nchunks * 96 >= 2**32 or 64 * nchunks * 64 >= 2**31 or 64 * n >= 2**32:
+        raise ValueError("gemm_small: the weight (over 64 GiB), the activation rows or the "
+                         "output rows are too large for the kernel's 32-bit offsets")
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
     if m == 0 or n == 0:
         return out
-    if m > 8 * NT_MAX:
-        raise ValueError(f"gemm_small takes at most {8 * NT_MAX} rows, got {m}")
-    ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
-    # (checked before padding x: the padded rows' stride is nchunks * 64)
-    if ntiles * nchunks * 96 >= 2**32 or 64 * nchunks * 64 >= 2**31 or 64 * n >= 2**32:
-        raise ValueError("gemm_small: the weight (over 64 GiB), the activation rows or the "
-                         "output rows are too large for the kernel's 32-bit offsets")
     xp = _padded_x(x, nchunks * 64)
     func, smem = _small_kernel(_index(x.device), -(-m // 8), kw, depth, prefetch, tiles,
                                min_blocks, x_stages, groups, w_stages, cluster)
