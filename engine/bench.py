@@ -7,7 +7,8 @@ anything back to the host; the timed part is bracketed by device synchronisation
 every weight once, so weight bytes / step time is the achieved weight-streaming bandwidth.
 The prefill of the ``batch x prompt_len`` prompt tokens is timed too (the median of
 ``PREFILL_RUNS`` prefills after the first, each bracketed by synchronisation): the time to the
-first token.
+first token. On a GPU the SM clock, power draw and temperature are sampled during the warmup
+and timed steps (``engine.gpu_clocks``; nothing where ``nvidia-smi`` is missing).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from engine.generate import Engine
+from engine.gpu_clocks import ClockSampler, ClockStats
 from engine.model import ModelArgs, Transformer
 from engine.weights import load_model, weight_bytes
 
@@ -41,6 +43,11 @@ class DecodeTiming:
     compiled: bool  # the elementwise ops ran through torch.compile
     attention: str = "torch"  # decode attention: torch ops or the Triton kernel
     prefill_ms: float | None = None  # one prefill of batch x prompt_len tokens
+    # during the warmup and timed steps, where nvidia-smi could sample them
+    sm_mhz_mean: float | None = None
+    sm_mhz_min: float | None = None
+    power_w_mean: float | None = None
+    temp_c_max: float | None = None
 
 
 def streamed_bytes(model: Transformer) -> int:
@@ -68,9 +75,10 @@ def time_decode(
     model: Transformer, *, batch: int, tokens: int, prompt_len: int = 32, warmup: int = 8,
     compile: bool = False, cuda_graph: bool | None = None, seed: int = 0,
     attention: str = "auto",
-) -> tuple[float, Engine, float]:
+) -> tuple[float, Engine, float, ClockStats | None]:
     """Seconds for ``tokens`` greedy steps of ``batch`` rows after prefill and warmup, the
-    engine, and the seconds of one prefill (the median of ``PREFILL_RUNS`` after the first)."""
+    engine, the seconds of one prefill (the median of ``PREFILL_RUNS`` after the first), and the
+    clocks sampled during the warmup and timed steps (None where none could be)."""
     engine = Engine(model, batch=batch, max_seq_len=prompt_len + warmup + tokens + 1,
                     cuda_graph=cuda_graph, compile=compile, attention=attention)
     gen = torch.Generator().manual_seed(seed)
@@ -83,14 +91,17 @@ def time_decode(
         engine.prefill(prompts)
         _sync(model.device)
         prefill_s.append(time.perf_counter() - start)
-    for _ in range(warmup):
-        next_tokens = engine.step(next_tokens).argmax(-1)
-    _sync(model.device)
-    start = time.perf_counter()
-    for _ in range(tokens):
-        next_tokens = engine.step(next_tokens).argmax(-1)
-    _sync(model.device)
-    return time.perf_counter() - start, engine, sorted(prefill_s)[len(prefill_s) // 2]
+    # (the sampler starts before the warmup, so that its process starts while the warmup runs)
+    with ClockSampler(model.device) as clocks:
+        for _ in range(warmup):
+            next_tokens = engine.step(next_tokens).argmax(-1)
+        _sync(model.device)
+        start = time.perf_counter()
+        for _ in range(tokens):
+            next_tokens = engine.step(next_tokens).argmax(-1)
+        _sync(model.device)
+        seconds = time.perf_counter() - start
+    return seconds, engine, sorted(prefill_s)[len(prefill_s) // 2], clocks.stats
 
 
 def bench_decode(
@@ -109,7 +120,7 @@ def bench_decode(
         gpu_bytes = None if gpu_before is None else _allocated(device) - gpu_before
         streamed = streamed_bytes(loaded.model)
         for batch, kind in ((b, k) for b in batches for k in kinds):
-            seconds, engine, prefill_s = time_decode(
+            seconds, engine, prefill_s, clocks = time_decode(
                 loaded.model, batch=batch, tokens=tokens, prompt_len=prompt_len, warmup=warmup,
                 compile=compile, seed=seed, attention=kind,
             )
@@ -122,6 +133,10 @@ def bench_decode(
                 kv_bytes_per_token=kv_bytes_per_token(loaded.args),
                 cuda_graph=engine.graph is not None, compiled=engine.compiled,
                 attention=engine.attention, prefill_ms=1e3 * prefill_s,
+                sm_mhz_mean=clocks and clocks.sm_mhz_mean,
+                sm_mhz_min=clocks and clocks.sm_mhz_min,
+                power_w_mean=clocks and clocks.power_w_mean,
+                temp_c_max=clocks and clocks.temp_c_max,
             )
             del engine
             log(format_row(timing))
@@ -147,7 +162,10 @@ def format_row(t: DecodeTiming) -> str:
             f"{t.weight_gbps:>8.1f} GB/s"
             + ("" if t.prefill_ms is None else f"  prefill {t.prefill_ms:>8.2f} ms")
             + ("" if t.attention == "torch" else
-                                            f"  [{t.attention} attention]"))
+                                            f"  [{t.attention} attention]")
+            + ("" if t.sm_mhz_mean is None else
+               f"  SM {t.sm_mhz_mean:.0f} MHz (min {t.sm_mhz_min:.0f})"
+               + ("" if t.power_w_mean is None else f" {t.power_w_mean:.0f} W")))
 
 
 def summary(results: list[DecodeTiming]) -> list[str]:
