@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -99,6 +100,7 @@ class ClockSampler:
         self.command = command
         self.stats: ClockStats | None = None
         self._proc: subprocess.Popen | None = None
+        self._out = None  # the samples go to a file: no pipe to fill on a long run
 
     def _command(self) -> list[str] | None:
         if self.command is not None:
@@ -114,11 +116,14 @@ class ClockSampler:
     def __enter__(self) -> ClockSampler:
         command = self._command()
         if command is not None:
+            self._out = tempfile.TemporaryFile(mode="w+")
             try:
-                self._proc = subprocess.Popen(command, stdout=subprocess.PIPE,
+                self._proc = subprocess.Popen(command, stdout=self._out,
                                               stderr=subprocess.DEVNULL, text=True)
             except OSError:
                 self._proc = None
+                self._out.close()
+                self._out = None
         return self
 
     def __exit__(self, *exc) -> None:
@@ -126,9 +131,11 @@ class ClockSampler:
             return
         self._proc.terminate()
         try:
-            out, _ = self._proc.communicate(timeout=5)
+            self._proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self._proc.kill()
-            out, _ = self._proc.communicate()
-        self.stats = parse_samples(out or "")
-        self._proc = None
+            self._proc.wait()
+        self._out.seek(0)
+        self.stats = parse_samples(self._out.read())
+        self._out.close()
+        self._proc = self._out = None

@@ -35,6 +35,15 @@ def test_sampler_reads_what_its_command_printed():
     assert sampler._proc is None
 
 
+def test_sampler_keeps_every_sample_of_a_long_run():
+    # more output than a pipe holds (a sampler writing into a pipe nobody reads would stall)
+    script = "import sys\nfor i in range(20000): sys.stdout.write('1800, 500.0, 40\\n')"
+    sampler = ClockSampler(torch.device("cpu"), command=[sys.executable, "-c", script])
+    with sampler:
+        sampler._proc.wait()
+    assert sampler.stats.samples == 20000 and sampler.stats.sm_mhz_min == 1800.0
+
+
 def test_sampler_gives_nothing_where_nothing_can_sample():
     with ClockSampler(torch.device("cpu")) as cpu:
         pass
