@@ -32,13 +32,14 @@
 // all of the block's tiles at once after the epilogue's first barrier (so the epilogue waits on
 // one round trip, not a chain of global loads per escape; docs/PERF_GEMM.md #53). The partial
 // tiles go through shared memory as one float4 per lane, and each thread of the epilogue
-// finishes whole MMA lane fragments (two rows, two tokens) from 16-byte loads (#54).
+// finishes a share of an MMA lane fragment (its four outputs, one row's two, or one, by the
+// threads a fragment has) from one 16-, 8- or 4-byte load per warp's partial tile (#54).
 //
 // w12_gemm_small_cl<..., CL>: the same kernel with each tile group's kw warps spread over the CL
 // blocks of a thread-block cluster (kw / CL warps a block; warp w of the group in block
 // w / (kw / CL)): smaller blocks for the same K split (in the table on the 5120-row layers).
 // Every warp stores its partial tiles into every block of the cluster, one cluster barrier, then
-// each block stores its share of the tokens from its own shared memory: the same sums in the
+// each block stores its share of the outputs from its own shared memory: the same sums in the
 // same order as w12_gemm_small (docs/PERF_GEMM.md #52).
 //
 // w12_decode: the in-window weights as BF16 [N, K] (escapes come out as record 0;
@@ -818,32 +819,19 @@ __device__ __forceinline__ void small_body(
       }
       const int row0 = ((bx * TG + gq) * TL + tt) * 16;
       if (row0 >= N) continue;
-      store_tile<NT, KB>(epi + (tt * erows + gq * 16) * EPI_WORDS, gp, 0, PT, idx, nthr, row0,
+      store_tile<NT, KB>(epi + (tt * erows + gq * 16) * EPI_WORDS, gp, p0, p1, idx, nthr, row0,
                          kw, M, N, ldx, x, y, esc_col, esc_delta, bias, xg[tt]);
     }
   };
-  if constexpr (KWB > 2) {
-    if (kw <= 2) {
-      finish(IntC<2>());
-      W12_MARK(5);
-      return;
-    }
-  }
-  if constexpr (KWB > 4) {
-    if (kw <= 4) {
-      finish(IntC<4>());
-      W12_MARK(5);
-      return;
-    }
-  }
-  if constexpr (KWB > 8) {
-    if (kw <= 8) {
-      finish(IntC<8>());
-      W12_MARK(5);
-      return;
-    }
-  }
-  finish(IntC<KWB>());
+  [&] {
+    if constexpr (KWB > 2)
+      if (kw <= 2) return finish(IntC<2>());
+    if constexpr (KWB > 4)
+      if (kw <= 4) return finish(IntC<4>());
+    if constexpr (KWB > 8)
+      if (kw <= 8) return finish(IntC<8>());
+    finish(IntC<KWB>());
+  }();
   W12_MARK(5);
 }
 
