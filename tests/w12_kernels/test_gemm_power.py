@@ -1,0 +1,53 @@
+"""benchmarks/gemm_power.py's table logic on the CPU: which sustained winner replaces the
+table's schedule, and how it is written into the table."""
+
+import json
+
+from gemm_helpers import benchmark_module
+
+from w12_kernels.gemm import config as cfgs
+
+T2 = dict(depth=1, prefetch=False, tiles=2, min_blocks=1, x_stages=0, groups=1, w_stages=0,
+          cluster=1)
+T3 = {**T2, "tiles": 3}
+
+
+def _row(shape, m, schedule, us, layout=None):
+    return dict(shape=shape, m=m, schedule=schedule, us=us, layout=layout)
+
+
+def test_choose_sustained_takes_the_fastest_past_the_margin():
+    gp = benchmark_module("gemm_power")
+    rows = [
+        _row("10240x5120", 32, "cublas", 28.0),
+        _row("10240x5120", 32, "table", 25.3),
+        _row("10240x5120", 32, "t2", 24.6, T2),
+        _row("10240x5120", 32, "t3", 24.9, T3),
+        _row("5120x8192", 32, "table", 22.0),
+        _row("5120x8192", 32, "t2", 21.9, T2),  # 0.5% faster: under the 1% margin
+        _row("4096x4096", 16, "table", 10.0),
+        _row("4096x4096", 16, "t3", 9.0, T3),
+    ]
+    choices = gp.choose_sustained(rows, 0.01)
+    assert choices == {("10240x5120", "4"): T2, ("4096x4096", "2"): T3}
+    # cuBLAS (no layout) is never a choice, however fast
+    assert gp.choose_sustained([_row("a", 32, "table", 9.0), _row("a", 32, "cublas", 1.0)],
+                               0.0) == {}
+
+
+def test_apply_choices_changes_only_the_chosen_class():
+    gp = benchmark_module("gemm_power")
+    table = json.loads(cfgs.TUNED_PATH.read_text())
+    shape = "10240x5120"
+    before = table["small_m"]["shapes"][shape]
+    new = gp.apply_choices(table, {(shape, "4"): T3, ("1x1", "4"): T3})
+    after = new["small_m"]["shapes"][shape]
+    assert after["kw"] == before["kw"]  # the split, so the sums, stay
+    assert after["by_nt"]["4"] == T3
+    assert {c: v for c, v in after["by_nt"].items() if c != "4"} == \
+        {c: v for c, v in before["by_nt"].items() if c != "4"}
+    assert "1x1" not in new["small_m"]["shapes"]  # no entry of its own: left to the rule
+    assert table["small_m"]["shapes"][shape] == before  # the input is not modified
+    # what it writes reads back as a configuration
+    cfg = cfgs.small_config(10240, 5120, 132, {**cfgs.DEFAULT_RULE, **new["small_m"]})
+    assert cfg.layout(32) == cfgs.Layout(**T3)
