@@ -3,6 +3,7 @@ table's schedule, and how it is written into the table."""
 
 import json
 
+import pytest
 from gemm_helpers import benchmark_module
 
 from w12_kernels.gemm import config as cfgs
@@ -51,3 +52,11 @@ def test_apply_choices_changes_only_the_chosen_class():
     # what it writes reads back as a configuration
     cfg = cfgs.small_config(10240, 5120, 132, {**cfgs.DEFAULT_RULE, **new["small_m"]})
     assert cfg.layout(32) == cfgs.Layout(**T3)
+
+
+@pytest.mark.parametrize("shape", ["10240x5120", "5120x8192", "51200x5120", "5120x25600"])
+def test_the_shipped_32b_entries_at_17_32_rows_take_two_tiles(shape):
+    """The four Qwen3-32B layers run two tiles a warp at 17-32 rows: chosen by sustained
+    timing (docs/PERF_GEMM.md #56), where the burst sweep had picked one."""
+    n, k = map(int, shape.split("x"))
+    assert cfgs.small_config(n, k, 132).layout(32).tiles == 2
