@@ -6,10 +6,11 @@ A decode run streams for seconds and, on an H200 at batch 32, W12 draws close to
 limit and the clock drops (docs/PERF_ENGINE.md). This script replays one CUDA graph per
 schedule (the calls cycle through weight copies past the L2, as in ``gemm.py``) back to back for
 ``--seconds`` while ``nvidia-smi`` samples the clock and power, and reports µs per call, mean
-SM MHz, mean W and µJ per call (W x µs), for cuBLAS, the table's schedule and the
-``--candidates`` fastest other schedules of the sweep at the table's kw (picked by a short
-burst timing first). Each schedule's output is checked against the table's bits (the same kw
-and the same sums: must be equal). Between schedules the GPU idles ``--cool`` seconds.
+SM MHz, mean W, µJ per call (W x µs) and the share of samples the driver power-capped, for
+cuBLAS, the table's schedule and the ``--candidates`` fastest other schedules of the sweep at
+the table's kw (picked by a short burst timing first). Each schedule's output is checked
+against the table's bits (the same kw and the same sums: must be equal). Between schedules the
+GPU idles ``--cool`` seconds.
 
 With ``--write-table`` the schedule with the shortest sustained time replaces the table's for
 that shape and class of M (``tuned.json``) where it beats it by more than ``--margin``: the
@@ -74,7 +75,8 @@ def sustained(calls, seconds: float, cool: float) -> dict:
     watts = None if st is None else st.power_w_mean
     return dict(us=us, sm_mhz=None if st is None else st.sm_mhz_mean,
                 sm_mhz_min=None if st is None else st.sm_mhz_min, watts=watts,
-                uj=None if watts is None else watts * us)
+                uj=None if watts is None else watts * us,
+                power_capped=None if st is None else st.power_capped)
 
 
 def shape_rows(n: int, k: int, m: int, candidates: int, seconds: float, cool: float) -> list:
@@ -154,7 +156,9 @@ def print_row(r: dict, ref_us: float) -> None:
     print(f"{r['shape']:>11} M={r['m']:<3} {r['schedule']:<28} burst {_fmt(r['burst_us'], '8.2f')}"
           f" us  sustained {r['us']:8.2f} us (x{ref_us / r['us']:.3f})  "
           f"{_fmt(r['sm_mhz'], '5.0f')} MHz (min {_fmt(r['sm_mhz_min'], '5.0f')})  "
-          f"{_fmt(r['watts'], '4.0f')} W  {_fmt(r['uj'], '8.0f')} uJ/call", flush=True)
+          f"{_fmt(r['watts'], '4.0f')} W  {_fmt(r['uj'], '8.0f')} uJ/call"
+          + ("" if r.get("power_capped") is None
+             else f"  capped {100 * r['power_capped']:.0f}%"), flush=True)
 
 
 def main() -> None:

@@ -48,6 +48,7 @@ class DecodeTiming:
     sm_mhz_min: float | None = None
     power_w_mean: float | None = None
     temp_c_max: float | None = None
+    power_capped: float | None = None  # fraction of samples held down by the power cap
 
 
 def streamed_bytes(model: Transformer) -> int:
@@ -136,6 +137,7 @@ def bench_decode(
                 sm_mhz_mean=clocks and clocks.sm_mhz_mean,
                 sm_mhz_min=clocks and clocks.sm_mhz_min,
                 power_w_mean=clocks and clocks.power_w_mean,
+                power_capped=clocks and clocks.power_capped,
                 temp_c_max=clocks and clocks.temp_c_max,
             )
             del engine
@@ -165,7 +167,8 @@ def format_row(t: DecodeTiming) -> str:
                                             f"  [{t.attention} attention]")
             + ("" if t.sm_mhz_mean is None else
                f"  SM {t.sm_mhz_mean:.0f} MHz (min {t.sm_mhz_min:.0f})"
-               + ("" if t.power_w_mean is None else f" {t.power_w_mean:.0f} W")))
+               + ("" if t.power_w_mean is None else f" {t.power_w_mean:.0f} W")
+               + ("" if not t.power_capped else f" power-capped {100 * t.power_capped:.0f}%")))
 
 
 def summary(results: list[DecodeTiming]) -> list[str]:

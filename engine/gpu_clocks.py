@@ -13,6 +13,7 @@ is unaffected.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -21,7 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
-QUERY = "clocks.sm,power.draw,temperature.gpu"
+# (the throttle field under its older name, which newer drivers still accept as an alias of
+# clocks_event_reasons.active; a field the driver does not know would fail the whole query)
+QUERY = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
+# bits of that field (NVML's clock event reasons)
+SW_POWER_CAP = 0x4
+SLOWDOWN = 0x8 | 0x20 | 0x40 | 0x80  # HW slowdown, SW thermal, HW thermal, HW power brake
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,10 @@ class ClockStats:
     power_w_mean: float | None  # None where the driver reports no power reading
     power_w_max: float | None
     temp_c_max: float | None
+    # fractions of the samples whose clock the driver held down: by the software power cap,
+    # and by a thermal or hardware slowdown (None where the driver reports no reasons)
+    power_capped: float | None = None
+    slowed: float | None = None
 
     def describe(self) -> str:
         text = f"SM {self.sm_mhz_mean:.0f} MHz (min {self.sm_mhz_min:.0f})"
@@ -39,6 +49,10 @@ class ClockStats:
             text += f", {self.power_w_mean:.0f} W (max {self.power_w_max:.0f})"
         if self.temp_c_max is not None:
             text += f", {self.temp_c_max:.0f} C max"
+        if self.power_capped:
+            text += f", power-capped {100 * self.power_capped:.0f}% of samples"
+        if self.slowed:
+            text += f", thermal/HW slowdown {100 * self.slowed:.0f}% of samples"
         return text
 
 
@@ -49,14 +63,21 @@ def _number(field: str) -> float | None:
         return None
 
 
+def _reasons(field: str) -> int | None:
+    try:
+        return int(field.strip(), 16)  # "0x0000000000000004"
+    except ValueError:
+        return None
+
+
 def parse_samples(text: str) -> ClockStats | None:
-    """``ClockStats`` of ``nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu
-    --format=csv,noheader,nounits`` output (one "MHz, W, C" line per sample); lines without an
-    SM clock are skipped; None without any sample."""
-    clocks, power, temp = [], [], []
+    """``ClockStats`` of ``nvidia-smi --query-gpu=QUERY --format=csv,noheader,nounits`` output
+    (one "MHz, W, C, reasons" line per sample; lines of the first three alone are read too);
+    lines without an SM clock are skipped; None without any sample."""
+    clocks, power, temp, reasons = [], [], [], []
     for line in text.splitlines():
         fields = line.split(",")
-        if len(fields) != 3:
+        if len(fields) not in (3, 4):
             continue
         sm = _number(fields[0])
         if sm is None:
@@ -66,12 +87,17 @@ def parse_samples(text: str) -> ClockStats | None:
             power.append(w)
         if (c := _number(fields[2])) is not None:
             temp.append(c)
+        if len(fields) == 4 and (r := _reasons(fields[3])) is not None:
+            reasons.append(r)
     if not clocks:
         return None
     return ClockStats(
         samples=len(clocks), sm_mhz_mean=sum(clocks) / len(clocks), sm_mhz_min=min(clocks),
         power_w_mean=sum(power) / len(power) if power else None,
-        power_w_max=max(power) if power else None, temp_c_max=max(temp) if temp else None)
+        power_w_max=max(power) if power else None, temp_c_max=max(temp) if temp else None,
+        power_capped=(sum(bool(r & SW_POWER_CAP) for r in reasons) / len(reasons)
+                      if reasons else None),
+        slowed=sum(bool(r & SLOWDOWN) for r in reasons) / len(reasons) if reasons else None)
 
 
 def smi_target(device: torch.device) -> str:
@@ -87,6 +113,20 @@ def smi_target(device: torch.device) -> str:
     if visible != [""] and index < len(visible) and visible[index].strip().isdigit():
         return visible[index].strip()
     return str(index)
+
+
+@functools.cache
+def _query(smi: str, target: str) -> str:
+    """QUERY, or its first three fields where this driver refuses the throttle-reason field
+    (one probe per process)."""
+    try:
+        probe = subprocess.run([smi, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
+                                "-i", target], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        probe = None
+    if probe is not None and probe.returncode == 0:
+        return QUERY
+    return QUERY.rsplit(",", 1)[0]
 
 
 class ClockSampler:
@@ -110,8 +150,9 @@ class ClockSampler:
         smi = shutil.which("nvidia-smi")
         if smi is None:
             return None
-        return [smi, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
-                "-i", smi_target(self.device), "-lms", str(self.interval_ms)]
+        target = smi_target(self.device)
+        return [smi, f"--query-gpu={_query(smi, target)}", "--format=csv,noheader,nounits",
+                "-i", target, "-lms", str(self.interval_ms)]
 
     def __enter__(self) -> ClockSampler:
         command = self._command()
