@@ -426,17 +426,23 @@ def choose_rule(rows: list[dict], sms: int, keep_kw: bool = False) -> tuple[dict
         options = {kw: _best_layouts(rows, lambda *_, kw=kw: kw, mine) for kw in SWEEP_KW}
         kw, (by_nt, score) = max(options.items(), key=lambda kv: kv[1][1])
         if math.isfinite(score):
-            kept = current.get("shapes", {}).get(f"{n}x{k}", {}).get("by_nt", {})
+            entry = current.get("shapes", {}).get(f"{n}x{k}", {})
+            kept = entry.get("by_nt", {})
             # a warpgroup-kernel choice (benchmarks/wgmma_probe.py --write-table) stays with
             # its class while the kw does (this sweep times the mma.sync layouts only); with
             # another kw it was never timed, so it goes
-            same_kw = kw == current.get("shapes", {}).get(f"{n}x{k}", {}).get("kw")
+            same_kw = kw == entry.get("kw")
             kept = {cls: lay if same_kw else {key: v for key, v in lay.items() if key != "wg"}
                     for cls, lay in kept.items()}
+            # so do the classes benchmarks/gemm_power.py chose by sustained timing: a burst
+            # sweep does not see what they were chosen for (docs/PERF_GEMM.md #56)
+            sustained = sorted(c for c in entry.get("sustained", ()) if same_kw and c in kept)
             swept = {cls: ({**lay, "wg": kept[cls]["wg"]}
                            if kept.get(cls, {}).get("wg") else lay)
-                     for cls, lay in by_nt.items()}
+                     for cls, lay in by_nt.items() if cls not in sustained}
             best["shapes"][f"{n}x{k}"] = dict(kw=kw, by_nt={**kept, **swept})
+            if sustained:
+                best["shapes"][f"{n}x{k}"]["sustained"] = sustained
     return best, math.exp(best_score / max(1, len(scored)))
 
 

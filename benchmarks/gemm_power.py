@@ -14,8 +14,9 @@ GPU idles ``--cool`` seconds.
 
 With ``--write-table`` the schedule with the shortest sustained time replaces the table's for
 that shape and class of M (``tuned.json``) where it beats it by more than ``--margin``: the
-schedule changes, never the kw, so no sum changes. A later burst sweep (``gemm.py --sweep
---write-table``) picks by burst times again; re-run this after it (docs/PERF_GEMM.md #56).
+schedule changes, never the kw, so no sum changes. The class is listed in the shape entry's
+``sustained``, and a later burst sweep (``gemm.py --sweep --write-table``) keeps it while the
+shape keeps its kw (docs/PERF_GEMM.md #56); delete the list to let a sweep pick again.
 
     python benchmarks/gemm_power.py --shapes 10240x5120,51200x5120 --m 32 --seconds 2
 """
@@ -144,6 +145,8 @@ def apply_choices(table: dict, choices: dict) -> dict:
             continue
         entry = {**shapes[shape]}
         entry["by_nt"] = {**entry.get("by_nt", {}), cls: dict(layout)}
+        # (a burst sweep at the same kw keeps these classes, benchmarks/gemm.py choose_rule)
+        entry["sustained"] = sorted({*entry.get("sustained", ()), cls})
         shapes[shape] = entry
     return {**table, "small_m": {**small, "shapes": shapes}}
 

@@ -361,6 +361,38 @@ def test_sweep_keeps_a_warpgroup_choice_at_the_same_kw_only(monkeypatch):
     assert "wg" not in moved["by_nt"]["4"] and "wg" not in moved["by_nt"]["8"]
 
 
+def test_sweep_keeps_the_sustained_classes_at_the_same_kw_only(monkeypatch):
+    """Classes benchmarks/gemm_power.py chose by sustained timing (a shape's ``sustained``
+    list) keep their layout through a burst sweep while the shape keeps its kw; the other
+    classes, and every class of a shape whose kw moves, take the sweep's pick."""
+    gemm_bench = gemm_benchmark()
+    slow_burst = {"depth": 1, "prefetch": False, "tiles": 2, "min_blocks": 1, "x_stages": 0,
+                  "groups": 1, "w_stages": 0, "cluster": 1}
+    in_use = {"warps_per_sm": 128, "min_chunks_per_warp": 2, "max_kw": 8,
+              "by_nt": {c: {"depth": 1, "prefetch": False, "tiles": 1} for c in "1248"},
+              "shapes": {f"{n}x4096": {"kw": 2, "by_nt": {"2": dict(slow_burst),
+                                                          "4": dict(slow_burst)},
+                                       "sustained": ["4"]} for n in (4096, 28672)}}
+    monkeypatch.setattr(cfgs, "rule", lambda: in_use)
+    fast = gemm_bench.SWEEP_LAYOUTS[4][0]  # one tile: the burst winner below
+    assert gemm_bench._layout_dict(fast)["tiles"] == 1
+    rows = []
+    for n, kw in ((28672, 2), (4096, 8)):  # the first keeps its kw, the second moves to 8
+        for m in (16, 32):
+            cls = 2 if m == 16 else 4
+            for lay in gemm_bench.SWEEP_LAYOUTS[cls][:2]:
+                rows.append(dict(n=n, k=4096, m=m, kw=kw, **gemm_bench._layout_dict(lay),
+                                 us=9.0 if lay == gemm_bench.SWEEP_LAYOUTS[cls][0] else 10.0,
+                                 err_ratio=1.0, cublas_us=13.0))
+    table, _ = gemm_bench.choose_rule(rows, 132, keep_kw=True)
+    kept = table["shapes"]["28672x4096"]
+    assert kept["by_nt"]["4"] == slow_burst and kept["sustained"] == ["4"]
+    assert kept["by_nt"]["2"] == gemm_bench._layout_dict(gemm_bench.SWEEP_LAYOUTS[2][0])
+    moved = table["shapes"]["4096x4096"]
+    assert moved["kw"] == 8 and "sustained" not in moved
+    assert moved["by_nt"]["4"] == gemm_bench._layout_dict(fast)
+
+
 def test_warpgroup_choice_needs_the_margin_on_every_measured_row_count():
     probe = benchmark_module("wgmma_probe")
 

@@ -45,6 +45,7 @@ def test_apply_choices_changes_only_the_chosen_class():
     after = new["small_m"]["shapes"][shape]
     assert after["kw"] == before["kw"]  # the split, so the sums, stay
     assert after["by_nt"]["4"] == T3
+    assert after["sustained"] == sorted({*before.get("sustained", ()), "4"})
     assert {c: v for c, v in after["by_nt"].items() if c != "4"} == \
         {c: v for c, v in before["by_nt"].items() if c != "4"}
     assert "1x1" not in new["small_m"]["shapes"]  # no entry of its own: left to the rule
@@ -60,3 +61,4 @@ def test_the_shipped_32b_entries_at_17_32_rows_take_two_tiles(shape):
     timing (docs/PERF_GEMM.md #56), where the burst sweep had picked one."""
     n, k = map(int, shape.split("x"))
     assert cfgs.small_config(n, k, 132).layout(32).tiles == 2
+    assert "4" in cfgs.rule()["shapes"][shape]["sustained"]  # kept by burst sweeps
