@@ -18,7 +18,9 @@ of the 0.9x it was built for; at 1024 rows decode + cuBLAS is faster. ``a_regs``
 decoded weights in registers as the MMA's A operand (no A buffers): 9-13% faster at 128
 activation rows; at 256 rows that needs ``a_regs`` 2, a producer warpgroup that gives its
 registers to the MMA warpgroups (the table's choice on 18 of 18 shapes, three of them with K in
-three ranges).
+three ranges). ``x_in`` (with ``a_regs`` 2) has that warpgroup copy the activations into their
+stages itself, 4 bytes at a time into the same images, so that no image pass runs first
+(docs/PERF_GEMM.md #57: not yet timed, no table entry uses it).
 """
 
 from __future__ import annotations
