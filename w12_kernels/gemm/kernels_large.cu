@@ -16,7 +16,7 @@
 // only) the GEMM writes the same images into its stages itself, from x, by 4-byte cp.async
 // (no separate kernel, no image in global memory; x's rows must be 4-byte aligned).
 //
-// wgl_body<BN, WGS, SX, SW, SPLIT, AREG>: y[M, N] = x[M, K] @ W^T. A block holds WGS consumer
+// wgl_body<BN, WGS, SX, SW, SPLIT, AREG, XIN>: y[M, N] = x[M, K] @ W^T. A block holds WGS consumer
 // warpgroups, each with 64 weight rows, BN activation rows shared by all of them, and one
 // producer warp. The producer starts bulk copies (cp.async.bulk, completing on "full"
 // mbarriers) of each chunk column's activation image into one of SX stages and of its chunk
