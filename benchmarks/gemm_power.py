@@ -80,8 +80,8 @@ def sustained(calls, seconds: float, cool: float) -> dict:
                 power_capped=None if st is None else st.power_capped)
 
 
-def shape_rows(n: int, k: int, m: int, candidates: int, seconds: float, cool: float) -> list:
-    layer = Layer(n, k, seed=0)
+def shape_rows(layer: Layer, m: int, candidates: int, seconds: float, cool: float) -> list:
+    n, k = layer.n, layer.k
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     order = [i % layer.copies for i in range(layer.copies * 4)]
     cfg = launcher.small_config(n, k, torch.device("cuda"))
@@ -189,6 +189,9 @@ def main() -> None:
         raise SystemExit(f"gemm_power: bad --shapes or --m: {args.shapes!r} {args.m!r}") from None
     if any(len(s) != 2 for s in shapes) or any(not 1 <= m <= 64 for m in ms):
         raise SystemExit("gemm_power: --shapes are NxK, --m between 1 and 64")
+    if args.write_table and len({_nt_class(m) for m in ms}) != len(ms):
+        raise SystemExit("gemm_power: --write-table takes one M per class (1-8, 9-16, 17-32, "
+                         "33-64): a class has one schedule")
     if args.workers:
         dev = torch.device("cuda")
         precompile([cuda.kernel_name(-(-m // 8), *_small_schedule(kw, lay))
@@ -197,8 +200,11 @@ def main() -> None:
                         n, k, m, (launcher.small_config(n, k, dev).kw,))], args.workers)
     rows = []
     for n, k in shapes:
+        layer = Layer(n, k, seed=0)  # (its weight copies serve every M)
         for m in ms:
-            rows += shape_rows(n, k, m, args.candidates, args.seconds, args.cool)
+            rows += shape_rows(layer, m, args.candidates, args.seconds, args.cool)
+        del layer
+        torch.cuda.empty_cache()
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     if args.write_table:
