@@ -47,31 +47,6 @@ def stage_images(x: torch.Tensor, nchunks: int, block_m: int) -> torch.Tensor:
     return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
 
 
-def copied_images(x: torch.Tensor, nchunks: int, block_m: int) -> torch.Tensor:
-    """What the producer warpgroup of ``x_in`` writes into its stages, in ``stage_images``'s
-    order: for token block ``tb`` and chunk ``c``, its warp ``pw`` copies token rows ``pw, pw +
-    4, ...`` and lane ``l`` the row's 32-bit word ``l`` (columns ``c * 64 + 2 l`` and ``+ 1``)
-    to byte ``n * 128 + ((l % 8) ^ (n % 8)) * 16 + 4 (l / 8)``, 4, 2 or 0 bytes of it (past K,
-    past M) and zeros after them (kernels_large.cu, ``issue_x_in``)."""
-    m, k = x.shape
-    blocks = -(-m // block_m)
-    src = x.view(torch.int16).numpy().view(np.uint16)
-    out = np.full(blocks * nchunks * block_m * 64, 0xDEAD, np.uint16)  # nothing left unset
-    for tb in range(blocks):
-        for c in range(nchunks):
-            base = (tb * nchunks + c) * block_m * 64
-            for pw in range(4):
-                for n in range(pw, block_m, 4):
-                    tok = tb * block_m + n
-                    for lane in range(32):
-                        kc = c * 64 + 2 * lane
-                        nbytes = (4 if kc + 1 < k else 2 if kc < k else 0) if tok < m else 0
-                        byte = n * 128 + (((lane & 7) ^ (n & 7)) << 4) + 4 * (lane >> 3)
-                        for e in range(2):  # cp.async fills what it does not copy with zeros
-                            out[base + byte // 2 + e] = src[tok, kc + e] if 2 * e < nbytes else 0
-    return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
-
-
 def _read(image: np.ndarray, start: int, rows: int) -> np.ndarray:
     """A K-major operand [rows, 16] as float64, read through a descriptor at byte ``start``
     of a 1024-byte aligned buffer."""

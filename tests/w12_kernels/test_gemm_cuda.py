@@ -275,54 +275,6 @@ def test_wgmma_large_kernel(block_m, warpgroups, x_stages, w_stages, splits, a_r
                               (200, 200, 3)))
 
 
-X_IN_CONFIGS = [(256, 2, 5, 5, 1), (256, 2, 5, 5, 2), (256, 2, 5, 5, 3), (256, 2, 4, 6, 2),
-                (128, 2, 4, 8, 4), (64, 2, 3, 2, 1)]
-
-
-@pytest.mark.parametrize("block_m,warpgroups,x_stages,w_stages,splits", X_IN_CONFIGS,
-                         ids=[f"m{b}_g{g}_x{s}_w{w}_k{k}" for b, g, s, w, k in X_IN_CONFIGS])
-def test_wgmma_large_kernel_copying_x_itself(block_m, warpgroups, x_stages, w_stages, splits):
-    """``x_in``: the producer warpgroup copies the activations into the stages itself (no
-    w12_permute_x pass): the same bits as the images written first, at awkward sizes (odd K,
-    K past the last full chunk, tokens past M, one token), within budget and rerun-stable; x
-    rows that are not 4-byte aligned (a column slice of odd width) take the images instead."""
-    from w12_kernels.gemm import cuda_large
-
-    if not cuda_large.available():
-        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
-
-    def run_with(x_in):
-        def run(x, pw, bias, out):
-            cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row, pw.esc_col,
-                                pw.esc_val, pw.esc_delta, pw.esc_order, bias, pw.n, pw.k,
-                                block_m=block_m, warpgroups=warpgroups, x_stages=x_stages,
-                                w_stages=w_stages, splits=splits, a_regs=2, x_in=x_in, out=out)
-        return run
-
-    shapes = ((300, 1001, 129), (4096, 4096, 300), (130, 72, 1000), (1, 64, 70), (200, 199, 3))
-    _check_large_kernel(run_with(1), shapes)
-    for n, k, m in shapes:
-        t, x = _inputs(n, k, m, seed=n + m)
-        pw = prepare_weight(encoded(t))
-        outs = []
-        for x_in in (0, 1):
-            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            run_with(x_in)(x, pw, None, out)
-            outs.append(out.view(torch.int16))
-        assert torch.equal(outs[0], outs[1]), f"{n}x{k} M={m}: x_in changes the bits"
-    # rows not 4-byte aligned: the images path, the same bits
-    t, wide = _inputs(200, 199, 40, seed=7)
-    x = torch.cat([wide[:, :1], wide], dim=1)[:, 1:]  # rows 2 bytes past 4-byte alignment
-    assert x.data_ptr() % 4 == 2 and x.stride(1) == 1
-    pw = prepare_weight(encoded(t))
-    outs = []
-    for x_in in (0, 1):
-        out = torch.empty((40, 200), device="cuda", dtype=torch.bfloat16)
-        run_with(x_in)(x, pw, None, out)
-        outs.append(out.view(torch.int16))
-    assert torch.equal(outs[0], outs[1])
-
-
 def test_prefill_rows_through_the_large_table():
     """257-1024 rows through ``w12_linear`` on the smallest shipped shape whose 1024-row
     large-M entry is the warpgroup kernel: the launcher takes that entry, and the result is

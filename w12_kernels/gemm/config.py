@@ -137,8 +137,6 @@ class LargeConfig:
     maxnreg: int = 0  # register cap per thread (0: the compiler's choice)
     splits: int = 1  # K ranges (fused: through a workspace, the launcher may lower it;
     # wgmma: the blocks of a cluster)
-    x_in: int = 0  # wgmma with a_regs 2: 1 copies the activations into the stages in the
-    # kernel (no w12_permute_x pass first)
     a_regs: int = 0  # wgmma: 1 (or true): the decoded weights as the MMA's register operand;
     # 2: that, with a producer warpgroup giving its registers to the MMA warpgroups
 

@@ -18,9 +18,8 @@ of the 0.9x it was built for; at 1024 rows decode + cuBLAS is faster. ``a_regs``
 decoded weights in registers as the MMA's A operand (no A buffers): 9-13% faster at 128
 activation rows; at 256 rows that needs ``a_regs`` 2, a producer warpgroup that gives its
 registers to the MMA warpgroups (the table's choice on 18 of 18 shapes, three of them with K in
-three ranges). ``x_in`` (with ``a_regs`` 2) has that warpgroup copy the activations into their
-stages itself, 4 bytes at a time into the same images, so that no image pass runs first
-(docs/PERF_GEMM.md #57: not yet timed, no table entry uses it).
+three ranges). Copying the activations into the stages from the producer warpgroup itself
+(4-byte cp.async, no image pass) was 4-6x slower (docs/PERF_GEMM.md #57) and was removed.
 """
 
 from __future__ import annotations
@@ -44,9 +43,9 @@ def available() -> bool:
 
 
 def kernel_name(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
-                splits: int, a_regs: int = 0, x_in: int = 0) -> str:
+                splits: int, a_regs: int = 0) -> str:
     return (f"w12_wgl_{block_m}_{warpgroups}_{x_stages}_{w_stages}_{splits}"
-            + ("", "_r", "_rp")[int(a_regs)] + ("_x" if x_in else ""))
+            + ("", "_r", "_rp")[int(a_regs)])
 
 
 def threads(warpgroups: int, a_regs: int = 0) -> int:
@@ -66,15 +65,14 @@ def shared_bytes(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
 
 
 def check_config(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
-                 splits: int, a_regs: int = 0, x_in: int = 0) -> None:
+                 splits: int, a_regs: int = 0) -> None:
     if (block_m not in BLOCK_M or warpgroups not in WARPGROUPS or splits not in SPLITS
             or not 3 <= x_stages <= 8 or not 2 <= w_stages <= 16 or a_regs not in (0, 1, 2)
             or (a_regs == 2 and warpgroups != 2)  # setmaxnreg's split is made for two
-            or x_in not in (0, 1) or (x_in and a_regs != 2)  # copied by the producer group
             or shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs) > 227 * 1024):
         raise ValueError(f"gemm_wgl: bad configuration block_m={block_m} "
                          f"warpgroups={warpgroups} x_stages={x_stages} w_stages={w_stages} "
-                         f"splits={splits} a_regs={a_regs} x_in={x_in}")
+                         f"splits={splits} a_regs={a_regs}")
 
 
 def blocks_per_sm(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
@@ -93,34 +91,34 @@ def blocks_per_sm(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
 
 
 def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
-           a_regs: int = 0, x_in: int = 0) -> str:
+           a_regs: int = 0) -> str:
     cluster = f" __cluster_dims__(1, 1, {splits})" if splits > 1 else ""
     min_blocks = blocks_per_sm(block_m, warpgroups, x_stages, w_stages, a_regs)
     return (
         f'extern "C" __global__ void __launch_bounds__({threads(warpgroups, a_regs)}, '
         f'{min_blocks})'
         f"{cluster}\n"
-        f"{kernel_name(block_m, warpgroups, x_stages, w_stages, splits, a_regs, x_in)}(\n"
+        f"{kernel_name(block_m, warpgroups, x_stages, w_stages, splits, a_regs)}(\n"
         "    const Words4* __restrict__ chunks, const bf16_t* __restrict__ xp,\n"
         "    const bf16_t* __restrict__ x, int ldx, bf16_t* __restrict__ y,\n"
         "    const float* __restrict__ scale, const int* __restrict__ rowptr,\n"
         "    const int* __restrict__ esc_row, const int* __restrict__ esc_col,\n"
         "    const bf16_t* __restrict__ esc_val, const float* __restrict__ esc_delta,\n"
         "    const int* __restrict__ esc_order, const bf16_t* __restrict__ bias, int M,\n"
-        "    int n_rows, int ntiles, int nchunks, int K) {\n"
+        "    int n_rows, int ntiles, int nchunks) {\n"
         f"  wgl_body<{block_m}, {warpgroups}, {x_stages}, {w_stages}, {splits}, "
-        f"{int(a_regs)}, {int(x_in)}>(\n"
+        f"{int(a_regs)}>(\n"
         "      chunks, xp, x, ldx, y, scale, rowptr, esc_row, esc_col, esc_val, esc_delta,\n"
-        "      esc_order, bias, M, n_rows, ntiles, nchunks, K);\n}\n")
+        "      esc_order, bias, M, n_rows, ntiles, nchunks);\n}\n")
 
 
 def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
-           a_regs: int = 0, x_in: int = 0) -> str:
+           a_regs: int = 0) -> str:
     """kernels.cu, the wgmma wrappers for ``block_m``, kernels_large.cu and the entry point of
     one configuration."""
     return (_base_source(wgmma.wrapper(block_m, "WgmmaSS", a_shared=True)
                          + wgmma.wrapper(block_m, "WgmmaRS"))
-            + _entry(block_m, warpgroups, x_stages, w_stages, splits, a_regs, x_in))
+            + _entry(block_m, warpgroups, x_stages, w_stages, splits, a_regs))
 
 
 def _base_source(wrappers: str = "") -> str:
@@ -179,16 +177,14 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
              esc_val: torch.Tensor, esc_delta: torch.Tensor, esc_order: torch.Tensor,
              bias: torch.Tensor | None, n: int, k: int, *, block_m: int = 128,
              warpgroups: int = 2, x_stages: int = 4, w_stages: int = 6, splits: int = 1,
-             a_regs: int = 0, x_in: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
+             a_regs: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]``, any M: blocks of ``64 * warpgroups`` weight
     rows x ``block_m`` activation rows, ``x_stages`` activation and ``w_stages`` chunk-word
     stages in shared memory, ``splits`` K ranges per cluster, the decoded weights as the MMA's
     register operand with ``a_regs`` 1 (else from shared memory), and with ``a_regs`` 2 also a
-    producer warpgroup that gives its registers to the MMA warpgroups. ``x_in`` 1 (with
-    ``a_regs`` 2): that warpgroup copies the activations into their stages itself, in place of
-    ``w12_permute_x`` writing their images first; where x's rows are not 4-byte aligned the
-    images are written as before. The same sums either way."""
-    check_config(block_m, warpgroups, x_stages, w_stages, splits, int(a_regs), int(x_in))
+    producer warpgroup that gives its registers to the MMA warpgroups."""
+    config = (block_m, warpgroups, x_stages, w_stages, splits, int(a_regs))
+    check_config(*config)
     m = x.shape[0]
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
@@ -196,16 +192,14 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
         return out
     if x.stride(1) != 1:
         x = x.contiguous()
-    x_in = int(x_in) if x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0 else 0
-    config = (block_m, warpgroups, x_stages, w_stages, splits, int(a_regs), x_in)
     ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
-    xp = x if x_in else permute_x(x, nchunks, block_m)
+    xp = permute_x(x, nchunks, block_m)
     func = _function(cuda._index(x.device), config)
     smem = shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs)
     args = (cuda._ptr(chunks), cuda._ptr(xp), cuda._ptr(x), x.stride(0),
             cuda._ptr(out), cuda._ptr(scale), cuda._ptr(esc_rowptr), cuda._ptr(esc_row),
             cuda._ptr(esc_col), cuda._ptr(esc_val), cuda._ptr(esc_delta), cuda._ptr(esc_order),
-            cuda._ptr(bias), m, n, ntiles, nchunks, k)
+            cuda._ptr(bias), m, n, ntiles, nchunks)
     grid = (math.ceil(ntiles / (4 * warpgroups)), math.ceil(m / block_m), splits)
     cuda.launch(func, grid, (threads(warpgroups, a_regs),), args, x.device, smem)
     return out

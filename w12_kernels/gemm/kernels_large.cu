@@ -12,11 +12,9 @@
 //
 // w12_permute_x: the activations as the images of the stages the GEMM copies in whole: for
 // every block of BN tokens and every 64-column chunk, BN * 128 contiguous bytes in that
-// layout. Tokens past M and columns past K come out as zeros. With XIN (a producer warpgroup
-// only) the GEMM writes the same images into its stages itself, from x, by 4-byte cp.async
-// (no separate kernel, no image in global memory; x's rows must be 4-byte aligned).
+// layout. Tokens past M and columns past K come out as zeros.
 //
-// wgl_body<BN, WGS, SX, SW, SPLIT, AREG, XIN>: y[M, N] = x[M, K] @ W^T. A block holds WGS consumer
+// wgl_body<BN, WGS, SX, SW, SPLIT, AREG>: y[M, N] = x[M, K] @ W^T. A block holds WGS consumer
 // warpgroups, each with 64 weight rows, BN activation rows shared by all of them, and one
 // producer warp. The producer starts bulk copies (cp.async.bulk, completing on "full"
 // mbarriers) of each chunk column's activation image into one of SX stages and of its chunk
@@ -123,7 +121,7 @@ __device__ __forceinline__ void keep_regs(u32 (&a)[4][4]) {
     for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[j][r])::"memory");
 }
 
-template <int BN, int WGS, int SX, int SW, int SPLIT, int AREG, int XIN>
+template <int BN, int WGS, int SX, int SW, int SPLIT, int AREG>
 __device__ __forceinline__ void wgl_body(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ xp,
     const bf16_t* __restrict__ x, int ldx, bf16_t* __restrict__ y,
@@ -131,10 +129,9 @@ __device__ __forceinline__ void wgl_body(
     const int* __restrict__ esc_row, const int* __restrict__ esc_col,
     const bf16_t* __restrict__ esc_val, const float* __restrict__ esc_delta,
     const int* __restrict__ esc_order, const bf16_t* __restrict__ bias, int M, int n_rows,
-    int ntiles, int nchunks, int K) {
+    int ntiles, int nchunks) {
   static_assert(BN % 64 == 0 && BN <= 256, "BN: 64, 128, 192 or 256 activation rows");
   static_assert(SX >= 3 && SW >= 2 && SPLIT >= 1 && SPLIT <= 4, "config");
-  static_assert(XIN == 0 || AREG == 2, "activations copied in-kernel by a producer warpgroup");
   constexpr int THREADS = 128 * WGS;
   constexpr int NA = 3;                   // A buffers: column i decoded while i-1, i-2 multiply
   constexpr int XSTAGE = BN * 128;        // activation bytes per stage
@@ -172,28 +169,6 @@ __device__ __forceinline__ void wgl_body(
     bulk_copy(smem + (col % SX) * XSTAGE, ximg + (size_t)(c0 + col) * (XSTAGE / 2), XSTAGE,
               bar);
   };
-  // (XIN: the producer warpgroup) the same image of column col copied from x itself, 4 bytes
-  // at a time: warp pw of the producer copies token rows pw, pw + 4, ..., lane l the row's
-  // 32-bit word l of the column into unit l % 8 (swizzled), word l / 8, as w12_permute_x
-  // writes it; zeros past M and past K. Each thread's arrival on the stage's full barrier
-  // completes once its copies have landed (cp.async.mbarrier.arrive.noinc).
-  auto issue_x_in = [&](int col, int pw) {
-    const u32 stage = smem_addr(smem + (col % SX) * XSTAGE);
-    const int kc = (c0 + col) * 64 + 2 * lane;  // this lane's first column
-    const u32 kbytes = kc + 1 < K ? 4u : (kc < K ? 2u : 0u);
-    const u32 unit = (u32)(lane & 7), word = (u32)(lane >> 3);
-#pragma unroll 4
-    for (int rr = pw; rr < BN; rr += 4) {
-      const int tok = tok0 + rr;
-      const u32 bytes = tok < M ? kbytes : 0u;
-      const bf16_t* src = bytes != 0u ? x + (size_t)tok * ldx + kc : x;
-      const u32 dst = stage + (u32)rr * 128u + (((unit ^ (u32)(rr & 7)) << 4) | (word << 2));
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
-                   :: "r"(dst), "l"(src), "r"(bytes) : "memory");
-    }
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];"
-                 :: "r"(smem_addr(xfull + col % SX)) : "memory");
-  };
   auto issue_w = [&](int col) {
     unsigned long long* bar = wfull + col % SW;
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
@@ -213,18 +188,9 @@ __device__ __forceinline__ void wgl_body(
                  :: "r"(smem_addr(bar)), "r"((u32)on) : "memory");
   };
   if (tid == 0) {
-    if constexpr (XIN) {  // one arrival per producer thread on the activation stages
 #pragma unroll
-      for (int s = 0; s < SX; ++s)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;" :: "r"(smem_addr(xfull + s)));
-#pragma unroll
-      for (int s = 0; s < SW; ++s)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(wfull + s)));
-    } else {
-#pragma unroll
-      for (int s = 0; s < SX + SW; ++s)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(xfull + s)));
-    }
+    for (int s = 0; s < SX + SW; ++s)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(xfull + s)));
 #pragma unroll
     for (int s = 0; s < SX; ++s)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
@@ -263,19 +229,12 @@ __device__ __forceinline__ void wgl_body(
   // Nothing here waits on the consumers except for a stage to refill. (The whole warp waits,
   // so that no spin loop sits in a thread-dependent branch: that too makes ptxas serialize
   // the MMAs.)
-  // (With XIN every warp pw of the producer warpgroup copies activations; warp 0 alone the
-  // chunk words.)
-  auto produce = [&](int pw) {
+  auto produce = [&]() {
     for (int col = 0; col < n; ++col) {
-      if (pw == 0) {
-        if (col >= SW) mbar_wait(wempty + col % SW, (u32)(col / SW - 1) & 1u);
-        if (lane == 0) issue_w(col);
-      }
+      if (col >= SW) mbar_wait(wempty + col % SW, (u32)(col / SW - 1) & 1u);
+      if (lane == 0) issue_w(col);
       if (col >= SX) mbar_wait(xempty + col % SX, (u32)(col / SX - 1) & 1u);
-      if (XIN)
-        issue_x_in(col, pw);
-      else if (lane == 0)
-        issue_x(col);
+      if (lane == 0) issue_x(col);
     }
   };
   if (AREG == 2) {
@@ -285,11 +244,7 @@ __device__ __forceinline__ void wgl_body(
     // same ones, in the same order) and leaves; none of the consumers' code runs on it.
     if (producer) {
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
-      if constexpr (XIN) {
-        produce(__shfl_sync(0xffffffffu, (tid >> 5) - (THREADS >> 5), 0));
-      } else {
-        if (__shfl_sync(0xffffffffu, (tid >> 5) == (THREADS >> 5) ? 1 : 0, 0)) produce(0);
-      }
+      if (__shfl_sync(0xffffffffu, (tid >> 5) == (THREADS >> 5) ? 1 : 0, 0)) produce();
       __syncthreads();  // the main loop's end
       if (SPLIT > 1) cluster_sync_all(); else __syncthreads();  // the partial tile stored
       if (SPLIT > 1) cluster_sync_all();  // the cluster's memory read
@@ -297,7 +252,7 @@ __device__ __forceinline__ void wgl_body(
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
   } else if (producer) {
-    produce(0);
+    produce();
   }
 
   float acc[BN / 2];
@@ -387,8 +342,6 @@ __device__ __forceinline__ void wgl_body(
       load_escape();
     }
     mbar_wait(xfull + i % SX, (u32)(i / SX) & 1u);  // column i's activations have landed
-    // (XIN: written by cp.async, the generic proxy; the MMAs read them through the async one)
-    if (XIN) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     const unsigned char* stage = smem + (i % SX) * XSTAGE;
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
