@@ -661,14 +661,19 @@ def choose_large(rows: list[dict], cands: tuple | None = None) -> dict:
     return {"default": entry(default), "max_m": max(p[2] for p in points), "shapes": shapes}
 
 
-def merge_large(current: dict, swept: dict) -> dict:
-    """The large-M table after a sweep of some shapes (``--shapes``): their entries replace
-    the current ones; the default and the other shapes stay (a sweep of five shapes once would
-    have reset the default of all eighteen to the five's best)."""
+def merge_large(current: dict, swept: dict, keep_default: bool = True) -> dict:
+    """The large-M table after a sweep: the swept (shape, M) entries replace the current ones;
+    every other entry stays, the other M classes of a swept shape too (a 256-row sweep once
+    dropped the 128-, 512- and 1024-row entries of every shape), and ``max_m`` is the larger
+    of the two. The default stays unless ``keep_default`` is False (a sweep of every shape and
+    candidate): a sweep of five shapes, or of a few candidates, once reset the default of all
+    eighteen shapes to its own best."""
     shapes = {**current.get("shapes", {})}
     for shape, by_m in swept.get("shapes", {}).items():
         shapes[shape] = {**shapes.get(shape, {}), **by_m}
-    return {**current, "shapes": shapes}
+    max_m = max(current.get("max_m", 0), swept.get("max_m", 0))
+    default = current["default"] if keep_default and "default" in current else swept["default"]
+    return {**current, "default": default, "max_m": max_m, "shapes": shapes}
 
 
 def main() -> None:
@@ -722,8 +727,10 @@ def main() -> None:
         result = dict(device=props.name, copy_tbs=ceiling, sweep=rows, table=table)
         if args.write_table:  # the other entries of the table stay as they are
             old = json.loads(cfgs.TUNED_PATH.read_text()) if cfgs.TUNED_PATH.exists() else {}
-            if args.sweep_large and args.shapes and "large" in old:
-                table = {"large": merge_large(old["large"], table["large"])}
+            if args.sweep_large and "large" in old:
+                every = not args.shapes and not args.candidates
+                table = {"large": merge_large(old["large"], table["large"],
+                                              keep_default=not every)}
             cfgs.TUNED_PATH.write_text(json.dumps(old | table, indent=1) + "\n")
             print(f"wrote w12_kernels/gemm/{cfgs.TUNED_PATH.name}: {json.dumps(table)}")
     else:

@@ -193,6 +193,24 @@ def test_large_sweep_of_some_shapes_keeps_the_rest_of_the_table():
     assert current["shapes"]["4096x4096"]["256"]["splits"] == 2  # the input is not changed
 
 
+def test_large_sweep_of_one_m_keeps_the_other_m_classes():
+    """A sweep of every shape at one M (``--sweep-large --m 256``) replaces that class only;
+    the 128- and 1024-row entries and ``max_m`` 1024 stay, and the default is the sweep's."""
+    merge_large = gemm_benchmark().merge_large
+    current = {"default": {"kind": "wgmma", "splits": 2}, "max_m": 1024,
+               "shapes": {"4096x4096": {"128": {"kind": "wgmma", "block_m": 128},
+                                        "256": {"kind": "wgmma", "splits": 2},
+                                        "1024": {"kind": "decode"}}}}
+    swept = {"default": {"kind": "wgmma", "splits": 3}, "max_m": 256,
+             "shapes": {"4096x4096": {"256": {"kind": "wgmma", "splits": 3}}}}
+    merged = merge_large(current, swept, keep_default=False)
+    assert merged["max_m"] == 1024 and merged["default"] == swept["default"]
+    assert merged["shapes"]["4096x4096"] == {"128": {"kind": "wgmma", "block_m": 128},
+                                             "256": {"kind": "wgmma", "splits": 3},
+                                             "1024": {"kind": "decode"}}
+    assert merge_large(current, swept)["default"] == current["default"]
+
+
 def test_small_sweep_of_some_shapes_keeps_the_rest_of_the_table():
     """A small-M sweep of a few shapes (``--sweep --shapes``) replaces only their entries: the
     kw rule for unlisted shapes, its default layouts and the other shapes' entries stay."""
