@@ -275,43 +275,6 @@ def test_wgmma_large_kernel(block_m, warpgroups, x_stages, w_stages, splits, a_r
                               (200, 200, 3)))
 
 
-@pytest.mark.parametrize("x_stages,w_stages,grid_cap", [(5, 5, None), (4, 6, None), (5, 5, 3),
-                                                      (4, 6, 1)])
-def test_wgmma_large_kernel_persistent(x_stages, w_stages, grid_cap):
-    """``persist``: blocks walking several (tile block, token block) units (``grid_cap`` 1 and
-    3 make every block take many; stage counters and barrier phases running on across units),
-    outputs stored from the accumulators: the bits of the same configuration launched one
-    block a unit, at awkward sizes (rows past the last tile, odd K, tokens past M, several
-    token blocks, NaN/inf escapes, bias), within budget, rerun-stable."""
-    from w12_kernels.gemm import cuda_large
-
-    if not cuda_large.available():
-        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
-
-    def run_with(persist):
-        def run(x, pw, bias, out):
-            cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row, pw.esc_col,
-                                pw.esc_val, pw.esc_delta, pw.esc_order, bias, pw.n, pw.k,
-                                block_m=256, warpgroups=2, x_stages=x_stages,
-                                w_stages=w_stages, splits=1, a_regs=2, persist=persist,
-                                grid_cap=grid_cap, out=out)
-        return run
-
-    shapes = ((300, 1001, 129), (4096, 4096, 300), (130, 72, 1000), (1, 64, 70),
-              (2000, 200, 513))
-    _check_large_kernel(run_with(1), shapes)
-    for n, k, m in shapes:
-        t, x = _inputs(n, k, m, seed=n + m)
-        pw = prepare_weight(encoded(t))
-        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
-        outs = []
-        for persist in (0, 1):
-            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            run_with(persist)(x, pw, bias, out)
-            outs.append(out.view(torch.int16))
-        assert torch.equal(outs[0], outs[1]), f"{n}x{k} M={m}: persist changes the bits"
-
-
 def test_prefill_rows_through_the_large_table():
     """257-1024 rows through ``w12_linear`` on the smallest shipped shape whose 1024-row
     large-M entry is the warpgroup kernel: the launcher takes that entry, and the result is

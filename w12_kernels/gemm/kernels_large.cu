@@ -121,7 +121,7 @@ __device__ __forceinline__ void keep_regs(u32 (&a)[4][4]) {
     for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[j][r])::"memory");
 }
 
-template <int BN, int WGS, int SX, int SW, int SPLIT, int AREG, int PERS>
+template <int BN, int WGS, int SX, int SW, int SPLIT, int AREG>
 __device__ __forceinline__ void wgl_body(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ xp,
     const bf16_t* __restrict__ x, int ldx, bf16_t* __restrict__ y,
@@ -132,7 +132,6 @@ __device__ __forceinline__ void wgl_body(
     int ntiles, int nchunks) {
   static_assert(BN % 64 == 0 && BN <= 256, "BN: 64, 128, 192 or 256 activation rows");
   static_assert(SX >= 3 && SW >= 2 && SPLIT >= 1 && SPLIT <= 4, "config");
-  static_assert(PERS == 0 || (AREG == 2 && SPLIT == 1), "persistent: producer warpgroup, one range");
   constexpr int THREADS = 128 * WGS;
   constexpr int NA = 3;                   // A buffers: column i decoded while i-1, i-2 multiply
   constexpr int XSTAGE = BN * 128;        // activation bytes per stage
@@ -153,51 +152,31 @@ __device__ __forceinline__ void wgl_body(
   const int wg = tid >> 7;
   const int warp = (tid >> 5) & 3;
   const int lane = tid & 31;
-  // the unit (a tile block and a token block) this block works on; PERS: the first of those
-  // it walks, gridDim.x apart, token blocks of one tile block next to each other
-  const int tblocks = (M + BN - 1) / BN;
-  const int units = ((ntiles + 4 * WGS - 1) / (4 * WGS)) * tblocks;
-  int unit = PERS ? (int)blockIdx.x : 0;
-  int bx = PERS ? unit / tblocks : (int)blockIdx.x;
-  int tok0 = (PERS ? unit % tblocks : (int)blockIdx.y) * BN;
+  const int tok0 = blockIdx.y * BN;
   const int rank = SPLIT > 1 ? (int)blockIdx.z : 0;  // cluster (1, 1, SPLIT): rank = z
   const int per = (nchunks + SPLIT - 1) / SPLIT;
   const int c0 = min(nchunks, rank * per);
   const int n = min(nchunks, c0 + per) - c0;
-  int tile0 = bx * 4 * WGS;
-  const bf16_t* ximg = xp + (size_t)(PERS ? tok0 / BN : (int)blockIdx.y) * nchunks * (XSTAGE / 2);
-  // the stage counter at this unit's first column (PERS: the columns of the units before it)
-  int qb = 0;
-  // PERS: this block's units (a trip count known up front, so that the compiler keeps the
-  // stage and barrier indices warp-uniform)
-  const int nunits = PERS ? (units - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x : 1;
-  auto set_unit = [&](int u) {  // the block's u-th unit
-    unit = (int)blockIdx.x + u * (int)gridDim.x;
-    bx = unit / tblocks;
-    tok0 = (unit % tblocks) * BN;
-    tile0 = bx * 4 * WGS;
-    ximg = xp + (size_t)(tok0 / BN) * nchunks * (XSTAGE / 2);
-    qb = u * n;
-  };
+  const int tile0 = blockIdx.x * 4 * WGS;
+  const bf16_t* ximg = xp + (size_t)blockIdx.y * nchunks * (XSTAGE / 2);
 
   // (the producer) start the copies of column col: its activation image into stage col % SX,
   // its chunk words into weight stage col % SW
-  // (q: the stage counter, qb + col)
-  auto issue_x = [&](int q, int col) {
-    unsigned long long* bar = xfull + q % SX;
+  auto issue_x = [&](int col) {
+    unsigned long long* bar = xfull + col % SX;
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                  :: "r"(smem_addr(bar)), "r"(XSTAGE) : "memory");
-    bulk_copy(smem + (q % SX) * XSTAGE, ximg + (size_t)(c0 + col) * (XSTAGE / 2), XSTAGE,
+    bulk_copy(smem + (col % SX) * XSTAGE, ximg + (size_t)(c0 + col) * (XSTAGE / 2), XSTAGE,
               bar);
   };
-  auto issue_w = [&](int q, int col) {
-    unsigned long long* bar = wfull + q % SW;
+  auto issue_w = [&](int col) {
+    unsigned long long* bar = wfull + col % SW;
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                  :: "r"(smem_addr(bar)), "r"(WSTAGE) : "memory");
 #pragma unroll
     for (int tt = 0; tt < 4 * WGS; ++tt) {
       const int tile = min(tile0 + tt, ntiles - 1);  // rows past the last are not stored
-      bulk_copy(wstages + (q % SW) * WSTAGE + tt * 1536,
+      bulk_copy(wstages + (col % SW) * WSTAGE + tt * 1536,
                 chunks + ((size_t)tile * nchunks + c0 + col) * 96, 1536, bar);
     }
   };
@@ -230,7 +209,7 @@ __device__ __forceinline__ void wgl_body(
   constexpr int GROUPS = THREADS / R;  // the consumer threads only
   const int r_out = tid % R, group = tid / R;
   const int row_out = blockIdx.x * R + r_out;
-  const bool out_live = !PERS && group < GROUPS && row_out < n_rows;
+  const bool out_live = group < GROUPS && row_out < n_rows;
   float out_sc = 0.0f, out_b = 0.0f;
   int e_first = 0, e_last = 0;
   if (out_live) {
@@ -250,22 +229,12 @@ __device__ __forceinline__ void wgl_body(
   // Nothing here waits on the consumers except for a stage to refill. (The whole warp waits,
   // so that no spin loop sits in a thread-dependent branch: that too makes ptxas serialize
   // the MMAs.)
-  auto produce_unit = [&]() {
-    for (int col = 0; col < n; ++col) {
-      const int q = qb + col;
-      if (q >= SW) mbar_wait(wempty + q % SW, (u32)(q / SW - 1) & 1u);
-      if (lane == 0) issue_w(q, col);
-      if (q >= SX) mbar_wait(xempty + q % SX, (u32)(q / SX - 1) & 1u);
-      if (lane == 0) issue_x(q, col);
-    }
-  };
   auto produce = [&]() {
-    produce_unit();
-    if constexpr (PERS) {
-      for (int u = 1; u < nunits; ++u) {
-        set_unit(u);
-        produce_unit();
-      }
+    for (int col = 0; col < n; ++col) {
+      if (col >= SW) mbar_wait(wempty + col % SW, (u32)(col / SW - 1) & 1u);
+      if (lane == 0) issue_w(col);
+      if (col >= SX) mbar_wait(xempty + col % SX, (u32)(col / SX - 1) & 1u);
+      if (lane == 0) issue_x(col);
     }
   };
   if (AREG == 2) {
@@ -276,11 +245,9 @@ __device__ __forceinline__ void wgl_body(
     if (producer) {
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
       if (__shfl_sync(0xffffffffu, (tid >> 5) == (THREADS >> 5) ? 1 : 0, 0)) produce();
-      if constexpr (!PERS) {  // (PERS: the consumers meet no block barrier after the start)
-        __syncthreads();  // the main loop's end
-        if (SPLIT > 1) cluster_sync_all(); else __syncthreads();  // the partial tile stored
-        if (SPLIT > 1) cluster_sync_all();  // the cluster's memory read
-      }
+      __syncthreads();  // the main loop's end
+      if (SPLIT > 1) cluster_sync_all(); else __syncthreads();  // the partial tile stored
+      if (SPLIT > 1) cluster_sync_all();  // the cluster's memory read
       return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
@@ -302,8 +269,8 @@ __device__ __forceinline__ void wgl_body(
   // its chunk column (ecol; INT_MAX past the end), where it goes (epos: its byte in the A
   // buffer; with AREG the lane that holds it in registers, 256 x, plus 2 x its register
   // 4 j + r and its half) and its value.
-  int mytile = min(tile0 + wg * 4 + warp, ntiles - 1);
-  int eend = producer ? 0 : rowptr[16 * mytile + 16];
+  const int mytile = min(tile0 + wg * 4 + warp, ntiles - 1);
+  const int eend = producer ? 0 : rowptr[16 * mytile + 16];
   int ebase = producer ? 0 : rowptr[16 * mytile];
   int ecol = 0x7FFFFFFF, epos = 0;
   bool eok = false;
@@ -331,18 +298,9 @@ __device__ __forceinline__ void wgl_body(
 
   // Column i's chunk words, once they have landed, decoded into this lane's A fragments; the
   // warp then releases the weight stage.
-  // (PERS: the consumers' stage slots and phases as running counters, not divisions of the
-  // stage counter: those the compiler left to the vector pipes there, +17% a column)
-  int wsl = 0, xsl = 0;
-  u32 wph = 0u, xph = 0u;
   auto decode_column = [&](int i, u32 (&a)[4][4]) {
-    const int q = qb + i;
-    const int ws = PERS ? wsl : q % SW;
-    mbar_wait(wfull + ws, PERS ? wph : (u32)(q / SW) & 1u);  // column i's words have landed
-    if constexpr (PERS) {
-      if (++wsl == SW) { wsl = 0; wph ^= 1u; }
-    }
-    const unsigned char* wsrc = wstages + ws * WSTAGE + woff;
+    mbar_wait(wfull + i % SW, (u32)(i / SW) & 1u);  // column i's chunk words have landed
+    const unsigned char* wsrc = wstages + (i % SW) * WSTAGE + woff;
     const Words4 w0 = *reinterpret_cast<const Words4*>(wsrc);
     const Words4 w1 = *reinterpret_cast<const Words4*>(wsrc + 512);
     const Words4 w2 = *reinterpret_cast<const Words4*>(wsrc + 1024);
@@ -351,7 +309,7 @@ __device__ __forceinline__ void wgl_body(
     decode8(w0.z, w1.z, w2.z, a[2]);
     decode8(w0.w, w1.w, w2.w, a[3]);
     __syncwarp();  // every lane's words are read (and used): the warp releases the stage
-    arrive_if(lane == 0, wempty + ws);
+    arrive_if(lane == 0, wempty + i % SW);
   };
 
   // AREG: each warp decodes column i straight into the A fragment registers of wgmma (set
@@ -383,21 +341,15 @@ __device__ __forceinline__ void wgl_body(
       ebase += 32;
       load_escape();
     }
-    const int q = qb + i;
-    const int xs = PERS ? xsl : q % SX;
-    mbar_wait(xfull + xs, PERS ? xph : (u32)(q / SX) & 1u);  // column i's activations are in
-    if constexpr (PERS) {
-      if (++xsl == SX) { xsl = 0; xph ^= 1u; }
-    }
-    const unsigned char* stage = smem + xs * XSTAGE;
+    mbar_wait(xfull + i % SX, (u32)(i / SX) & 1u);  // column i's activations have landed
+    const unsigned char* stage = smem + (i % SX) * XSTAGE;
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int j = 0; j < 4; ++j) WgmmaRS<BN>::mma(acc, a[j], sw128_desc(stage + 32 * j));
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     wgmma_wait<1>();  // column i - 1 is multiplied: its registers and activation stage are free
     keep_regs(prev);
-    arrive_if(i >= 1 && (tid & 127) == 0, xempty + (PERS ? (xs == 0 ? SX - 1 : xs - 1)
-                                                              : (q + SX - 1) % SX));
+    arrive_if(i >= 1 && (tid & 127) == 0, xempty + (i + SX - 1) % SX);
   };
   if (AREG != 0) {
     u32 a0[4][4], a1[4][4];
@@ -405,88 +357,6 @@ __device__ __forceinline__ void wgl_body(
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int r = 0; r < 4; ++r) a0[j][r] = a1[j][r] = 0u;
-    if constexpr (PERS) {
-      // Persistent (one block a multiprocessor, units gridDim.x apart): the outputs come
-      // straight from the accumulators, so the stages stay with the producer, which fills
-      // them with the next unit's first columns while this one's outputs are stored. This
-      // thread's accumulators are rows rloc and rloc + 8 of the unit's 64 WGS (register i:
-      // row rloc + 8 ((i % 4) / 2), token 8 (i / 4) + 2 t + i % 2 of the block's BN).
-      const int rloc = wg * 64 + 16 * warp + g;
-      for (int u = 0;;) {
-        const int gr0 = bx * R + rloc, gr1 = gr0 + 8;
-        const int rr0 = min(gr0, n_rows - 1), rr1 = min(gr1, n_rows - 1);
-        const float sc0 = scale[rr0], sc1 = scale[rr1];
-        const float b0 = bias != nullptr ? bf16_to_float(bias[rr0]) : 0.0f;
-        const float b1 = bias != nullptr ? bf16_to_float(bias[rr1]) : 0.0f;
-        // where each row's escapes that the tiles cannot hold start (none: the row's end)
-        const int l0 = rowptr[rr0 + 1], l1 = rowptr[rr1 + 1];
-        int f0 = rowptr[rr0], f1 = rowptr[rr1];
-        for (;;) {  // (the whole warp walks, so that no thread-dependent branch is left)
-          bf16_t unused;
-          const bool s0 = f0 < l0 && patch_value(esc_val[f0], sc0, unused);
-          const bool s1 = f1 < l1 && patch_value(esc_val[f1], sc1, unused);
-          if (!__any_sync(0xffffffffu, s0 || s1)) break;
-          f0 += s0;
-          f1 += s1;
-        }
-        for (int i = 0; i < n; i += 2) {
-          column_regs(i, a0, a1);
-          if (i + 1 < n) column_regs(i + 1, a1, a0);
-        }
-        wgmma_wait<0>();
-        arrive_if((tid & 127) == 0, xempty + (xsl == 0 ? SX - 1 : xsl - 1));  // the last column's
-        // store_output's arithmetic: scale, the corrections in list order, bias, BF16. Rows
-        // with corrections (rare: inf, NaN, out-of-range escapes) get the first two here, in
-        // place, and then the multiplier 1 (exact), so that the loop below is the same code.
-        float m0 = sc0, m1 = sc1;
-        auto correct = [&](int hi, int f, int l, float sc) {
-#pragma unroll
-          for (int i = 0; i < BN / 2; ++i)
-            if (((i & 3) >> 1) == hi) acc[i] *= sc;
-#pragma unroll 1
-          for (int e = f; e < l; ++e) {
-            bf16_t unused;
-            if (patch_value(esc_val[e], sc, unused)) continue;  // multiplied in the main loop
-            // (a pointer walking the tokens, so that no per-token offset outlives the loop)
-            const bf16_t* xr = x + (size_t)(tok0 + 2 * t) * ldx + esc_col[e];
-            const float d = esc_delta[e];
-            const int rem = M - tok0 - 2 * t;  // tokens past M are not stored
-#pragma unroll
-            for (int c = 0; c < BN / 8; ++c) {
-              if (8 * c < rem) acc[4 * c + 2 * hi] += bf16_to_float(xr[0]) * d;
-              if (8 * c + 1 < rem) acc[4 * c + 2 * hi + 1] += bf16_to_float(xr[ldx]) * d;
-              xr += 8 * (size_t)ldx;
-            }
-          }
-        };
-        if (__any_sync(0xffffffffu, f0 < l0 || f1 < l1)) {  // (warp-uniform, as above)
-          if (f0 < l0) { correct(0, f0, l0, sc0); m0 = 1.0f; }
-          if (f1 < l1) { correct(1, f1, l1, sc1); m1 = 1.0f; }
-        }
-        bf16_t* yb = y + (size_t)(tok0 + 2 * t) * n_rows;
-        const bool live0 = gr0 < n_rows, live1 = gr1 < n_rows;
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) {
-          const int hi = (i & 3) >> 1;
-          const int tk = 8 * (i >> 2) + (i & 1);  // past tok0 + 2 t
-          float o = acc[i] * (hi ? m1 : m0);
-          if (bias != nullptr) o += hi ? b1 : b0;
-          if (tok0 + 2 * t + tk < M && (hi ? live1 : live0))
-            yb[(size_t)tk * n_rows + (hi ? gr1 : gr0)] = float_to_bf16(o);
-        }
-        if (++u >= nunits) break;
-        set_unit(u);
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
-        mytile = min(tile0 + wg * 4 + warp, ntiles - 1);
-        eend = rowptr[16 * mytile + 16];
-        ebase = rowptr[16 * mytile];
-        ecol = 0x7FFFFFFF;
-        eok = false;
-        if (ebase < eend) load_escape();
-      }
-      return;
-    }
     for (int i = 0; i < n && !producer; i += 2) {
       column_regs(i, a0, a1);
       if (i + 1 < n) column_regs(i + 1, a1, a0);
