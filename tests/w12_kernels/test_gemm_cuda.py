@@ -275,6 +275,52 @@ def test_wgmma_large_kernel(block_m, warpgroups, x_stages, w_stages, splits, a_r
                               (200, 200, 3)))
 
 
+@pytest.mark.parametrize("cfg", [(256, 2, 5, 5, 1, 2), (256, 2, 5, 5, 3, 2), (128, 2, 8, 8, 2, 1),
+                                 (256, 2, 4, 3, 1, 0)], ids=lambda c: "_".join(map(str, c)))
+def test_wgmma_large_kernel_with_programmatic_dependent_launch(cfg):
+    """``pdl``: the GEMM may start while its image pass runs and waits for the images before it
+    copies them: the bits of the plain launch, eager and replayed in a CUDA graph, also when
+    each call's images land where the previous call's (other activations) were."""
+    from w12_kernels.gemm import cuda_large
+
+    if not cuda_large.available():
+        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
+    block_m, warpgroups, x_stages, w_stages, splits, a_regs = cfg
+
+    def run(x, pw, bias, pdl):
+        return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
+                                   pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order, bias,
+                                   pw.n, pw.k, block_m=block_m, warpgroups=warpgroups,
+                                   x_stages=x_stages, w_stages=w_stages, splits=splits,
+                                   a_regs=a_regs, pdl=pdl)
+
+    for n, k, m in ((300, 1001, 129), (4096, 4096, 300), (1, 64, 70)):
+        t, _ = _inputs(n, k, m, seed=n + m)
+        pw = prepare_weight(encoded(t))
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        xs = [_inputs(n, k, m, seed=n + m + s)[1] for s in range(4)]
+        plain = [run(x, pw, bias, False).view(torch.int16) for x in xs]
+        torch.cuda.synchronize()
+        outs = [run(x, pw, bias, True) for x in xs]  # back to back, images reusing memory
+        for i, out in enumerate(outs):
+            assert torch.equal(out.view(torch.int16), plain[i]), f"{n}x{k} M={m} call {i}"
+        assert_within_budget(outs[0], xs[0], t, _ref(xs[0], t, bias), bias)
+        static = xs[0].clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            run(static, pw, bias, True)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = run(static, pw, bias, True)
+        for i in (1, 2):
+            static.copy_(xs[i])
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(y.view(torch.int16), plain[i]), f"{n}x{k} M={m} graph {i}"
+
+
 def test_prefill_rows_through_the_large_table():
     """257-1024 rows through ``w12_linear`` on the smallest shipped shape whose 1024-row
     large-M entry is the warpgroup kernel: the launcher takes that entry, and the result is

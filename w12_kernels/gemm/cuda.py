@@ -12,6 +12,7 @@ exact BF16 weight for the large-M path (decode, then cuBLAS).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 from pathlib import Path
@@ -90,8 +91,63 @@ def _current_stream_ptr(index: int) -> int:
 _SLOTS = np.arange(32, dtype=np.uint64) * 8  # byte offsets of 8-byte argument slots
 
 
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id and a 64-byte union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4),
+                ("value", ctypes.c_ubyte * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared_mem", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+@functools.cache
+def pdl_supported(index: int) -> bool:
+    """Programmatic dependent launch on GPU ``index``: Hopper (9.0) and later."""
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+@functools.cache
+def _launch_ex():
+    lib = ctypes.CDLL("libcuda.so.1")
+    fn = lib.cuLaunchKernelEx
+    fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+@functools.cache
+def _pdl_config(grid3: tuple, block3: tuple, shared_mem: int):
+    """A launch configuration with the programmatic-serialization attribute (its stream is set
+    per launch); kept, with its attribute, for the life of the process."""
+    attr = _LaunchAttribute()
+    attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value[0] = 1  # programmaticStreamSerializationAllowed
+    cfg = _LaunchConfig()
+    cfg.grid[:] = grid3
+    cfg.block[:] = block3
+    cfg.shared_mem = shared_mem
+    cfg.attrs = ctypes.pointer(attr)
+    cfg.num_attrs = 1
+    return cfg, attr
+
+
+def _launch_pdl(fptr: int, grid3: tuple, block3: tuple, shared_mem: int, stream: int,
+                params: int) -> None:
+    cfg, _ = _pdl_config(grid3, block3, shared_mem)
+    cfg.stream = stream
+    err = _launch_ex()(ctypes.byref(cfg), fptr, params, None)
+    if err != 0:
+        raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {err}")
+
+
 def launch(func, grid: tuple, block: tuple, args: tuple, device: torch.device,
-           shared_mem: int = 0) -> None:
+           shared_mem: int = 0, pdl: bool = False) -> None:
     """``func`` on PyTorch's current stream of ``device`` through the driver's launch call,
     with CuPy's current device switched only when it is not already ``device``.
 
@@ -99,7 +155,10 @@ def launch(func, grid: tuple, block: tuple, args: tuple, device: torch.device,
     kernel reads its 4 or 8 bytes from the slot's start (little-endian), so one array holds
     them all and CuPy's per-argument conversion is skipped. (Measured against CuPy's own launch
     call: no clear difference in host time, docs/PERF_ENGINE.md, "Prefill"; what it removed is
-    the stream object and device context CuPy's call needed per launch.)"""
+    the stream object and device context CuPy's call needed per launch.) ``pdl``: launched
+    with programmatic dependent launch (``cuLaunchKernelEx``) where the GPU has it, so that the
+    grid may start while the kernel before it in the stream is finishing; the kernel must then
+    run ``griddepcontrol.wait`` before it touches anything that kernel writes."""
     import cupy
 
     index = _index(device)
@@ -107,6 +166,15 @@ def launch(func, grid: tuple, block: tuple, args: tuple, device: torch.device,
     slots = values.ctypes.data + _SLOTS[: len(args)]
     grid3 = (*grid, 1, 1)[:3]
     block3 = (*block, 1, 1)[:3]
+    if pdl and pdl_supported(index):
+        if torch.cuda.current_device() == index:
+            _launch_pdl(_function_ptr(func, index), grid3, block3, shared_mem,
+                        _current_stream_ptr(index), slots.ctypes.data)
+        else:
+            with cupy.cuda.Device(index):
+                _launch_pdl(_function_ptr(func, index), grid3, block3, shared_mem,
+                            _current_stream_ptr(index), slots.ctypes.data)
+        return
     if torch.cuda.current_device() == index:
         cupy.cuda.driver.launchKernel(_function_ptr(func, index), *grid3, *block3, shared_mem,
                                       _current_stream_ptr(index), slots.ctypes.data, 0)

@@ -19,7 +19,9 @@ decoded weights in registers as the MMA's A operand (no A buffers): 9-13% faster
 activation rows; at 256 rows that needs ``a_regs`` 2, a producer warpgroup that gives its
 registers to the MMA warpgroups (the table's choice on 18 of 18 shapes, three of them with K in
 three ranges). Copying the activations into the stages from the producer warpgroup itself
-(4-byte cp.async, no image pass) was 4-6x slower (docs/PERF_GEMM.md #57) and was removed.
+(4-byte cp.async, no image pass) was 3-5x slower (docs/PERF_GEMM.md #57) and was removed. The
+GEMM is launched with programmatic dependent launch after its image pass (``PDL``), so that
+its blocks' start overlaps that pass: 0.741 -> 0.748 at 256 rows (#59).
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ SOURCE_PATH = Path(__file__).with_name("kernels_large.cu")
 BLOCK_M = (64, 128, 192, 256)  # activation rows per block (the wgmma N)
 WARPGROUPS = (1, 2)  # 64 weight rows each
 SPLITS = (1, 2, 3, 4)  # K ranges, one per block of a cluster
+
+
+# Whether gemm_wgl launches the GEMM with programmatic dependent launch after the image pass
+# (docs/PERF_GEMM.md #59); False restores the plain launch.
+PDL = True
 
 
 def available() -> bool:
@@ -177,12 +184,16 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
              esc_val: torch.Tensor, esc_delta: torch.Tensor, esc_order: torch.Tensor,
              bias: torch.Tensor | None, n: int, k: int, *, block_m: int = 128,
              warpgroups: int = 2, x_stages: int = 4, w_stages: int = 6, splits: int = 1,
-             a_regs: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
+             a_regs: int = 0, out: torch.Tensor | None = None,
+             pdl: bool | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]``, any M: blocks of ``64 * warpgroups`` weight
     rows x ``block_m`` activation rows, ``x_stages`` activation and ``w_stages`` chunk-word
     stages in shared memory, ``splits`` K ranges per cluster, the decoded weights as the MMA's
     register operand with ``a_regs`` 1 (else from shared memory), and with ``a_regs`` 2 also a
-    producer warpgroup that gives its registers to the MMA warpgroups."""
+    producer warpgroup that gives its registers to the MMA warpgroups. ``pdl`` (default
+    ``PDL``): the GEMM launched with programmatic dependent launch after its image pass, so that
+    its start (barriers, escape ranges, the first weight copies) overlaps that pass; the same
+    bits either way."""
     config = (block_m, warpgroups, x_stages, w_stages, splits, int(a_regs))
     check_config(*config)
     m = x.shape[0]
@@ -201,5 +212,6 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
             cuda._ptr(esc_col), cuda._ptr(esc_val), cuda._ptr(esc_delta), cuda._ptr(esc_order),
             cuda._ptr(bias), m, n, ntiles, nchunks)
     grid = (math.ceil(ntiles / (4 * warpgroups)), math.ceil(m / block_m), splits)
-    cuda.launch(func, grid, (threads(warpgroups, a_regs),), args, x.device, smem)
+    cuda.launch(func, grid, (threads(warpgroups, a_regs),), args, x.device, smem,
+                pdl=PDL if pdl is None else pdl)
     return out

@@ -52,6 +52,9 @@ extern "C" __global__ void __launch_bounds__(256)
 w12_permute_x(const bf16_t* __restrict__ x, u32* __restrict__ xp, int M, int K, int ldx,
               int nchunks, int bn, int pairs) {
   // block (c, tb, q): tokens tb * bn + 64 q .. + 63 of chunk c; `pairs`: x rows 4-byte aligned
+  // (the GEMM after it, launched with programmatic dependent launch, may start now: it waits
+  // for this grid's writes before it copies the images; a no-op without such a dependent)
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int c = blockIdx.x;
   u32* image = xp + ((size_t)blockIdx.y * nchunks + c) * bn * 32;
 #pragma unroll 4
@@ -229,10 +232,15 @@ __device__ __forceinline__ void wgl_body(
   // Nothing here waits on the consumers except for a stage to refill. (The whole warp waits,
   // so that no spin loop sits in a thread-dependent branch: that too makes ptxas serialize
   // the MMAs.)
+  // Column 0's chunk words go first: they do not depend on the kernel before this one
+  // (w12_permute_x), which a launch with programmatic dependent launch (cuda_large.py, ``pdl``)
+  // lets still run; griddepcontrol.wait then returns once its images are written and visible
+  // (at once without that launch). Nothing else here reads what it writes.
   auto produce = [&]() {
     for (int col = 0; col < n; ++col) {
       if (col >= SW) mbar_wait(wempty + col % SW, (u32)(col / SW - 1) & 1u);
       if (lane == 0) issue_w(col);
+      if (col == 0) asm volatile("griddepcontrol.wait;" ::: "memory");
       if (col >= SX) mbar_wait(xempty + col % SX, (u32)(col / SX - 1) & 1u);
       if (lane == 0) issue_x(col);
     }
