@@ -123,8 +123,9 @@ def sources(configs: list[tuple], rev: str | None) -> dict[str, str]:
                                  f"{archive.stderr.decode().strip()}")
             subprocess.run(["tar", "-x", "-C", scratch], input=archive.stdout, check=True)
             path = scratch
+        # (run in that directory: ``python -c`` puts the working directory first on sys.path)
         done = subprocess.run([sys.executable, "-c", _GENERATOR, json.dumps(configs)],
-                              capture_output=True, text=True,
+                              capture_output=True, text=True, cwd=path,
                               env={**os.environ, "PYTHONPATH": path})
         if done.returncode != 0:
             raise SystemExit(f"wgl_sass: generating the sources failed:\n{done.stderr[-2000:]}")

@@ -85,7 +85,7 @@ def test_sources_of_the_tree_and_of_a_revision():
         head = ws.sources(cfg, "HEAD")
     except SystemExit as exc:  # (a checkout without history, e.g. an exported tree)
         pytest.skip(str(exc))
-    assert "wgl_body<256, 2, 5, 5, 1, 2>" in head["w12_wgl_256_2_5_5_1_rp"]
+    assert "wgl_body<256, 2, 5, 5, 1, 2" in head["w12_wgl_256_2_5_5_1_rp"]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("cuobjdump") is None
