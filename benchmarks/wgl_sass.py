@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.kernel_regs import parse_ptxas  # noqa: E402
 
 # prints the sources of the given configurations as JSON, run with a checkout on PYTHONPATH
 _GENERATOR = """
@@ -91,25 +94,6 @@ def main_loop(sass: str, kernel: str) -> Loop:
                 ops["BRA.DIV"], sum(v for op, v in ops.items() if op.startswith("HGMMA")))
 
 
-def parse_ptxas(text: str) -> dict[str, tuple[int, int]]:
-    """{kernel: (registers, spill store bytes)} for the ``extern "C"`` kernels in ``ptxas -v``
-    output (the first function the entry line names)."""
-    out, current, spill = {}, None, 0
-    for line in text.splitlines():
-        m = re.search(r"Compiling entry function '(\S+)'", line)
-        if m:
-            current, spill = m.group(1), 0
-            continue
-        m = re.search(r"(\d+) bytes spill stores", line)
-        if m and current:
-            spill = max(spill, int(m.group(1)))
-        m = re.search(r"Used (\d+) registers", line)
-        if m and current:
-            out[current] = (int(m.group(1)), spill)
-            current = None
-    return out
-
-
 def sources(configs: list[tuple], rev: str | None) -> dict[str, str]:
     """{kernel name: full source} of ``configs`` in the working tree or at git revision
     ``rev`` (its ``w12_kernels`` exported into a scratch directory)."""
@@ -163,7 +147,6 @@ def main() -> int:
     if not args.nvcc or not args.cuobjdump:
         raise SystemExit("wgl_sass: needs nvcc and cuobjdump (the CUDA toolkit, or the "
                          "nvidia-cuda-nvcc / -cuobjdump / -nvdisasm wheels) on PATH")
-    sys.path.insert(0, str(ROOT))
     try:
         configs = ([tuple(int(v) for v in c.split(":")) for c in args.configs.split(",")]
                    if args.configs else table_configs())
