@@ -122,25 +122,19 @@ def _launch_ex():
 
 
 @functools.cache
-def _pdl_config(grid3: tuple, block3: tuple, shared_mem: int):
-    """A launch configuration with the programmatic-serialization attribute (its stream is set
-    per launch); kept, with its attribute, for the life of the process."""
+def _pdl_attribute() -> _LaunchAttribute:
+    """The programmatic-serialization attribute, kept for the life of the process."""
     attr = _LaunchAttribute()
     attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
     attr.value[0] = 1  # programmaticStreamSerializationAllowed
-    cfg = _LaunchConfig()
-    cfg.grid[:] = grid3
-    cfg.block[:] = block3
-    cfg.shared_mem = shared_mem
-    cfg.attrs = ctypes.pointer(attr)
-    cfg.num_attrs = 1
-    return cfg, attr
+    return attr
 
 
 def _launch_pdl(fptr: int, grid3: tuple, block3: tuple, shared_mem: int, stream: int,
                 params: int) -> None:
-    cfg, _ = _pdl_config(grid3, block3, shared_mem)
-    cfg.stream = stream
+    # (a configuration per launch: the driver call releases the GIL, so a shared one could get
+    # another thread's stream)
+    cfg = _LaunchConfig(grid3, block3, shared_mem, stream, ctypes.pointer(_pdl_attribute()), 1)
     err = _launch_ex()(ctypes.byref(cfg), fptr, params, None)
     if err != 0:
         raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {err}")
@@ -166,23 +160,20 @@ def launch(func, grid: tuple, block: tuple, args: tuple, device: torch.device,
     slots = values.ctypes.data + _SLOTS[: len(args)]
     grid3 = (*grid, 1, 1)[:3]
     block3 = (*block, 1, 1)[:3]
-    if pdl and pdl_supported(index):
-        if torch.cuda.current_device() == index:
-            _launch_pdl(_function_ptr(func, index), grid3, block3, shared_mem,
-                        _current_stream_ptr(index), slots.ctypes.data)
+
+    def run() -> None:
+        fptr, stream = _function_ptr(func, index), _current_stream_ptr(index)
+        if pdl and pdl_supported(index):
+            _launch_pdl(fptr, grid3, block3, shared_mem, stream, slots.ctypes.data)
         else:
-            with cupy.cuda.Device(index):
-                _launch_pdl(_function_ptr(func, index), grid3, block3, shared_mem,
-                            _current_stream_ptr(index), slots.ctypes.data)
-        return
+            cupy.cuda.driver.launchKernel(fptr, *grid3, *block3, shared_mem, stream,
+                                          slots.ctypes.data, 0)
+
     if torch.cuda.current_device() == index:
-        cupy.cuda.driver.launchKernel(_function_ptr(func, index), *grid3, *block3, shared_mem,
-                                      _current_stream_ptr(index), slots.ctypes.data, 0)
+        run()
     else:
         with cupy.cuda.Device(index):
-            cupy.cuda.driver.launchKernel(_function_ptr(func, index), *grid3, *block3,
-                                          shared_mem, _current_stream_ptr(index),
-                                          slots.ctypes.data, 0)
+            run()
 
 
 _FUNCTIONS: dict[tuple[int, int], tuple] = {}
