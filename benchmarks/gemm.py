@@ -556,8 +556,17 @@ WGMMA_CANDIDATES = ((256, 2, 4, 3, 1, 0), (256, 2, 4, 3, 2, 0), (256, 2, 4, 3, 4
                     (256, 2, 5, 5, 1, 2), (256, 2, 5, 5, 2, 2), (128, 2, 8, 8, 2, 1),
                     # K in three ranges, clusters of 3: a 4096-row layer's 96 blocks fit one
                     # wave (run 102: the 256-row one wins the three 4096-wide layers, +3-16%)
-                    (256, 2, 5, 5, 3, 2), (128, 2, 8, 8, 3, 1))
-WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs")
+                    (256, 2, 5, 5, 3, 2), (128, 2, 8, 8, 3, 1),
+                    # stream-K: one block a multiprocessor, each an equal share of all the
+                    # (tile, column) steps, outputs stored from the accumulators while the
+                    # next unit's columns land (#60)
+                    (256, 2, 5, 5, 1, 2, 1), (256, 2, 4, 6, 1, 2, 1))
+WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs", "persist")
+
+
+def _wgmma_args(cand: tuple) -> tuple:
+    """A warpgroup candidate's values in the order of WGMMA_KEYS (persist 0 where not given)."""
+    return cand[1:] + (0,) * (len(WGMMA_KEYS) + 1 - len(cand))
 
 
 def _large_runner(cand: tuple | None):
@@ -575,7 +584,7 @@ def _large_runner(cand: tuple | None):
             return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
                                        pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
                                        None, pw.n, pw.k,
-                                       **dict(zip(WGMMA_KEYS, cand[1:], strict=True)))
+                                       **dict(zip(WGMMA_KEYS, _wgmma_args(cand), strict=True)))
         cfg = dict(zip(LARGE_KEYS, cand, strict=True))
         cfg["splits"] = launcher.split_count(cfg["splits"], x.shape[0], pw.k)
         return triton_path.gemm_large(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col,
@@ -587,7 +596,9 @@ def _large_label(cand: tuple | None) -> str:
     if cand is None:
         return "decode"
     if cand[0] == "wgmma":
-        return "wgmma_m{}_g{}_x{}_w{}_k{}".format(*cand[1:6]) + ("", "_r", "_rp")[cand[6]]
+        args = _wgmma_args(cand)
+        return ("wgmma_m{}_g{}_x{}_w{}_k{}".format(*args[:5]) + ("", "_r", "_rp")[args[5]]
+                + ("_ps" if args[6] else ""))
     return ("fused_t{}_m{}_w{}_s{}".format(*cand[:4]) + (f"_r{cand[4]}" if cand[4] else "")
             + (f"_k{cand[5]}" if cand[5] > 1 else ""))
 
@@ -610,10 +621,11 @@ def _large_entry(cand: tuple | None) -> dict:
     if cand is None:
         return {"kind": "decode"}
     if cand[0] == "wgmma":
-        block_m, warpgroups, x_stages, w_stages, splits, a_regs = cand[1:]
+        block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist = _wgmma_args(cand)
         return {"kind": "wgmma", "tiles": 4 * warpgroups, "block_m": block_m,
                 "num_stages": x_stages, "w_stages": w_stages, "splits": splits,
-                **({"a_regs": a_regs} if a_regs else {})}
+                **({"a_regs": a_regs} if a_regs else {}),
+                **({"persist": persist} if persist else {})}
     return {"kind": "fused", **dict(zip(LARGE_KEYS, cand, strict=True))}
 
 

@@ -35,8 +35,15 @@ from benchmarks.kernel_regs import parse_ptxas  # noqa: E402
 _GENERATOR = """
 import json, sys
 from w12_kernels.gemm import cuda_large
-cfgs = json.loads(sys.argv[1])
-print(json.dumps({cuda_large.kernel_name(*c): cuda_large.source(*c) for c in cfgs}))
+# (a trailing persist 0 left out, for revisions from before it)
+cfgs = [c[:6] if len(c) == 7 and c[6] == 0 else c for c in json.loads(sys.argv[1])]
+out = {}
+for c in cfgs:
+    try:
+        out[cuda_large.kernel_name(*c)] = cuda_large.source(*c)
+    except TypeError:  # a configuration that revision does not have (persist)
+        pass
+print(json.dumps(out))
 """
 
 
@@ -61,7 +68,8 @@ def table_configs(rule: dict | None = None) -> list[tuple]:
         c = cfgs.LargeConfig(**entry)
         if c.kind != "wgmma":
             continue
-        key = (c.block_m, c.tiles // 4, c.num_stages, c.w_stages, c.splits, int(c.a_regs))
+        key = (c.block_m, c.tiles // 4, c.num_stages, c.w_stages, c.splits, int(c.a_regs),
+               int(c.persist))
         if key not in out:
             out.append(key)
     return out
@@ -141,7 +149,7 @@ def main() -> int:
     parser.add_argument("--cuobjdump", default=shutil.which("cuobjdump"),
                         help="cuobjdump (default: on PATH; it needs nvdisasm on PATH too)")
     parser.add_argument("--configs", default=None,
-                        help="block_m:warpgroups:x_stages:w_stages:splits:a_regs,... "
+                        help="block_m:warpgroups:x_stages:w_stages:splits:a_regs[:persist],... "
                              "(default: every configuration of the large-M table)")
     args = parser.parse_args()
     if not args.nvcc or not args.cuobjdump:

@@ -321,6 +321,60 @@ def test_wgmma_large_kernel_with_programmatic_dependent_launch(cfg):
             assert torch.equal(y.view(torch.int16), plain[i]), f"{n}x{k} M={m} graph {i}"
 
 
+@pytest.mark.parametrize("x_stages,w_stages,grid_cap", [(5, 5, None), (4, 6, None), (5, 5, 3),
+                                                      (4, 6, 7), (5, 5, 1)])
+def test_wgmma_large_kernel_stream_k(x_stages, w_stages, grid_cap):
+    """``persist`` (stream-K): blocks taking equal shares of all (unit, column) steps, units cut
+    between blocks (``grid_cap`` 3 and 7 cut nearly every unit, into pieces down to one
+    column, and make every block walk many units; stage counters and barrier phases running
+    on across them), outputs stored from the accumulators: within budget at awkward sizes
+    (rows past the last tile, odd K, tokens past M, several token blocks, NaN/inf escapes,
+    bias), bit-identical when run again and under CUDA-graph replay (the piece flags left
+    cleared by every call); where no unit is cut (one block for all), the bits of the same
+    configuration launched one block a unit."""
+    from w12_kernels.gemm import cuda_large
+
+    if not cuda_large.available():
+        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
+
+    def run_with(persist, cap=grid_cap):
+        def run(x, pw, bias, out):
+            return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
+                                       pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
+                                       bias, pw.n, pw.k, block_m=256, warpgroups=2,
+                                       x_stages=x_stages, w_stages=w_stages, splits=1,
+                                       a_regs=2, persist=persist, grid_cap=cap, out=out)
+        return run
+
+    shapes = ((300, 1001, 129), (4096, 4096, 300), (130, 72, 1000), (1, 64, 70),
+              (2000, 200, 513))
+    _check_large_kernel(run_with(1), shapes)
+    for n, k, m in shapes:
+        t, x = _inputs(n, k, m, seed=n + m)
+        pw = prepare_weight(encoded(t))
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        outs = []
+        for persist, cap in ((0, None), (1, 1)):
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            run_with(persist, cap)(x, pw, bias, out)
+            outs.append(out.view(torch.int16))
+        assert torch.equal(outs[0], outs[1]), f"{n}x{k} M={m}: one block changes the bits"
+        eager = run_with(1)(x, pw, bias, None).view(torch.int16).clone()
+        static = x.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            run_with(1)(static, pw, bias, None)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = run_with(1)(static, pw, bias, None)
+        for i in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(y.view(torch.int16), eager), f"{n}x{k} M={m} replay {i}"
+
+
 def test_prefill_rows_through_the_large_table():
     """257-1024 rows through ``w12_linear`` on the smallest shipped shape whose 1024-row
     large-M entry is the warpgroup kernel: the launcher takes that entry, and the result is

@@ -83,7 +83,7 @@ def test_a_wrong_swizzle_is_caught(monkeypatch):
 def test_configurations_fit_the_shared_memory():
     for cand in (*gemm_benchmark().WGMMA_CANDIDATES, (64, 1, 3, 2, 1), (192, 2, 3, 3, 4)):
         cuda_large.check_config(*cand)
-        assert cuda_large.shared_bytes(*cand[:4], *cand[5:]) <= 227 * 1024
+        assert cuda_large.shared_bytes(*cand[:4], *cand[5:6]) <= 227 * 1024
     for bad in ((96, 2, 4, 3, 1), (256, 3, 4, 3, 1), (256, 2, 4, 3, 5), (256, 2, 4, 5, 1),
                 (128, 2, 2, 8, 1)):
         with pytest.raises(ValueError, match="bad configuration"):
@@ -154,7 +154,7 @@ def test_register_operand_configuration():
     """``a_regs``: its own entry point and wrapper, no A buffers in shared memory, and a table
     entry that carries it to the launcher."""
     src = cuda_large.source(128, 2, 4, 8, 2, 1)
-    assert "w12_wgl_128_2_4_8_2_r(" in src and "2, 1>(" in src
+    assert "w12_wgl_128_2_4_8_2_r(" in src and "2, 1, 0>(" in src
     assert "struct WgmmaRS<128>" in src and "w12_wgl_128_2_4_8_2(" not in src
     assert (cuda_large.shared_bytes(128, 2, 4, 8) - cuda_large.shared_bytes(128, 2, 4, 8, 1)
             == 3 * 2 * 8192)
@@ -173,7 +173,7 @@ def test_producer_warpgroup_configuration():
     registers over with setmaxnreg, one block per multiprocessor, its own entry point."""
     src = cuda_large.source(256, 2, 4, 6, 1, 2)
     assert "w12_wgl_256_2_4_6_1_rp(" in src and "__launch_bounds__(384, 1)" in src
-    assert "setmaxnreg.dec" in src and "1, 2>(" in src
+    assert "setmaxnreg.dec" in src and "1, 2, 0>(" in src
     assert cuda_large.threads(2, 2) == 384 and cuda_large.threads(2, 1) == 288
     assert cuda_large.blocks_per_sm(64, 2, 3, 2, 2) == 1
     assert cuda_large.blocks_per_sm(64, 1, 3, 2, 1) == 2
@@ -184,3 +184,27 @@ def test_producer_warpgroup_configuration():
     assert entry["a_regs"] == 2 and bench._large_label(("wgmma", 256, 2, 4, 6, 1, 2)).endswith(
         "_k1_rp")
     assert cfgs.LargeConfig(**entry).a_regs == 2
+
+
+def test_persistent_configuration_and_its_table_entry():
+    """``persist``: only with the producer warpgroup and one K range; its own entry point; a
+    table entry names it, and a shape's entry without it is not persistent even where the
+    default is (the default's K split may not allow it)."""
+    bench = gemm_benchmark()
+    cuda_large.check_config(256, 2, 5, 5, 1, 2, 1)
+    for bad in ((256, 2, 5, 5, 2, 2, 1), (128, 2, 4, 8, 1, 1, 1), (256, 2, 5, 5, 1, 2, 2)):
+        with pytest.raises(ValueError, match="bad configuration"):
+            cuda_large.check_config(*bad)
+    src = cuda_large.source(256, 2, 5, 5, 1, 2, 1)
+    assert "w12_wgl_256_2_5_5_1_rp_ps(" in src and "wgl_body<256, 2, 5, 5, 1, 2, 1>(" in src
+    assert "wgl_body<256, 2, 5, 5, 1, 2, 0>(" in cuda_large.source(256, 2, 5, 5, 1, 2)
+    cand = ("wgmma", 256, 2, 5, 5, 1, 2, 1)
+    entry = bench._large_entry(cand)
+    assert entry["persist"] == 1 and bench._large_label(cand).endswith("_k1_rp_ps")
+    assert "persist" not in bench._large_entry(("wgmma", 256, 2, 5, 5, 2, 2))
+    rule = {"default": entry, "max_m": 256,
+            "shapes": {"4096x4096": {"256": {**entry, "splits": 2}},
+                       "8192x8192": {"256": {"kind": "wgmma", "splits": 2}}}}
+    assert cfgs.large_config(8192, 8192, 256, rule).persist == 0
+    assert cfgs.large_config(4096, 4096, 256, rule).persist == 1  # (its own, as written)
+    assert cfgs.large_config(5120, 5120, 256, rule).persist == 1  # the default itself

@@ -63,11 +63,12 @@ def test_table_configurations_are_distinct_warpgroup_entries():
                         "w_stages": 5, "splits": 2, "a_regs": 2},
             "shapes": {"4096x4096": {"256": {"splits": 3}, "1024": {"kind": "decode"}},
                        "8192x8192": {"256": {"splits": 2}},
-                       "5120x5120": {"128": {"block_m": 128, "a_regs": 1}}}}
-    assert _ws().table_configs(rule) == [(256, 2, 5, 5, 2, 2), (256, 2, 5, 5, 3, 2),
-                                         (128, 2, 5, 5, 2, 1)]
+                       "5120x5120": {"128": {"block_m": 128, "a_regs": 1}},
+                       "6144x4096": {"256": {"splits": 1, "persist": 1}}}}
+    assert _ws().table_configs(rule) == [(256, 2, 5, 5, 2, 2, 0), (256, 2, 5, 5, 3, 2, 0),
+                                         (128, 2, 5, 5, 2, 1, 0), (256, 2, 5, 5, 1, 2, 1)]
     shipped = _ws().table_configs()
-    assert shipped and all(len(c) == 6 for c in shipped)
+    assert shipped and all(len(c) == 7 for c in shipped)
     for cfg in shipped:
         cuda_large.check_config(*cfg)
 

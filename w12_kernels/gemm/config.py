@@ -139,6 +139,8 @@ class LargeConfig:
     # wgmma: the blocks of a cluster)
     a_regs: int = 0  # wgmma: 1 (or true): the decoded weights as the MMA's register operand;
     # 2: that, with a producer warpgroup giving its registers to the MMA warpgroups
+    persist: int = 0  # wgmma with a_regs 2 and one K range: one block a multiprocessor walking
+    # the tiles, outputs from the accumulators (never inherited from the default: see below)
 
 
 @functools.cache
@@ -164,7 +166,10 @@ def large_config(n: int, k: int, m: int, r: dict | None = None) -> LargeConfig:
     classes = sorted(int(c) for c in by_m)
     if classes:
         cls = next((c for c in classes if m <= c), None)
-        chosen = {**r["default"], **by_m[str(cls)]} if cls is not None else {"kind": "decode"}
+        # (a shape's entry fills its gaps from the default, except ``persist``, valid only
+        # with some K splits and operand modes: an entry without it is not persistent)
+        chosen = ({**r["default"], "persist": 0, **by_m[str(cls)]} if cls is not None
+                  else {"kind": "decode"})
     else:
         chosen = r["default"] if m <= r.get("max_m", DEFAULT_LARGE_MAX_M) else {"kind": "decode"}
     cfg = LargeConfig(**chosen)

@@ -50,9 +50,9 @@ def available() -> bool:
 
 
 def kernel_name(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
-                splits: int, a_regs: int = 0) -> str:
+                splits: int, a_regs: int = 0, persist: int = 0) -> str:
     return (f"w12_wgl_{block_m}_{warpgroups}_{x_stages}_{w_stages}_{splits}"
-            + ("", "_r", "_rp")[int(a_regs)])
+            + ("", "_r", "_rp")[int(a_regs)] + ("_ps" if persist else ""))
 
 
 def threads(warpgroups: int, a_regs: int = 0) -> int:
@@ -61,25 +61,30 @@ def threads(warpgroups: int, a_regs: int = 0) -> int:
 
 
 def shared_bytes(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
-                 a_regs: int = 0) -> int:
+                 a_regs: int = 0, persist: int = 0) -> int:
     """The activation stages, the chunk-word stages, three buffers of decoded weights (none
-    with ``a_regs``: the A operand in registers) and the stages' full and empty mbarriers, or
-    (after the main loop) the float32 partial tile, whichever is larger, plus what aligning
-    them to 1024 bytes (the swizzle atom) may take."""
+    with ``a_regs``: the A operand in registers) and the stages' full and empty mbarriers
+    (``persist``: also a segment's row data, 16 bytes a weight row, its warps' first escape
+    batches, 8 bytes an entry and 8 a warp, and their four mbarriers), or (after the main
+    loop) the float32 partial tile, whichever is larger, plus what aligning them to 1024 bytes
+    (the swizzle atom) may take."""
     main = (x_stages * block_m * 128 + w_stages * 4 * warpgroups * 1536
-            + (0 if a_regs else 3 * warpgroups * 8192) + 16 * (x_stages + w_stages))
+            + (0 if a_regs else 3 * warpgroups * 8192) + 16 * (x_stages + w_stages)
+            + (64 * warpgroups * 16 + 4 * warpgroups * 36 * 8 + 32 if persist else 0))
     return 1024 + max(main, block_m * (64 * warpgroups + 4) * 4)
 
 
 def check_config(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
-                 splits: int, a_regs: int = 0) -> None:
+                 splits: int, a_regs: int = 0, persist: int = 0) -> None:
     if (block_m not in BLOCK_M or warpgroups not in WARPGROUPS or splits not in SPLITS
             or not 3 <= x_stages <= 8 or not 2 <= w_stages <= 16 or a_regs not in (0, 1, 2)
             or (a_regs == 2 and warpgroups != 2)  # setmaxnreg's split is made for two
-            or shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs) > 227 * 1024):
+            or persist not in (0, 1) or (persist and (a_regs != 2 or splits != 1))
+            or shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs,
+                            persist) > 227 * 1024):
         raise ValueError(f"gemm_wgl: bad configuration block_m={block_m} "
                          f"warpgroups={warpgroups} x_stages={x_stages} w_stages={w_stages} "
-                         f"splits={splits} a_regs={a_regs}")
+                         f"splits={splits} a_regs={a_regs} persist={persist}")
 
 
 def blocks_per_sm(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
@@ -98,34 +103,35 @@ def blocks_per_sm(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
 
 
 def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
-           a_regs: int = 0) -> str:
+           a_regs: int = 0, persist: int = 0) -> str:
     cluster = f" __cluster_dims__(1, 1, {splits})" if splits > 1 else ""
     min_blocks = blocks_per_sm(block_m, warpgroups, x_stages, w_stages, a_regs)
     return (
         f'extern "C" __global__ void __launch_bounds__({threads(warpgroups, a_regs)}, '
         f'{min_blocks})'
         f"{cluster}\n"
-        f"{kernel_name(block_m, warpgroups, x_stages, w_stages, splits, a_regs)}(\n"
+        f"{kernel_name(block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist)}(\n"
         "    const Words4* __restrict__ chunks, const bf16_t* __restrict__ xp,\n"
         "    const bf16_t* __restrict__ x, int ldx, bf16_t* __restrict__ y,\n"
         "    const float* __restrict__ scale, const int* __restrict__ rowptr,\n"
         "    const int* __restrict__ esc_row, const int* __restrict__ esc_col,\n"
         "    const bf16_t* __restrict__ esc_val, const float* __restrict__ esc_delta,\n"
         "    const int* __restrict__ esc_order, const bf16_t* __restrict__ bias, int M,\n"
-        "    int n_rows, int ntiles, int nchunks) {\n"
+        "    int n_rows, int ntiles, int nchunks, float* __restrict__ work,\n"
+        "    unsigned* __restrict__ flags) {\n"
         f"  wgl_body<{block_m}, {warpgroups}, {x_stages}, {w_stages}, {splits}, "
-        f"{int(a_regs)}>(\n"
+        f"{int(a_regs)}, {int(persist)}>(\n"
         "      chunks, xp, x, ldx, y, scale, rowptr, esc_row, esc_col, esc_val, esc_delta,\n"
-        "      esc_order, bias, M, n_rows, ntiles, nchunks);\n}\n")
+        "      esc_order, bias, M, n_rows, ntiles, nchunks, work, flags);\n}\n")
 
 
 def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
-           a_regs: int = 0) -> str:
+           a_regs: int = 0, persist: int = 0) -> str:
     """kernels.cu, the wgmma wrappers for ``block_m``, kernels_large.cu and the entry point of
     one configuration."""
     return (_base_source(wgmma.wrapper(block_m, "WgmmaSS", a_shared=True)
                          + wgmma.wrapper(block_m, "WgmmaRS"))
-            + _entry(block_m, warpgroups, x_stages, w_stages, splits, a_regs))
+            + _entry(block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist))
 
 
 def _base_source(wrappers: str = "") -> str:
@@ -175,8 +181,28 @@ def _function(device_index: int, config: tuple[int, ...] | None):
         return _module(device_index, None).get_function("w12_permute_x")
     func = _module(device_index, config).get_function(kernel_name(*config))
     with cupy.cuda.Device(device_index):
-        cuda.allow_shared_memory(func, shared_bytes(*config[:4], config[5]))
+        cuda.allow_shared_memory(func, shared_bytes(*config[:4], *config[5:7]))
     return func
+
+
+# (device index, stream, blocks, floats a block) -> stream-K's work memory and flags; kept for
+# the process's life, as a CUDA graph that captured a call holds their addresses
+_STREAM_K: dict[tuple[int, int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _stream_k_memory(device: torch.device, blocks: int,
+                     floats: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float32 partial sums (``floats`` a block) and the piece flags of ``blocks`` blocks
+    of the stream-K kernel on the current stream: the flags start at zero and every call
+    leaves them at zero (each owner clears those it waited on). One set per stream, so that
+    calls on two streams at once do not share them."""
+    index = cuda._index(device)
+    stream = torch.cuda.current_stream(index).cuda_stream
+    key = (index, stream, blocks, floats)
+    if key not in _STREAM_K:
+        _STREAM_K[key] = (torch.empty(blocks * floats, dtype=torch.float32, device=device),
+                          torch.zeros(blocks, dtype=torch.int32, device=device))
+    return _STREAM_K[key]
 
 
 def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
@@ -184,17 +210,20 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
              esc_val: torch.Tensor, esc_delta: torch.Tensor, esc_order: torch.Tensor,
              bias: torch.Tensor | None, n: int, k: int, *, block_m: int = 128,
              warpgroups: int = 2, x_stages: int = 4, w_stages: int = 6, splits: int = 1,
-             a_regs: int = 0, out: torch.Tensor | None = None,
-             pdl: bool | None = None) -> torch.Tensor:
+             a_regs: int = 0, persist: int = 0, out: torch.Tensor | None = None,
+             pdl: bool | None = None, grid_cap: int | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]``, any M: blocks of ``64 * warpgroups`` weight
     rows x ``block_m`` activation rows, ``x_stages`` activation and ``w_stages`` chunk-word
     stages in shared memory, ``splits`` K ranges per cluster, the decoded weights as the MMA's
     register operand with ``a_regs`` 1 (else from shared memory), and with ``a_regs`` 2 also a
-    producer warpgroup that gives its registers to the MMA warpgroups. ``pdl`` (default
-    ``PDL``): the GEMM launched with programmatic dependent launch after its image pass, so that
-    its start (barriers, escape ranges, the first weight copies) overlaps that pass; the same
-    bits either way."""
-    config = (block_m, warpgroups, x_stages, w_stages, splits, int(a_regs))
+    producer warpgroup that gives its registers to the MMA warpgroups. ``persist`` 1 (with
+    ``a_regs`` 2 and one K range): stream-K, one block a multiprocessor (``grid_cap`` blocks if
+    given), each taking an equal share of all (unit, chunk column) steps, the units cut between
+    blocks added in a fixed order (see kernels_large.cu). ``pdl`` (default ``PDL``): the GEMM
+    launched with programmatic dependent launch after its image pass, so that its start
+    (barriers, escape ranges, the first weight copies) overlaps that pass; the same bits either
+    way."""
+    config = (block_m, warpgroups, x_stages, w_stages, splits, int(a_regs), int(persist))
     check_config(*config)
     m = x.shape[0]
     if out is None:
@@ -206,12 +235,18 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
     xp = permute_x(x, nchunks, block_m)
     func = _function(cuda._index(x.device), config)
-    smem = shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs)
+    smem = shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs, persist)
     args = (cuda._ptr(chunks), cuda._ptr(xp), cuda._ptr(x), x.stride(0),
             cuda._ptr(out), cuda._ptr(scale), cuda._ptr(esc_rowptr), cuda._ptr(esc_row),
             cuda._ptr(esc_col), cuda._ptr(esc_val), cuda._ptr(esc_delta), cuda._ptr(esc_order),
             cuda._ptr(bias), m, n, ntiles, nchunks)
+    extra = (0, 0)  # stream-K's work and flags (persist)
     grid = (math.ceil(ntiles / (4 * warpgroups)), math.ceil(m / block_m), splits)
-    cuda.launch(func, grid, (threads(warpgroups, a_regs),), args, x.device, smem,
+    if persist:
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        grid = (min(grid[0] * grid[1] * nchunks, min(grid_cap or sms, sms)), 1, 1)
+        work, flags = _stream_k_memory(x.device, grid[0], block_m * 64 * warpgroups)
+        extra = (cuda._ptr(work), cuda._ptr(flags))
+    cuda.launch(func, grid, (threads(warpgroups, a_regs),), args + extra, x.device, smem,
                 pdl=PDL if pdl is None else pdl)
     return out

@@ -124,7 +124,26 @@ __device__ __forceinline__ void keep_regs(u32 (&a)[4][4]) {
     for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[j][r])::"memory");
 }
 
-template <int BN, int WGS, int SX, int SW, int SPLIT, int AREG>
+// With the decoded weights in registers (AREG), where the escape at (row, col) of a warp's tile
+// goes: 256 x the lane that holds it, plus 2 x its register 4 j + r, plus its half.
+__device__ __forceinline__ int areg_epos(int row, int col) {
+  const int cc = col & 63;
+  return ((4 * (row & 7) + (cc >> 4)) << 8) |
+         ((4 * ((cc & 15) >> 2) + ((row >> 3) & 1) + 2 * ((cc >> 1) & 1)) << 1) | (cc & 1);
+}
+
+// Waits (the whole warp) until the 32-bit flag at p is set by another block (stream-K's
+// pieces): lane 0 polls with relaxed loads, then one acquire fence orders the reads after it.
+__device__ __forceinline__ void wait_flag(const unsigned* p) {
+  u32 v = 0u;
+  do {
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    v = __shfl_sync(0xffffffffu, v, 0);
+  } while (v == 0u);
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+
+template <int BN, int WGS, int SX, int SW, int SPLIT, int AREG, int PERS>
 __device__ __forceinline__ void wgl_body(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ xp,
     const bf16_t* __restrict__ x, int ldx, bf16_t* __restrict__ y,
@@ -132,9 +151,10 @@ __device__ __forceinline__ void wgl_body(
     const int* __restrict__ esc_row, const int* __restrict__ esc_col,
     const bf16_t* __restrict__ esc_val, const float* __restrict__ esc_delta,
     const int* __restrict__ esc_order, const bf16_t* __restrict__ bias, int M, int n_rows,
-    int ntiles, int nchunks) {
+    int ntiles, int nchunks, float* __restrict__ work, unsigned* __restrict__ flags) {
   static_assert(BN % 64 == 0 && BN <= 256, "BN: 64, 128, 192 or 256 activation rows");
   static_assert(SX >= 3 && SW >= 2 && SPLIT >= 1 && SPLIT <= 4, "config");
+  static_assert(PERS == 0 || (AREG == 2 && SPLIT == 1), "stream-K: producer warpgroup, one range");
   constexpr int THREADS = 128 * WGS;
   constexpr int NA = 3;                   // A buffers: column i decoded while i-1, i-2 multiply
   constexpr int XSTAGE = BN * 128;        // activation bytes per stage
@@ -151,35 +171,80 @@ __device__ __forceinline__ void wgl_body(
   unsigned long long* wfull = xfull + SX;
   unsigned long long* xempty = wfull + SW;  // arrived at by each warpgroup's MMAs being done
   unsigned long long* wempty = xempty + SX;  // arrived at by each consumer warp's loads
+  // PERS: what a segment needs that its consumers would otherwise wait for, written by the
+  // producer warpgroup's idle warps a segment ahead (docs/PERF_GEMM.md #60): each consumer
+  // warp's first escape batch (escring: ecol, then eok << 31 | epos << 16 | eval; escwarp:
+  // ebase, eend), needed at the segment's start, and the epilogue's row data (rowring: scale,
+  // bias, first and end of the escapes to correct), needed at its end. One slot each, with a
+  // full (96 producer threads arrive) and an empty (256 consumer threads) barrier.
+  unsigned long long* rowfull = wempty + SW;
+  unsigned long long* rowempty = rowfull + 1;
+  unsigned long long* escfull = rowfull + 2;
+  unsigned long long* escempty = rowfull + 3;
+  float4* rowring = reinterpret_cast<float4*>(rowfull + 4);
+  uint2* escring = reinterpret_cast<uint2*>(rowring + R);
+  int2* escwarp = reinterpret_cast<int2*>(escring + 4 * WGS * 32);
   const int tid = threadIdx.x;
   const int wg = tid >> 7;
   const int warp = (tid >> 5) & 3;
   const int lane = tid & 31;
-  const int tok0 = blockIdx.y * BN;
+  int tok0 = blockIdx.y * BN;
   const int rank = SPLIT > 1 ? (int)blockIdx.z : 0;  // cluster (1, 1, SPLIT): rank = z
   const int per = (nchunks + SPLIT - 1) / SPLIT;
   const int c0 = min(nchunks, rank * per);
   const int n = min(nchunks, c0 + per) - c0;
-  const int tile0 = blockIdx.x * 4 * WGS;
+  int tile0 = blockIdx.x * 4 * WGS;
   const bf16_t* ximg = xp + (size_t)blockIdx.y * nchunks * (XSTAGE / 2);
+
+  // PERS (stream-K): the block takes steps q0 .. q1 - 1 of all units' chunk columns (unit u =
+  // tile block u / tblocks, token block u % tblocks; step q = column q % nchunks of unit
+  // q / nchunks), an equal share of T for each of the gridDim.x blocks, in segments of one
+  // unit each: unit u0 + s for segment s, its columns clo .. chi - 1, stage counter
+  // column + qoff (counted from the block's first step). A segment from column 0 stores the
+  // outputs of its unit, after adding (in block order) the partial sums that the blocks after
+  // it left in `work` for that unit's later columns; a segment starting later (only ever a
+  // block's first) is such a piece: it leaves its sums in work[block] and sets flags[block].
+  // Owners wait only for pieces, which wait for nothing, and every block is resident (one a
+  // multiprocessor, gridDim.x at most the multiprocessors), so no block waits forever.
+  long long T = 0;
+  int q0 = 0, q1 = 0, u0 = 0, nseg = 1, clo = 0, chi = nchunks, qoff = 0;
+  const int tblocks = (M + BN - 1) / BN;
+  if constexpr (PERS != 0) {
+    T = (long long)((ntiles + 4 * WGS - 1) / (4 * WGS)) * tblocks * nchunks;
+    q0 = (int)(T * blockIdx.x / gridDim.x);
+    q1 = (int)(T * (blockIdx.x + 1) / gridDim.x);
+    u0 = q0 / nchunks;
+    nseg = (q1 - 1) / nchunks - u0 + 1;
+  }
+  auto set_segment = [&](int sg) {
+    const int u = u0 + sg;
+    clo = sg == 0 ? q0 - u * nchunks : 0;
+    chi = sg == nseg - 1 ? q1 - u * nchunks : nchunks;
+    qoff = u * nchunks - q0;
+    tile0 = (u / tblocks) * 4 * WGS;
+    tok0 = (u % tblocks) * BN;
+    ximg = xp + (size_t)(u % tblocks) * nchunks * (XSTAGE / 2);
+  };
+  if constexpr (PERS != 0) set_segment(0);
 
   // (the producer) start the copies of column col: its activation image into stage col % SX,
   // its chunk words into weight stage col % SW
-  auto issue_x = [&](int col) {
-    unsigned long long* bar = xfull + col % SX;
+  // (st: the stage, col % SX and col % SW without PERS)
+  auto issue_x = [&](int st, int col) {
+    unsigned long long* bar = xfull + st;
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                  :: "r"(smem_addr(bar)), "r"(XSTAGE) : "memory");
-    bulk_copy(smem + (col % SX) * XSTAGE, ximg + (size_t)(c0 + col) * (XSTAGE / 2), XSTAGE,
+    bulk_copy(smem + st * XSTAGE, ximg + (size_t)(c0 + col) * (XSTAGE / 2), XSTAGE,
               bar);
   };
-  auto issue_w = [&](int col) {
-    unsigned long long* bar = wfull + col % SW;
+  auto issue_w = [&](int st, int col) {
+    unsigned long long* bar = wfull + st;
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                  :: "r"(smem_addr(bar)), "r"(WSTAGE) : "memory");
 #pragma unroll
     for (int tt = 0; tt < 4 * WGS; ++tt) {
       const int tile = min(tile0 + tt, ntiles - 1);  // rows past the last are not stored
-      bulk_copy(wstages + (col % SW) * WSTAGE + tt * 1536,
+      bulk_copy(wstages + st * WSTAGE + tt * 1536,
                 chunks + ((size_t)tile * nchunks + c0 + col) * 96, 1536, bar);
     }
   };
@@ -202,6 +267,14 @@ __device__ __forceinline__ void wgl_body(
     for (int s = 0; s < SW; ++s)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
                    :: "r"(smem_addr(wempty + s)), "r"(4 * WGS));
+    if constexpr (PERS != 0) {
+#pragma unroll
+      for (int s = 0; s < 4; s += 2) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 96;" :: "r"(smem_addr(rowfull + s)));
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
+                     :: "r"(smem_addr(rowempty + s)), "r"(THREADS));
+      }
+    }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
@@ -212,7 +285,7 @@ __device__ __forceinline__ void wgl_body(
   constexpr int GROUPS = THREADS / R;  // the consumer threads only
   const int r_out = tid % R, group = tid / R;
   const int row_out = blockIdx.x * R + r_out;
-  const bool out_live = group < GROUPS && row_out < n_rows;
+  const bool out_live = !PERS && group < GROUPS && row_out < n_rows;
   float out_sc = 0.0f, out_b = 0.0f;
   int e_first = 0, e_last = 0;
   if (out_live) {
@@ -236,13 +309,69 @@ __device__ __forceinline__ void wgl_body(
   // (w12_permute_x), which a launch with programmatic dependent launch (cuda_large.py, ``pdl``)
   // lets still run; griddepcontrol.wait then returns once its images are written and visible
   // (at once without that launch). Nothing else here reads what it writes.
+  // (PERS: the block's segments one after another, the stage counter j running on)
   auto produce = [&]() {
+    if constexpr (PERS != 0) {
+      u32 j = 0;
+      for (int sg = 0; sg < nseg; ++sg) {
+        set_segment(sg);
+        for (int col = clo; col < chi; ++col, ++j) {
+          if (j >= SW) mbar_wait(wempty + j % SW, (j / SW - 1) & 1u);
+          if (lane == 0) issue_w(j % SW, col);
+          if (j == 0) asm volatile("griddepcontrol.wait;" ::: "memory");
+          if (j >= SX) mbar_wait(xempty + j % SX, (j / SX - 1) & 1u);
+          if (lane == 0) issue_x(j % SX, col);
+        }
+      }
+      return;
+    }
     for (int col = 0; col < n; ++col) {
       if (col >= SW) mbar_wait(wempty + col % SW, (u32)(col / SW - 1) & 1u);
-      if (lane == 0) issue_w(col);
+      if (lane == 0) issue_w(col % SW, col);
       if (col == 0) asm volatile("griddepcontrol.wait;" ::: "memory");
       if (col >= SX) mbar_wait(xempty + col % SX, (u32)(col / SX - 1) & 1u);
-      if (lane == 0) issue_x(col);
+      if (lane == 0) issue_x(col % SX, col);
+    }
+  };
+  // PERS: the producer warpgroup's other 96 threads write each segment's escape batches and
+  // row data (see the top; the walk to a row's first escape that the tiles cannot hold is the
+  // one the non-persistent kernel does at its start), so that neither the consumers' start of
+  // a segment nor its epilogue waits on a chain of global loads.
+  auto segment_data = [&]() {
+    const int p = tid - THREADS - 32;
+    for (int sg = 0; sg < nseg; ++sg) {
+      set_segment(sg);
+      if (sg >= 1) mbar_wait(escempty, (u32)(sg - 1) & 1u);
+      for (int e = p; e < 4 * WGS * 32; e += 96) {
+        const int tile = min(tile0 + (e >> 5), ntiles - 1);
+        const int b0 = rowptr[16 * tile], b1 = rowptr[16 * tile + 16];
+        if ((e & 31) == 0) escwarp[e >> 5] = make_int2(b0, b1);
+        uint2 v = make_uint2(0x7FFFFFFFu, 0u);
+        if (b0 + (e & 31) < b1) {
+          const int o = esc_order[b0 + (e & 31)];
+          const int row = esc_row[o], col = esc_col[o];
+          bf16_t a;
+          const bool ok = patch_value(esc_val[o], scale[row], a);
+          v = make_uint2((u32)(col >> 6),
+                         ((u32)ok << 31) | ((u32)areg_epos(row, col) << 16) | (u32)a);
+        }
+        escring[e] = v;
+      }
+      asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];"
+                   :: "r"(smem_addr(escfull)) : "memory");
+      if (sg >= 1) mbar_wait(rowempty, (u32)(sg - 1) & 1u);
+      for (int r = p; r < R; r += 96) {
+        const int row = min(tile0 * 16 + r, n_rows - 1);  // (rows past the last: not stored)
+        const float sc = scale[row];
+        const float b = bias != nullptr ? bf16_to_float(bias[row]) : 0.0f;
+        int f = rowptr[row];
+        const int l = rowptr[row + 1];
+        bf16_t unused;
+        while (f < l && patch_value(esc_val[f], sc, unused)) ++f;
+        rowring[r] = make_float4(sc, b, __int_as_float(f), __int_as_float(l));
+      }
+      asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];"
+                   :: "r"(smem_addr(rowfull)) : "memory");
     }
   };
   if (AREG == 2) {
@@ -253,9 +382,12 @@ __device__ __forceinline__ void wgl_body(
     if (producer) {
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
       if (__shfl_sync(0xffffffffu, (tid >> 5) == (THREADS >> 5) ? 1 : 0, 0)) produce();
-      __syncthreads();  // the main loop's end
-      if (SPLIT > 1) cluster_sync_all(); else __syncthreads();  // the partial tile stored
-      if (SPLIT > 1) cluster_sync_all();  // the cluster's memory read
+      else if (PERS != 0) segment_data();
+      if constexpr (PERS == 0) {  // (PERS: the consumers meet no block barrier after the start)
+        __syncthreads();  // the main loop's end
+        if (SPLIT > 1) cluster_sync_all(); else __syncthreads();  // the partial tile stored
+        if (SPLIT > 1) cluster_sync_all();  // the cluster's memory read
+      }
       return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
@@ -277,9 +409,10 @@ __device__ __forceinline__ void wgl_body(
   // its chunk column (ecol; INT_MAX past the end), where it goes (epos: its byte in the A
   // buffer; with AREG the lane that holds it in registers, 256 x, plus 2 x its register
   // 4 j + r and its half) and its value.
-  const int mytile = min(tile0 + wg * 4 + warp, ntiles - 1);
-  const int eend = producer ? 0 : rowptr[16 * mytile + 16];
-  int ebase = producer ? 0 : rowptr[16 * mytile];
+  int mytile = min(tile0 + wg * 4 + warp, ntiles - 1);
+  // (PERS: the segments' batches come from segment_data)
+  int eend = producer || PERS != 0 ? 0 : rowptr[16 * mytile + 16];
+  int ebase = producer || PERS != 0 ? 0 : rowptr[16 * mytile];
   int ecol = 0x7FFFFFFF, epos = 0;
   bool eok = false;
   bf16_t eval = 0;
@@ -296,8 +429,7 @@ __device__ __forceinline__ void wgl_body(
       const int cc = col & 63;               // unit 2 j + h, element 2 t + b (see the top)
       const int unit = 2 * ((cc & 15) >> 2) + ((cc >> 1) & 1);
       if (AREG != 0)
-        epos = ((4 * (row & 7) + (cc >> 4)) << 8) |
-               ((4 * ((cc & 15) >> 2) + ((row >> 3) & 1) + 2 * ((cc >> 1) & 1)) << 1) | (cc & 1);
+        epos = areg_epos(row, col);
       else
         epos = wg * ABUF + r * 128 + ((unit ^ (r & 7)) << 4) + 4 * (cc >> 4) + 2 * (cc & 1);
     }
@@ -307,8 +439,11 @@ __device__ __forceinline__ void wgl_body(
   // Column i's chunk words, once they have landed, decoded into this lane's A fragments; the
   // warp then releases the weight stage.
   auto decode_column = [&](int i, u32 (&a)[4][4]) {
-    mbar_wait(wfull + i % SW, (u32)(i / SW) & 1u);  // column i's chunk words have landed
-    const unsigned char* wsrc = wstages + (i % SW) * WSTAGE + woff;
+    const u32 q = (u32)(i + qoff);  // PERS: the stage counter
+    const int ws = PERS != 0 ? (int)(q % SW) : i % SW;
+    // column i's chunk words have landed
+    mbar_wait(wfull + ws, PERS != 0 ? (q / SW) & 1u : (u32)(i / SW) & 1u);
+    const unsigned char* wsrc = wstages + ws * WSTAGE + woff;
     const Words4 w0 = *reinterpret_cast<const Words4*>(wsrc);
     const Words4 w1 = *reinterpret_cast<const Words4*>(wsrc + 512);
     const Words4 w2 = *reinterpret_cast<const Words4*>(wsrc + 1024);
@@ -317,7 +452,7 @@ __device__ __forceinline__ void wgl_body(
     decode8(w0.z, w1.z, w2.z, a[2]);
     decode8(w0.w, w1.w, w2.w, a[3]);
     __syncwarp();  // every lane's words are read (and used): the warp releases the stage
-    arrive_if(lane == 0, wempty + i % SW);
+    arrive_if(lane == 0, wempty + ws);
   };
 
   // AREG: each warp decodes column i straight into the A fragment registers of wgmma (set
@@ -349,15 +484,21 @@ __device__ __forceinline__ void wgl_body(
       ebase += 32;
       load_escape();
     }
-    mbar_wait(xfull + i % SX, (u32)(i / SX) & 1u);  // column i's activations have landed
-    const unsigned char* stage = smem + (i % SX) * XSTAGE;
+    const u32 q = (u32)(i + qoff);  // PERS: the stage counter
+    const int xs = PERS != 0 ? (int)(q % SX) : i % SX;
+    // column i's activations have landed
+    mbar_wait(xfull + xs, PERS != 0 ? (q / SX) & 1u : (u32)(i / SX) & 1u);
+    const unsigned char* stage = smem + xs * XSTAGE;
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int j = 0; j < 4; ++j) WgmmaRS<BN>::mma(acc, a[j], sw128_desc(stage + 32 * j));
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     wgmma_wait<1>();  // column i - 1 is multiplied: its registers and activation stage are free
     keep_regs(prev);
-    arrive_if(i >= 1 && (tid & 127) == 0, xempty + (i + SX - 1) % SX);
+    // (PERS: the stage of the column before, also where that was the previous segment's last:
+    // its stage is refilled only once this segment has started)
+    arrive_if((PERS != 0 ? q >= 1u : i >= 1) && (tid & 127) == 0,
+              xempty + (PERS != 0 ? (int)((q + SX - 1) % SX) : (i + SX - 1) % SX));
   };
   if (AREG != 0) {
     u32 a0[4][4], a1[4][4];
@@ -365,6 +506,141 @@ __device__ __forceinline__ void wgl_body(
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int r = 0; r < 4; ++r) a0[j][r] = a1[j][r] = 0u;
+    if constexpr (PERS != 0) {
+      // Stream-K (see the top): the block's segments in turn, the outputs of a unit stored
+      // straight from the accumulators, so that the stages stay with the producer, which
+      // fills them with the next segment's first columns meanwhile. This thread's
+      // accumulators are rows rloc and rloc + 8 of the unit's R (register i: row
+      // rloc + 8 ((i % 4) / 2), token 8 (i / 4) + 2 t + i % 2 of its BN), and as a piece they
+      // go to work[block] as BN / 8 float4s, thread-major (index c * THREADS + tid), which
+      // the owner reads back into the same registers of the same thread.
+      for (int sg = 0; sg < nseg; ++sg) {
+        set_segment(sg);
+        {  // this warp's first escape batch, from segment_data (escapes of columns before clo
+           // are never matched)
+          mbar_wait(escfull, (u32)sg & 1u);
+          const int2 wb = escwarp[wg * 4 + warp];
+          const uint2 e = escring[(wg * 4 + warp) * 32 + lane];
+          arrive_if(true, escempty);
+          ebase = wb.x;
+          eend = wb.y;
+          ecol = (int)e.x;
+          eok = (e.y >> 31) != 0u;
+          epos = (int)((e.y >> 16) & 0x7FFFu);
+          eval = (bf16_t)(e.y & 0xFFFFu);
+        }
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+        // (the loop counts stage steps, whose stage indices are then those of the
+        // non-persistent loop; the columns are the steps less qoff)
+        const int qe = chi + qoff;
+        for (int qq = clo + qoff; qq < qe; qq += 2) {
+          column_regs(qq - qoff, a0, a1);
+          if (qq + 1 < qe) column_regs(qq + 1 - qoff, a1, a0);
+        }
+        wgmma_wait<0>();  // (the last column's stage is released by the next one's MMAs)
+        // What the epilogue needs of the segment, computed again from an opaque copy of its
+        // index rather than kept in registers through the main loop, where none is left.
+        int sge;
+        asm volatile("mov.b32 %0, %1;" : "=r"(sge) : "r"(sg));
+        set_segment(sge);
+        float4* slot = reinterpret_cast<float4*>(work);
+        // (the thread index read again, not kept in a register through the main loop, where
+        // none is left: at 168 registers a kept one spills)
+        u32 me;
+        asm volatile("mov.u32 %0, %%tid.x;" : "=r"(me));
+        const int rloc = (me >> 7) * 64 + 16 * ((me >> 5) & 3) + ((me & 31) >> 2);
+        if (clo > 0) {
+          // a piece: its sums to work[block], then (all consumer threads' stores made visible
+          // at GPU scope, then met at barrier 3) flags[block] set; its row data is not used
+          float4* wp = slot + (size_t)blockIdx.x * (BN / 8) * THREADS + me;
+#pragma unroll
+          for (int c = 0; c < BN / 8; ++c)
+            wp[c * THREADS] = make_float4(acc[4 * c], acc[4 * c + 1], acc[4 * c + 2],
+                                          acc[4 * c + 3]);
+          __threadfence();
+          asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
+          asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n"
+                       "@p st.release.gpu.global.u32 [%0], 1;\n}"
+                       :: "l"(flags + blockIdx.x), "r"(me) : "memory");
+          arrive_if(true, rowempty);
+          continue;
+        }
+        if (chi < nchunks) {
+          // the owner of a unit cut between blocks: the pieces of blocks blockIdx.x + 1 ..
+          // (the last is the one holding the unit's last step) added in block order, each
+          // once its flag is set (every warp waits on its own, warp-uniform), then the flags
+          // cleared for the next call (after barrier 3: every warp has seen them)
+          const long long uend = (long long)(u0 + sg + 1) * nchunks;
+          int bb = blockIdx.x;
+          do {
+            ++bb;
+            wait_flag(flags + bb);
+            const float4* wp = slot + (size_t)bb * (BN / 8) * THREADS + me;
+#pragma unroll
+            for (int c = 0; c < BN / 8; ++c) {
+              const float4 v = wp[c * THREADS];
+              acc[4 * c] += v.x;
+              acc[4 * c + 1] += v.y;
+              acc[4 * c + 2] += v.z;
+              acc[4 * c + 3] += v.w;
+            }
+          } while (T * (bb + 1) / gridDim.x < uend);
+          asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
+          for (int f = blockIdx.x + 1; f <= bb; ++f)
+            asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n"
+                         "@p st.relaxed.gpu.global.u32 [%0], 0;\n}"
+                         :: "l"(flags + f), "r"(me) : "memory");
+        }
+        // the unit's outputs: store_output's arithmetic (scale, the corrections in list
+        // order, bias, BF16). Rows with corrections (rare: inf, NaN, out-of-range escapes)
+        // get them here, in place, and then the multiplier 1 (exact), so that the loop below
+        // is the same code for all rows.
+        mbar_wait(rowfull, (u32)sg & 1u);
+        const float4 d0 = rowring[rloc], d1 = rowring[rloc + 8];
+        arrive_if(true, rowempty);
+        const int gr0 = tile0 * 16 + rloc, gr1 = gr0 + 8;
+        float m0 = d0.x, m1 = d1.x;
+        const int f0 = __float_as_int(d0.z), l0 = __float_as_int(d0.w);
+        const int f1 = __float_as_int(d1.z), l1 = __float_as_int(d1.w);
+        auto correct = [&](int hi, int f, int l, float sc) {
+#pragma unroll
+          for (int i = 0; i < BN / 2; ++i)
+            if (((i & 3) >> 1) == hi) acc[i] *= sc;
+#pragma unroll 1
+          for (int e = f; e < l; ++e) {
+            bf16_t unused;
+            if (patch_value(esc_val[e], sc, unused)) continue;  // multiplied in the main loop
+            // (a pointer walking the tokens, so that no per-token offset outlives the loop)
+            const bf16_t* xr = x + (size_t)(tok0 + 2 * t) * ldx + esc_col[e];
+            const float d = esc_delta[e];
+            const int rem = M - tok0 - 2 * t;  // tokens past M are not stored
+#pragma unroll
+            for (int c = 0; c < BN / 8; ++c) {
+              if (8 * c < rem) acc[4 * c + 2 * hi] += bf16_to_float(xr[0]) * d;
+              if (8 * c + 1 < rem) acc[4 * c + 2 * hi + 1] += bf16_to_float(xr[ldx]) * d;
+              xr += 8 * (size_t)ldx;
+            }
+          }
+        };
+        if (__any_sync(0xffffffffu, f0 < l0 || f1 < l1)) {  // (warp-uniform)
+          if (f0 < l0) { correct(0, f0, l0, m0); m0 = 1.0f; }
+          if (f1 < l1) { correct(1, f1, l1, m1); m1 = 1.0f; }
+        }
+        bf16_t* yb = y + (size_t)(tok0 + 2 * t) * n_rows;
+        const bool live0 = gr0 < n_rows, live1 = gr1 < n_rows;
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) {
+          const int hi = (i & 3) >> 1;
+          const int tk = 8 * (i >> 2) + (i & 1);  // past tok0 + 2 t
+          float o = acc[i] * (hi ? m1 : m0);
+          if (bias != nullptr) o += hi ? d1.y : d0.y;
+          if (tok0 + 2 * t + tk < M && (hi ? live1 : live0))
+            yb[(size_t)tk * n_rows + (hi ? gr1 : gr0)] = float_to_bf16(o);
+        }
+      }
+      return;
+    }
     for (int i = 0; i < n && !producer; i += 2) {
       column_regs(i, a0, a1);
       if (i + 1 < n) column_regs(i + 1, a1, a0);
