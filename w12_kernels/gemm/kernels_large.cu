@@ -337,12 +337,14 @@ __device__ __forceinline__ void wgl_body(
   // row data (see the top; the walk to a row's first escape that the tiles cannot hold is the
   // one the non-persistent kernel does at its start), so that neither the consumers' start of
   // a segment nor its epilogue waits on a chain of global loads.
-  auto segment_data = [&]() {
+  auto escape_batches = [&](int sg) {  // segment sg's, into escring and escwarp
+    set_segment(sg);
     const int p = tid - THREADS - 32;
-    for (int sg = 0; sg < nseg; ++sg) {
-      set_segment(sg);
-      if (sg >= 1) mbar_wait(escempty, (u32)(sg - 1) & 1u);
-      for (int e = p; e < 4 * WGS * 32; e += 96) {
+    constexpr int ENTRIES = 4 * WGS * 32;
+#pragma unroll
+    for (int it = 0; it < (ENTRIES + 95) / 96; ++it) {  // (unrolled: the entries' loads overlap)
+      const int e = p + 96 * it;
+      if (e < ENTRIES) {
         const int tile = min(tile0 + (e >> 5), ntiles - 1);
         const int b0 = rowptr[16 * tile], b1 = rowptr[16 * tile + 16];
         if ((e & 31) == 0) escwarp[e >> 5] = make_int2(b0, b1);
@@ -357,10 +359,17 @@ __device__ __forceinline__ void wgl_body(
         }
         escring[e] = v;
       }
-      asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];"
-                   :: "r"(smem_addr(escfull)) : "memory");
-      if (sg >= 1) mbar_wait(rowempty, (u32)(sg - 1) & 1u);
-      for (int r = p; r < R; r += 96) {
+    }
+    asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];"
+                 :: "r"(smem_addr(escfull)) : "memory");
+  };
+  auto row_data = [&](int sg) {  // segment sg's, into rowring
+    set_segment(sg);
+    const int p = tid - THREADS - 32;
+#pragma unroll
+    for (int it = 0; it < (R + 95) / 96; ++it) {
+      const int r = p + 96 * it;
+      if (r < R) {
         const int row = min(tile0 * 16 + r, n_rows - 1);  // (rows past the last: not stored)
         const float sc = scale[row];
         const float b = bias != nullptr ? bf16_to_float(bias[row]) : 0.0f;
@@ -370,8 +379,22 @@ __device__ __forceinline__ void wgl_body(
         while (f < l && patch_value(esc_val[f], sc, unused)) ++f;
         rowring[r] = make_float4(sc, b, __int_as_float(f), __int_as_float(l));
       }
-      asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];"
-                   :: "r"(smem_addr(rowfull)) : "memory");
+    }
+    asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];"
+                 :: "r"(smem_addr(rowfull)) : "memory");
+  };
+  // Segment 0's batches the consumers load themselves, as the non-persistent kernel does (in
+  // the time its first weights take to land); those of segment sg + 1 come before segment
+  // sg's row data, so that a short segment does not wait for them. (Segment sg + 1's batches
+  // overwrite segment sg's once the consumers have read those, at segment sg's start.)
+  auto segment_data = [&]() {
+    for (int sg = 0; sg < nseg; ++sg) {
+      if (sg + 1 < nseg) {
+        if (sg >= 1) mbar_wait(escempty, (u32)(sg - 1) & 1u);
+        escape_batches(sg + 1);
+      }
+      if (sg >= 1) mbar_wait(rowempty, (u32)(sg - 1) & 1u);
+      row_data(sg);
     }
   };
   if (AREG == 2) {
@@ -516,9 +539,15 @@ __device__ __forceinline__ void wgl_body(
       // the owner reads back into the same registers of the same thread.
       for (int sg = 0; sg < nseg; ++sg) {
         set_segment(sg);
-        {  // this warp's first escape batch, from segment_data (escapes of columns before clo
-           // are never matched)
-          mbar_wait(escfull, (u32)sg & 1u);
+        // this warp's first escape batch (escapes of columns before clo are never matched):
+        // segment 0's loaded here, the others' from segment_data
+        if (sg == 0) {
+          mytile = min(tile0 + wg * 4 + warp, ntiles - 1);
+          eend = rowptr[16 * mytile + 16];
+          ebase = rowptr[16 * mytile];
+          if (ebase < eend) load_escape();
+        } else {
+          mbar_wait(escfull, (u32)(sg - 1) & 1u);
           const int2 wb = escwarp[wg * 4 + warp];
           const uint2 e = escring[(wg * 4 + warp) * 32 + lane];
           arrive_if(true, escempty);
@@ -570,7 +599,9 @@ __device__ __forceinline__ void wgl_body(
           // the owner of a unit cut between blocks: the pieces of blocks blockIdx.x + 1 ..
           // (the last is the one holding the unit's last step) added in block order, each
           // once its flag is set (every warp waits on its own, warp-uniform), then the flags
-          // cleared for the next call (after barrier 3: every warp has seen them)
+          // cleared for the next call (after barrier 3: every warp has seen them). Each piece
+          // is read straight into the registers it adds to: an owner that fetched its pieces
+          // by bulk copies into the idle stages was not faster (docs/PERF_GEMM.md #60).
           const long long uend = (long long)(u0 + sg + 1) * nchunks;
           int bb = blockIdx.x;
           do {
