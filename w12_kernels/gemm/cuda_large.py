@@ -21,7 +21,10 @@ registers to the MMA warpgroups (the table's choice on 18 of 18 shapes, three of
 three ranges). Copying the activations into the stages from the producer warpgroup itself
 (4-byte cp.async, no image pass) was 3-5x slower (docs/PERF_GEMM.md #57) and was removed. The
 GEMM is launched with programmatic dependent launch after its image pass (``PDL``), so that
-its blocks' start overlaps that pass: 0.741 -> 0.748 at 256 rows (#59).
+its blocks' start overlaps that pass: 0.741 -> 0.748 at 256 rows (#59). ``persist`` 1 is
+stream-K: one block per multiprocessor, each an equal share of all (unit, column) steps, the
+units cut between blocks added in a fixed order through a float32 workspace
+(``_stream_k_memory``); the table takes it where it wins (layers of 2-4 waves, #60).
 """
 
 from __future__ import annotations
