@@ -581,7 +581,7 @@ __device__ __forceinline__ void wgl_body(
         const int rloc = (me >> 7) * 64 + 16 * ((me >> 5) & 3) + ((me & 31) >> 2);
         if (clo > 0) {
           // a piece: its sums to work[block], then (all consumer threads' stores made visible
-          // at GPU scope, then met at barrier 3) flags[block] set; its row data is not used
+          // at GPU scope, then met at barrier 3) flags[block] set
           float4* wp = slot + (size_t)blockIdx.x * (BN / 8) * THREADS + me;
 #pragma unroll
           for (int c = 0; c < BN / 8; ++c)
@@ -592,6 +592,10 @@ __device__ __forceinline__ void wgl_body(
           asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n"
                        "@p st.release.gpu.global.u32 [%0], 1;\n}"
                        :: "l"(flags + blockIdx.x), "r"(me) : "memory");
+          // (its row data unused, but waited for all the same: a phase of rowfull left
+          // unwaited would let the wait at the next segment's end, by parity, pass a phase
+          // early, before that segment's row data is written)
+          mbar_wait(rowfull, (u32)sg & 1u);
           arrive_if(true, rowempty);
           continue;
         }
