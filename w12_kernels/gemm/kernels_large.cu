@@ -124,6 +124,15 @@ __device__ __forceinline__ void keep_regs(u32 (&a)[4][4]) {
     for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[j][r])::"memory");
 }
 
+// The first of a row's escapes f .. l - 1 that the decoded tiles cannot hold (patch_value
+// fails: inf, NaN, out of range), which the epilogue corrects; l when there is none.
+__device__ __forceinline__ int first_correction(const bf16_t* __restrict__ esc_val, int f,
+                                                int l, float sc) {
+  bf16_t unused;
+  while (f < l && patch_value(esc_val[f], sc, unused)) ++f;
+  return f;
+}
+
 // With the decoded weights in registers (AREG), where the escape at (row, col) of a warp's tile
 // goes: 256 x the lane that holds it, plus 2 x its register 4 j + r, plus its half.
 __device__ __forceinline__ int areg_epos(int row, int col) {
@@ -293,8 +302,7 @@ __device__ __forceinline__ void wgl_body(
     out_b = bias != nullptr ? bf16_to_float(bias[row_out]) : 0.0f;
     e_first = rowptr[row_out];
     e_last = rowptr[row_out + 1];
-    bf16_t unused;
-    while (e_first < e_last && patch_value(esc_val[e_first], out_sc, unused)) ++e_first;
+    e_first = first_correction(esc_val, e_first, e_last, out_sc);
   }
   // the extra warp only starts the copies (broadcast from lane 0, so that ptxas sees a
   // warp-uniform branch and does not serialize the MMAs)
@@ -373,10 +381,8 @@ __device__ __forceinline__ void wgl_body(
         const int row = min(tile0 * 16 + r, n_rows - 1);  // (rows past the last: not stored)
         const float sc = scale[row];
         const float b = bias != nullptr ? bf16_to_float(bias[row]) : 0.0f;
-        int f = rowptr[row];
         const int l = rowptr[row + 1];
-        bf16_t unused;
-        while (f < l && patch_value(esc_val[f], sc, unused)) ++f;
+        const int f = first_correction(esc_val, rowptr[row], l, sc);
         rowring[r] = make_float4(sc, b, __int_as_float(f), __int_as_float(l));
       }
     }
