@@ -139,8 +139,9 @@ class LargeConfig:
     # wgmma: the blocks of a cluster)
     a_regs: int = 0  # wgmma: 1 (or true): the decoded weights as the MMA's register operand;
     # 2: that, with a producer warpgroup giving its registers to the MMA warpgroups
-    persist: int = 0  # wgmma with a_regs 2 and one K range: one block a multiprocessor walking
-    # the tiles, outputs from the accumulators (never inherited from the default: see below)
+    persist: int = 0  # wgmma with a_regs 2 and one K range: stream-K, one block a
+    # multiprocessor, each an equal share of all (unit, column) steps, outputs from the
+    # accumulators (docs/PERF_GEMM.md #60; never inherited from the default: see below)
 
 
 @functools.cache
