@@ -7,7 +7,10 @@ Profile every call with, for example:
         --page raw --csv python3 benchmarks/ncu_target.py --shapes 6144x4096,4096x4096 --m 16,32
 
 The script prints which launch is which (2 i: the compile call of the i-th (shape, M), 2 i + 1:
-the one to read). Random data, never zeros.
+the one to read). ``--large-config`` runs the large-M warpgroup kernel with one configuration
+(``block_m,warpgroups,x_stages,w_stages,splits,a_regs,persist``) instead of the table's choice;
+``--cublas`` adds cuBLAS BF16 (``torch.nn.functional.linear``) on the exact weights after each
+W12 call, so that both kernels of one shape are profiled side by side. Random data, never zeros.
 """
 
 from __future__ import annotations
@@ -31,22 +34,42 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="6144x4096", help="NxK,NxK,...")
     parser.add_argument("--m", default="16,32", help="row counts, comma-separated")
+    parser.add_argument("--large-config", default=None,
+                        help="block_m,warpgroups,x_stages,w_stages,splits,a_regs,persist")
+    parser.add_argument("--cublas", action="store_true", help="also profile cuBLAS BF16")
     args = parser.parse_args()
+    keys = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs", "persist")
+    large = (dict(zip(keys, map(int, args.large_config.split(",")), strict=True))
+             if args.large_config else None)
     torch.manual_seed(0)
     launch = 0
     for shape in args.shapes.split(","):
         n, k = map(int, shape.split("x"))
         weight = (torch.randn(n, k, device=DEVICE) * 0.02).to(torch.bfloat16)
         pw = prepare_weight(w12.encode(weight), device=DEVICE)
-        del weight
+        if not args.cublas:
+            del weight
         for m in map(int, args.m.split(",")):
             x = torch.randn(m, k, device=DEVICE).to(torch.bfloat16)
             for call in ("compile", "profile"):
-                w12_linear(x, pw)
+                if large is None:
+                    w12_linear(x, pw)
+                else:
+                    from w12_kernels.gemm import cuda_large
+
+                    cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
+                                        pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
+                                        None, pw.n, pw.k, **large)
                 if DEVICE == "cuda":
                     torch.cuda.synchronize()
                 print(f"launch {launch}: {n}x{k} M={m} ({call})", flush=True)
                 launch += 1
+                if args.cublas:
+                    torch.nn.functional.linear(x, weight)
+                    if DEVICE == "cuda":
+                        torch.cuda.synchronize()
+                    print(f"launch {launch}: {n}x{k} M={m} cuBLAS ({call})", flush=True)
+                    launch += 1
 
 
 if __name__ == "__main__":
