@@ -250,7 +250,11 @@ WGMMA_CONFIGS = [(256, 2, 4, 3, 1, 0), (256, 2, 3, 5, 2, 0), (128, 2, 4, 8, 2, 0
                  (128, 2, 4, 8, 4, 2), (256, 2, 5, 5, 1, 2), (256, 2, 5, 5, 2, 2),
                  (128, 2, 8, 8, 2, 1), (256, 2, 4, 5, 4, 2),
                  # K in three ranges: token shares that do not divide the block
-                 (256, 2, 5, 5, 3, 2), (128, 2, 8, 8, 3, 1), (64, 1, 3, 2, 3, 0)]
+                 (256, 2, 5, 5, 3, 2), (128, 2, 8, 8, 3, 1), (64, 1, 3, 2, 3, 0),
+                 # one MMA warpgroup with the register operand (two blocks a multiprocessor
+                 # for the last two)
+                 (256, 1, 5, 8, 2, 1), (256, 1, 5, 8, 1, 1), (128, 1, 6, 12, 2, 1),
+                 (128, 1, 4, 5, 1, 1), (128, 1, 4, 5, 2, 1)]
 
 
 @pytest.mark.parametrize("block_m,warpgroups,x_stages,w_stages,splits,a_regs", WGMMA_CONFIGS,
