@@ -439,11 +439,14 @@ def test_wgmma_stage_images():
 
     if not cuda_large.available():
         pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
-    x = torch.randn(70, 150, device="cuda").to(torch.bfloat16)
-    for block_m in (64, 128):
-        got = cuda_large.permute_x(x, 3, block_m).view(torch.int16).cpu()
-        want = stage_images(x.cpu(), 3, block_m).view(torch.int16)
-        assert torch.equal(got, want)
+    base = torch.randn(300, 152, device="cuda").to(torch.bfloat16)
+    # rows 4-byte aligned, and (one column in) not: the pairs path and the 2-byte path; tokens
+    # past M and the columns past K = 150 of the last chunk come out as zeros
+    for x in (base[:70, :150], base[:, 1:151]):
+        for block_m in (64, 128, 192, 256):
+            got = cuda_large.permute_x(x, 3, block_m).view(torch.int16).cpu()
+            want = stage_images(x.cpu(), 3, block_m).view(torch.int16)
+            assert torch.equal(got, want)
 
 
 def test_backend_is_reported():

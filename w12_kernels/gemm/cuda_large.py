@@ -168,7 +168,7 @@ def permute_x(x: torch.Tensor, nchunks: int, block_m: int) -> torch.Tensor:
         return out
     func = _function(cuda._index(x.device), None)
     pairs = int(x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0)
-    cuda.launch(func, (nchunks, blocks, block_m // 64), (256,),
+    cuda.launch(func, (nchunks, blocks, block_m // 32), (256,),
                 (cuda._ptr(x), cuda._ptr(out), m, k, x.stride(0), nchunks, block_m, pairs),
                 x.device)
     return out

@@ -51,29 +51,33 @@
 extern "C" __global__ void __launch_bounds__(256)
 w12_permute_x(const bf16_t* __restrict__ x, u32* __restrict__ xp, int M, int K, int ldx,
               int nchunks, int bn, int pairs) {
-  // block (c, tb, q): tokens tb * bn + 64 q .. + 63 of chunk c; `pairs`: x rows 4-byte aligned
-  // (the GEMM after it, launched with programmatic dependent launch, may start now: it waits
-  // for this grid's writes before it copies the images; a no-op without such a dependent)
+  // block (c, tb, q): tokens tb * bn + 32 q .. + 31 of chunk c, one 16-byte unit a thread:
+  // its four 32-bit words come from one 128-byte row segment of x, loaded together, and go out
+  // in one store; `pairs`: x rows 4-byte aligned (the GEMM after it, launched with
+  // programmatic dependent launch, may start now: it waits for this grid's writes before it
+  // copies the images; a no-op without such a dependent)
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int c = blockIdx.x;
-  u32* image = xp + ((size_t)blockIdx.y * nchunks + c) * bn * 32;
-#pragma unroll 4
-  for (int w = blockIdx.z * 2048 + threadIdx.x; w < (blockIdx.z + 1) * 2048; w += 256) {
-    const int n = w >> 5;                          // token within the block
-    const int unit = ((w >> 2) & 7) ^ (n & 7);     // 16-byte unit 2 j + h, swizzled
-    const int t = w & 3;
-    const int tok = blockIdx.y * bn + n;
-    const int col = c * 64 + 2 * (8 * t + unit);
-    u32 v = 0u;
-    if (tok < M) {
-      const bf16_t* src = x + (size_t)tok * ldx + col;
-      if (pairs && col + 1 < K)
-        v = *reinterpret_cast<const u32*>(src);
-      else
-        v = (col < K ? (u32)src[0] : 0u) | ((col + 1 < K ? (u32)src[1] : 0u) << 16);
+  uint4* image = reinterpret_cast<uint4*>(xp + ((size_t)blockIdx.y * nchunks + c) * bn * 32);
+  const int s = blockIdx.z * 256 + threadIdx.x;  // the unit's place in the image
+  const int n = s >> 3;                          // token within the block
+  const int unit = (s & 7) ^ (n & 7);            // 16-byte unit 2 j + h, swizzled
+  const int tok = blockIdx.y * bn + n;
+  u32 v[4] = {0u, 0u, 0u, 0u};
+  if (tok < M) {
+    const bf16_t* row = x + (size_t)tok * ldx + c * 64 + 2 * unit;  // word 8 t + unit: + 16 t
+    if (pairs && c * 64 + 64 <= K) {
+#pragma unroll
+      for (int t = 0; t < 4; ++t) v[t] = *reinterpret_cast<const u32*>(row + 16 * t);
+    } else {
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const int col = c * 64 + 2 * unit + 16 * t;
+        v[t] = (col < K ? (u32)row[16 * t] : 0u) | ((col + 1 < K ? (u32)row[16 * t + 1] : 0u) << 16);
+      }
     }
-    image[w] = v;
   }
+  image[s] = make_uint4(v[0], v[1], v[2], v[3]);
 }
 
 // Matrix descriptor of a K-major operand with the 128-byte swizzle: 8-row groups 1024 bytes
