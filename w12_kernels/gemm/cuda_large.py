@@ -13,9 +13,9 @@ so that the epilogue corrects only the others (inf, NaN, out-of-range).
 Deterministic; with ``splits`` > 1 the K ranges of a thread-block cluster are added in a fixed
 order through distributed shared memory. Needs compute capability 9.0 (``sm_90a``). Not
 batch-invariant (the launcher uses it above the rows where that is promised). Measured on an
-H200 (docs/PERF_GEMM.md #19-#29): 0.61-0.93x of cuBLAS at 256 rows (geomean 0.74-0.76), short
-of the 0.9x it was built for; at 1024 rows decode + cuBLAS is faster. ``a_regs`` keeps the
-decoded weights in registers as the MMA's A operand (no A buffers): 9-13% faster at 128
+H200 (docs/PERF_GEMM.md #19-#62): 0.68-0.93x of cuBLAS at 256 rows (geomean 0.78-0.81), short
+of the 0.9x it was built for; at 1024 rows decode + cuBLAS wins 2 of 18 shapes. ``a_regs``
+keeps the decoded weights in registers as the MMA's A operand (no A buffers): 9-13% faster at 128
 activation rows; at 256 rows that needs ``a_regs`` 2, a producer warpgroup that gives its
 registers to the MMA warpgroups (the table's choice on 18 of 18 shapes, three of them with K in
 three ranges). Copying the activations into the stages from the producer warpgroup itself
