@@ -564,7 +564,7 @@ WGMMA_CANDIDATES = ((256, 2, 4, 3, 1, 0), (256, 2, 4, 3, 2, 0), (256, 2, 4, 3, 4
                     # one MMA warpgroup of 64 weight rows, decoded weights in registers (255
                     # registers without a producer warpgroup): twice the blocks of the same
                     # activation rows, so the one-wave layers fill the multiprocessors with
-                    # half the K split; the 128-row ones at two blocks per multiprocessor
+                    # half the K split; the 128-row x4_w5 ones two blocks a multiprocessor
                     (256, 1, 5, 8, 1, 1), (256, 1, 5, 8, 2, 1), (128, 1, 6, 12, 2, 1),
                     (128, 1, 4, 5, 1, 1), (128, 1, 4, 5, 2, 1))
 WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs", "persist")

@@ -73,7 +73,8 @@ w12_permute_x(const bf16_t* __restrict__ x, u32* __restrict__ xp, int M, int K, 
 #pragma unroll
       for (int t = 0; t < 4; ++t) {
         const int col = c * 64 + 2 * unit + 16 * t;
-        v[t] = (col < K ? (u32)row[16 * t] : 0u) | ((col + 1 < K ? (u32)row[16 * t + 1] : 0u) << 16);
+        v[t] = (col < K ? (u32)row[16 * t] : 0u) |
+               ((col + 1 < K ? (u32)row[16 * t + 1] : 0u) << 16);
       }
     }
   }
