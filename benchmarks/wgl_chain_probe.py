@@ -1,0 +1,142 @@
+"""Where the large-M kernel's main loop spends its step: the warpgroup-MMA kernel
+(``kernels_large.cu``) timed as it is and with parts of its per-column chain removed, all
+variants in one process and timed in alternation (``benchmarks/gemm.py``'s method: CUDA graphs
+over rotating weight copies, 7 rounds, medians), for one and two MMA warpgroups a block.
+
+The variants patch a copy of the kernel source (the shipped file is not touched); their outputs
+are wrong by design, only their times mean something:
+
+- ``nodecode_noesc``: the chunk words go into the MMA's A registers without decode8, and the
+  per-column escape check (ballot, shuffles, batch reloads) is skipped;
+- ``nomma``: no warpgroup MMAs (everything else, waits and stage releases included);
+- ``nomma_nodecode_noesc``: both.
+
+    python3 benchmarks/wgl_chain_probe.py            # GPU, compute capability 9.0
+
+The differences against ``full`` say how much of a 64-column step is decode and escape work,
+how much the MMAs, and how much the waits and copies that remain (docs/PERF_GEMM.md #61: one
+warpgroup's step took ~0.5 us for half the MMA work of the two-warpgroup step's ~0.7 us).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import gemm as G  # noqa: E402
+from w12_kernels.gemm import cuda  # noqa: E402
+from w12_kernels.gemm import cuda_large as cl  # noqa: E402
+
+_DECODE = ("    decode8(w0.x, w1.x, w2.x, a[0]);\n    decode8(w0.y, w1.y, w2.y, a[1]);\n"
+           "    decode8(w0.z, w1.z, w2.z, a[2]);\n    decode8(w0.w, w1.w, w2.w, a[3]);\n")
+_NO_DECODE = ("    a[0][0] = w0.x; a[0][1] = w1.x; a[0][2] = w2.x; a[0][3] = w0.y;\n"
+              "    a[1][0] = w1.y; a[1][1] = w2.y; a[1][2] = w0.z; a[1][3] = w1.z;\n"
+              "    a[2][0] = w2.z; a[2][1] = w0.w; a[2][2] = w1.w; a[2][3] = w2.w;\n"
+              "    a[3][0] = w0.x ^ w1.y; a[3][1] = w2.z; a[3][2] = w0.w ^ w1.x; a[3][3] = w2.y;\n")
+_ESC = "    for (;;) {\n      u32 hits = __ballot_sync(0xffffffffu, ecol == gc && eok);"
+_NO_ESC = _ESC.replace("{\n", "{\n      break;\n", 1)
+_MMA = "    for (int j = 0; j < 4; ++j) WgmmaRS<BN>::mma(acc, a[j], sw128_desc(stage + 32 * j));"
+_NO_MMA = "    for (int j = 0; j < 4; ++j) acc[j] += (float)(a[j][0] & 1u);"
+PATCHES = {"full": [],
+           "nodecode_noesc": [(_DECODE, _NO_DECODE), (_ESC, _NO_ESC)],
+           "nomma": [(_MMA, _NO_MMA)],
+           "nomma_nodecode_noesc": [(_MMA, _NO_MMA), (_DECODE, _NO_DECODE), (_ESC, _NO_ESC)]}
+# shape -> the configurations (cuda_large.gemm_wgl's, in WGMMA_KEYS order) to probe on it
+JOBS = {(4096, 4096): [(256, 1, 5, 8, 2, 1, 0), (256, 2, 5, 5, 3, 2, 0)],
+        (28672, 4096): [(256, 2, 5, 5, 1, 2, 0)]}
+
+
+def patched(variant: str) -> str:
+    text = cl.SOURCE_PATH.read_text()
+    for old, new in PATCHES[variant]:
+        if text.count(old) != 1:
+            raise SystemExit(f"wgl_chain_probe: the {variant} patch no longer matches "
+                             "kernels_large.cu; update it")
+        text = text.replace(old, new)
+    return text
+
+
+def main() -> None:
+    if not cl.available():
+        raise SystemExit("wgl_chain_probe: needs a compute-capability 9.0 GPU and CuPy")
+    import cupy
+
+    shipped = cl.SOURCE_PATH
+    codes = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for variant in PATCHES:
+            path = Path(scratch) / f"{variant}.cu"
+            path.write_text(patched(variant))
+            cl.SOURCE_PATH = path
+            for cfgs in JOBS.values():
+                for cfg in cfgs:
+                    codes[(variant, cfg)] = cl.source(*cfg)
+        cl.SOURCE_PATH = shipped
+    major, minor = torch.cuda.get_device_capability()
+
+    def build(key):
+        mod = cupy.RawModule(code=codes[key], options=(
+            "--std=c++17", f"--gpu-architecture=sm_{major}{minor}a"))
+        return key, mod, mod.get_function(cl.kernel_name(*key[1]))
+
+    funcs, modules = {}, []
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        for key, mod, fn in pool.map(build, list(codes)):
+            cuda.allow_shared_memory(fn, cl.shared_bytes(*key[1][:4], *key[1][5:7]))
+            funcs[key], _ = fn, modules.append(mod)
+    current = ["full"]
+    shipped_function = cl._function
+    cl._function = lambda dev, config: (shipped_function(dev, None) if config is None
+                                        else funcs[(current[0], config)])
+    try:
+        for (n, k), cfgs in JOBS.items():
+            probe_shape(n, k, cfgs, current)
+            torch.cuda.empty_cache()
+    finally:
+        cl._function = shipped_function
+
+
+def _call(x, w, n, k, kw):
+    return lambda: cl.gemm_wgl(x, w.chunks, w.scale, w.esc_rowptr, w.esc_row, w.esc_col,
+                               w.esc_val, w.esc_delta, w.esc_order, None, n, k, **kw)
+
+
+def probe_shape(n: int, k: int, cfgs: list, current: list) -> None:
+    """Every variant of every configuration on one shape at 256 rows, printed with cuBLAS."""
+    layer = G.Layer(n, k, seed=n + k)
+    x = torch.randn(256, k, device="cuda").to(torch.bfloat16)
+    order = [i % layer.copies for i in range(layer.copies * 4)]
+    graphs, labels = [], []
+    for cfg in cfgs:
+        kw = dict(zip(G.WGMMA_KEYS, cfg, strict=True))
+        for variant in PATCHES:
+            current[0] = variant  # the kernel each call below captures
+            calls = [_call(x, layer.w12[i], n, k, kw) for i in order]
+            graphs.append(G._capture(calls))
+            labels.append((cfg, variant, len(calls)))
+    times: list[list[float]] = [[] for _ in graphs]
+    for _ in range(7):
+        for graph, (_, _, count), out in zip(graphs, labels, times, strict=True):
+            a = torch.cuda.Event(enable_timing=True)
+            b = torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            torch.cuda.synchronize()
+            out.append(a.elapsed_time(b) * 1e3 / count)
+    bf16 = layer.bf16
+    t_ref = G.time_graphs([[lambda w=bf16[i]: torch.nn.functional.linear(x, w)
+                            for i in order]])[0]
+    for (cfg, variant, _), t in zip(labels, times, strict=True):
+        print(f"{n}x{k} M=256 {cl.kernel_name(*cfg):28s} {variant:22s} "
+              f"{sorted(t)[len(t) // 2]:8.2f} us", flush=True)
+    print(f"{n}x{k} M=256 cublas {t_ref:.2f} us", flush=True)
+
+if __name__ == "__main__":
+    main()
