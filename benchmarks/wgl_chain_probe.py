@@ -102,9 +102,12 @@ def main() -> None:
         cl._function = shipped_function
 
 
-def _call(x, w, n, k, kw):
-    return lambda: cl.gemm_wgl(x, w.chunks, w.scale, w.esc_rowptr, w.esc_row, w.esc_col,
-                               w.esc_val, w.esc_delta, w.esc_order, None, n, k, **kw)
+def _call(x, w, n, k, kw, variant, current):
+    def run():
+        current[0] = variant  # the kernel this call launches (and a graph captures)
+        return cl.gemm_wgl(x, w.chunks, w.scale, w.esc_rowptr, w.esc_row, w.esc_col,
+                           w.esc_val, w.esc_delta, w.esc_order, None, n, k, **kw)
+    return run
 
 
 def probe_shape(n: int, k: int, cfgs: list, current: list) -> None:
@@ -112,31 +115,20 @@ def probe_shape(n: int, k: int, cfgs: list, current: list) -> None:
     layer = G.Layer(n, k, seed=n + k)
     x = torch.randn(256, k, device="cuda").to(torch.bfloat16)
     order = [i % layer.copies for i in range(layer.copies * 4)]
-    graphs, labels = [], []
+    lists, labels = [], []
     for cfg in cfgs:
         kw = dict(zip(G.WGMMA_KEYS, cfg, strict=True))
         for variant in PATCHES:
-            current[0] = variant  # the kernel each call below captures
-            calls = [_call(x, layer.w12[i], n, k, kw) for i in order]
-            graphs.append(G._capture(calls))
-            labels.append((cfg, variant, len(calls)))
-    times: list[list[float]] = [[] for _ in graphs]
-    for _ in range(7):
-        for graph, (_, _, count), out in zip(graphs, labels, times, strict=True):
-            a = torch.cuda.Event(enable_timing=True)
-            b = torch.cuda.Event(enable_timing=True)
-            a.record()
-            graph.replay()
-            b.record()
-            torch.cuda.synchronize()
-            out.append(a.elapsed_time(b) * 1e3 / count)
-    bf16 = layer.bf16
-    t_ref = G.time_graphs([[lambda w=bf16[i]: torch.nn.functional.linear(x, w)
-                            for i in order]])[0]
-    for (cfg, variant, _), t in zip(labels, times, strict=True):
-        print(f"{n}x{k} M=256 {cl.kernel_name(*cfg):28s} {variant:22s} "
-              f"{sorted(t)[len(t) // 2]:8.2f} us", flush=True)
+            lists.append([_call(x, layer.w12[i], n, k, kw, variant, current) for i in order])
+            labels.append((cfg, variant))
+    # cuBLAS on the same copies, timed in the same rounds
+    lists.append([lambda w=layer.bf16[i]: torch.nn.functional.linear(x, w) for i in order])
+    *times, t_ref = G.time_graphs(lists)
+    for (cfg, variant), t in zip(labels, times, strict=True):
+        print(f"{n}x{k} M=256 {cl.kernel_name(*cfg):28s} {variant:22s} {t:8.2f} us",
+              flush=True)
     print(f"{n}x{k} M=256 cublas {t_ref:.2f} us", flush=True)
+
 
 if __name__ == "__main__":
     main()
