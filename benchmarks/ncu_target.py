@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import w12  # noqa: E402
+from benchmarks.gemm import _large_runner  # noqa: E402
 from w12_kernels.gemm import w12_linear  # noqa: E402
 from w12_kernels.gemm.layout import prepare_weight  # noqa: E402
 
@@ -38,8 +39,8 @@ def main() -> None:
                         help="block_m,warpgroups,x_stages,w_stages,splits,a_regs,persist")
     parser.add_argument("--cublas", action="store_true", help="also profile cuBLAS BF16")
     args = parser.parse_args()
-    keys = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs", "persist")
-    large = (dict(zip(keys, map(int, args.large_config.split(",")), strict=True))
+    # the large-M sweep's runner of one warpgroup-kernel candidate (None: the table's choice)
+    large = (_large_runner(("wgmma", *map(int, args.large_config.split(","))))
              if args.large_config else None)
     torch.manual_seed(0)
     launch = 0
@@ -55,11 +56,7 @@ def main() -> None:
                 if large is None:
                     w12_linear(x, pw)
                 else:
-                    from w12_kernels.gemm import cuda_large
-
-                    cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
-                                        pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
-                                        None, pw.n, pw.k, **large)
+                    large(x, pw)
                 if DEVICE == "cuda":
                     torch.cuda.synchronize()
                 print(f"launch {launch}: {n}x{k} M={m} ({call})", flush=True)

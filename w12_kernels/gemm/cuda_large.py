@@ -15,15 +15,15 @@ order through distributed shared memory. Needs compute capability 9.0 (``sm_90a`
 batch-invariant (the launcher uses it above the rows where that is promised). Measured on an
 H200 (docs/PERF_GEMM.md #19-#62): 0.68-0.93x of cuBLAS at 256 rows (geomean 0.78-0.81), short
 of the 0.9x it was built for; at 1024 rows decode + cuBLAS wins 2 of 18 shapes. ``a_regs``
-keeps the decoded weights in registers as the MMA's A operand (no A buffers): 9-13% faster at 128
-activation rows; at 256 rows that needs ``a_regs`` 2, a producer warpgroup that gives its
-registers to the MMA warpgroups (the table's choice on 18 of 18 shapes, three of them with K in
-three ranges). Copying the activations into the stages from the producer warpgroup itself
-(4-byte cp.async, no image pass) was 3-5x slower (docs/PERF_GEMM.md #57) and was removed. The
-GEMM is launched with programmatic dependent launch after its image pass (``PDL``), so that
-its blocks' start overlaps that pass: 0.741 -> 0.748 at 256 rows (#59). ``persist`` 1 is
-stream-K: one block per multiprocessor, each an equal share of all (unit, column) steps, the
-units cut between blocks added in a fixed order through a float32 workspace
+keeps the decoded weights in registers as the MMA's A operand (no A buffers): 9-13% faster at
+128 activation rows; at 256 rows that needs ``a_regs`` 2, a producer warpgroup that gives its
+registers to the MMA warpgroups (the table's choice at 256 rows on 17 of 18 shapes, some with K
+in two or three ranges or stream-K). Copying the activations into the stages from the producer
+warpgroup itself (4-byte cp.async, no image pass) was 3-5x slower (docs/PERF_GEMM.md #57) and
+was removed. The GEMM is launched with programmatic dependent launch after its image pass
+(``PDL``), so that its blocks' start overlaps that pass: 0.741 -> 0.748 at 256 rows (#59).
+``persist`` 1 is stream-K: one block per multiprocessor, each an equal share of all (unit,
+column) steps, the units cut between blocks added in a fixed order through a float32 workspace
 (``_stream_k_memory``); the table takes it where it wins (layers of 2-4 waves, #60).
 """
 
