@@ -20,6 +20,7 @@ warpgroup's step took ~0.5 us for half the MMA work of the two-warpgroup step's 
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import sys
 import tempfile
@@ -43,17 +44,72 @@ _ESC = "    for (;;) {\n      u32 hits = __ballot_sync(0xffffffffu, ecol == gc &
 _NO_ESC = _ESC.replace("{\n", "{\n      break;\n", 1)
 _MMA = "    for (int j = 0; j < 4; ++j) WgmmaRS<BN>::mma(acc, a[j], sw128_desc(stage + 32 * j));"
 _NO_MMA = "    for (int j = 0; j < 4; ++j) acc[j] += (float)(a[j][0] & 1u);"
+# the data-movement probes: which of the two streams, and how it is copied, sets the floor
+_W_ISSUE = ("      if (col >= SW) mbar_wait(wempty + col % SW, (u32)(col / SW - 1) & 1u);\n"
+            "      if (lane == 0) issue_w(col % SW, col);\n")
+_W_WAIT = "    mbar_wait(wfull + ws, PERS != 0 ? (q / SW) & 1u : (u32)(i / SW) & 1u);\n"
+_X_ISSUE = ("      if (col >= SX) mbar_wait(xempty + col % SX, (u32)(col / SX - 1) & 1u);\n"
+            "      if (lane == 0) issue_x(col % SX, col);\n")
+_X_WAIT = "    mbar_wait(xfull + xs, PERS != 0 ? (q / SX) & 1u : (u32)(i / SX) & 1u);\n"
+_X_COPY = ("    bulk_copy(smem + st * XSTAGE, ximg + (size_t)(c0 + col) * (XSTAGE / 2), XSTAGE,\n"
+           "              bar);\n")
+_X_COPY8 = ("    for (int pc = 0; pc < 8; ++pc)\n"
+            "      bulk_copy(smem + st * XSTAGE + pc * (XSTAGE / 8),\n"
+            "                ximg + (size_t)(c0 + col) * (XSTAGE / 2) + pc * (XSTAGE / 16),\n"
+            "                XSTAGE / 8, bar);\n")
+_X_ROT = _X_COPY.replace("(c0 + col)", "(c0 + (col + (int)blockIdx.x) % n)")
+_W_COPY = ("#pragma unroll\n    for (int tt = 0; tt < 4 * WGS; ++tt) {\n"
+           "      const int tile = min(tile0 + tt, ntiles - 1);  // rows past the last are not "
+           "stored\n      bulk_copy(wstages + st * WSTAGE + tt * 1536,\n"
+           "                chunks + ((size_t)tile * nchunks + c0 + col) * 96, 1536, bar);\n"
+           "    }\n")
+_W_CONTIG = ("    bulk_copy(wstages + st * WSTAGE, chunks + ((size_t)tile0 * nchunks\n"
+             "              + (size_t)(c0 + col) * 4 * WGS) * 96, WSTAGE, bar);\n")
+_NOCOPY = [(_W_ISSUE, ""), (_W_WAIT, ""), (_X_ISSUE, ""), (_X_WAIT, "")]
+_STORE = "        if (col < last) yrow[(size_t)col * n_rows] = float_to_bf16(o);\n"
+_NOSTART = [("\n  if (ebase < eend) load_escape();\n", "\n"),
+            ("    e_first = first_correction(esc_val, e_first, e_last, out_sc);\n",
+             "    e_first = e_last;\n")]
+_FLOOR = [(_MMA, _NO_MMA), (_DECODE, _NO_DECODE), (_ESC, _NO_ESC)]
 PATCHES = {"full": [],
            "nodecode_noesc": [(_DECODE, _NO_DECODE), (_ESC, _NO_ESC)],
            "nomma": [(_MMA, _NO_MMA)],
-           "nomma_nodecode_noesc": [(_MMA, _NO_MMA), (_DECODE, _NO_DECODE), (_ESC, _NO_ESC)]}
+           "nomma_nodecode_noesc": _FLOOR,
+           # the floor without the weight copies, or without the activation copies
+           "floor_x_only": _FLOOR + [(_W_ISSUE, ""), (_W_WAIT, "")],
+           "floor_w_only": _FLOOR + [(_X_ISSUE, ""), (_X_WAIT, "")],
+           # the floor with each activation stage in 8 copies, or each block's columns
+           # rotated by its index (the blocks no longer read the same column at once)
+           "floor_x_split8": _FLOOR + [(_X_COPY, _X_COPY8)],
+           "floor_x_rotated": _FLOOR + [(_X_COPY, _X_ROT)],
+           "full_x_rotated": [(_X_COPY, _X_ROT)],
+           # the MMAs and decode alone (no copies, no waits on them), and not even those: the
+           # launch, start and epilogue
+           "nocopy": _NOCOPY,
+           "overhead": _FLOOR + _NOCOPY,
+           # the weight stage as one contiguous copy (the block's tiles' words read in order,
+           # not each tile's column): the same bytes in other places
+           "floor_w_only_contig": _FLOOR + [(_X_ISSUE, ""), (_X_WAIT, ""), (_W_COPY, _W_CONTIG)],
+           "floor_contig": _FLOOR + [(_W_COPY, _W_CONTIG)],
+           "full_contig": [(_W_COPY, _W_CONTIG)],
+           # what the fixed cost is made of: without the output stores, without the start's
+           # escape loads, without both
+           "overhead_nostore": _FLOOR + _NOCOPY + [(_STORE, "")],
+           "overhead_nostart": _FLOOR + _NOCOPY + _NOSTART,
+           "empty": _FLOOR + _NOCOPY + [(_STORE, "")] + _NOSTART,
+           # the per-tile weight copies (cuda_large.WEIGHT_MAP off; the others take its
+           # default)
+           "full_bulk": [],
+           "floor_w_only_bulk": _FLOOR + [(_X_ISSUE, ""), (_X_WAIT, "")]}
+BULK = ("full_bulk", "floor_w_only_bulk")
+CHAIN = ("full", "nodecode_noesc", "nomma", "nomma_nodecode_noesc")
 # shape -> the configurations (cuda_large.gemm_wgl's, in WGMMA_KEYS order) to probe on it
 JOBS = {(4096, 4096): [(256, 1, 5, 8, 2, 1, 0), (256, 2, 5, 5, 3, 2, 0)],
-        (28672, 4096): [(256, 2, 5, 5, 1, 2, 0)]}
+        (28672, 4096): [(256, 2, 5, 5, 1, 2, 0), (256, 2, 3, 10, 1, 2, 0)]}
 
 
-def patched(variant: str) -> str:
-    text = cl.SOURCE_PATH.read_text()
+def patched(variant: str, shipped: Path) -> str:
+    text = shipped.read_text()
     for old, new in PATCHES[variant]:
         if text.count(old) != 1:
             raise SystemExit(f"wgl_chain_probe: the {variant} patch no longer matches "
@@ -63,6 +119,13 @@ def patched(variant: str) -> str:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", default=",".join(PATCHES),
+                        help="comma-separated variants to time (default: all)")
+    variants = parser.parse_args().variants.split(",")
+    unknown = sorted(set(variants) - set(PATCHES))
+    if unknown:
+        raise SystemExit(f"wgl_chain_probe: unknown variants {unknown}; known: {list(PATCHES)}")
     if not cl.available():
         raise SystemExit("wgl_chain_probe: needs a compute-capability 9.0 GPU and CuPy")
     import cupy
@@ -70,9 +133,9 @@ def main() -> None:
     shipped = cl.SOURCE_PATH
     codes = {}
     with tempfile.TemporaryDirectory() as scratch:
-        for variant in PATCHES:
+        for variant in variants:
             path = Path(scratch) / f"{variant}.cu"
-            path.write_text(patched(variant))
+            path.write_text(patched(variant, shipped))
             cl.SOURCE_PATH = path
             for cfgs in JOBS.values():
                 for cfg in cfgs:
@@ -96,38 +159,42 @@ def main() -> None:
                                         else funcs[(current[0], config)])
     try:
         for (n, k), cfgs in JOBS.items():
-            probe_shape(n, k, cfgs, current)
+            probe_shape(n, k, cfgs, variants, current)
             torch.cuda.empty_cache()
     finally:
         cl._function = shipped_function
 
 
-def _call(x, w, n, k, kw, variant, current):
+def _call(x, w, n, k, kw, variant, current, shipped_map=cl.WEIGHT_MAP):
     def run():
         current[0] = variant  # the kernel this call launches (and a graph captures)
+        cl.WEIGHT_MAP = variant not in BULK and shipped_map
         return cl.gemm_wgl(x, w.chunks, w.scale, w.esc_rowptr, w.esc_row, w.esc_col,
                            w.esc_val, w.esc_delta, w.esc_order, None, n, k, **kw)
     return run
 
 
-def probe_shape(n: int, k: int, cfgs: list, current: list) -> None:
-    """Every variant of every configuration on one shape at 256 rows, printed with cuBLAS."""
+def probe_shape(n: int, k: int, cfgs: list, variants: list, current: list) -> None:
+    """Every variant of every configuration on one shape at 256 rows, printed with cuBLAS and
+    the image pass alone."""
     layer = G.Layer(n, k, seed=n + k)
     x = torch.randn(256, k, device="cuda").to(torch.bfloat16)
     order = [i % layer.copies for i in range(layer.copies * 4)]
     lists, labels = [], []
     for cfg in cfgs:
         kw = dict(zip(G.WGMMA_KEYS, cfg, strict=True))
-        for variant in PATCHES:
+        for variant in variants:
             lists.append([_call(x, layer.w12[i], n, k, kw, variant, current) for i in order])
             labels.append((cfg, variant))
     # cuBLAS on the same copies, timed in the same rounds
     lists.append([lambda w=layer.bf16[i]: torch.nn.functional.linear(x, w) for i in order])
-    *times, t_ref = G.time_graphs(lists)
+    nchunks = int(layer.w12[0].chunks.shape[1])
+    lists.append([lambda: cl.permute_x(x, nchunks, 256) for _ in order])
+    *times, t_ref, t_img = G.time_graphs(lists)
     for (cfg, variant), t in zip(labels, times, strict=True):
         print(f"{n}x{k} M=256 {cl.kernel_name(*cfg):28s} {variant:22s} {t:8.2f} us",
               flush=True)
-    print(f"{n}x{k} M=256 cublas {t_ref:.2f} us", flush=True)
+    print(f"{n}x{k} M=256 cublas {t_ref:.2f} us, image pass alone {t_img:.2f} us", flush=True)
 
 
 if __name__ == "__main__":

@@ -325,6 +325,49 @@ def test_wgmma_large_kernel_with_programmatic_dependent_launch(cfg):
             assert torch.equal(y.view(torch.int16), plain[i]), f"{n}x{k} M={m} graph {i}"
 
 
+@pytest.mark.parametrize("cfg", [(256, 2, 5, 5, 1, 2, 0), (256, 2, 5, 5, 3, 2, 0),
+                                 (256, 1, 5, 8, 2, 1, 0), (128, 2, 4, 8, 2, 0, 0),
+                                 (256, 2, 5, 5, 1, 2, 1)], ids=lambda c: "_".join(map(str, c)))
+def test_wgmma_large_kernel_weight_map(monkeypatch, cfg):
+    """``WEIGHT_MAP``: a block's chunk words of a column by one tensor copy give the bits of the
+    per-tile bulk copies, also where the last block's tiles run past the weight's (zeros come
+    in for them), eager and replayed in a CUDA graph."""
+    from w12_kernels.gemm import cuda_large
+
+    if not cuda_large.available():
+        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
+    kw = dict(zip(("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs",
+                   "persist"), cfg, strict=True))
+
+    def run(x, pw, bias):
+        return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
+                                   pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order, bias,
+                                   pw.n, pw.k, **kw)
+
+    for n, k, m in ((300, 1001, 129), (4096, 4096, 300), (130, 72, 1000), (1, 64, 70)):
+        t, x = _inputs(n, k, m, seed=n + m)
+        pw = prepare_weight(encoded(t))
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        monkeypatch.setattr(cuda_large, "WEIGHT_MAP", False)
+        plain = run(x, pw, bias).view(torch.int16).clone()
+        monkeypatch.setattr(cuda_large, "WEIGHT_MAP", True)
+        mapped = run(x, pw, bias)
+        assert torch.equal(mapped.view(torch.int16), plain), f"{n}x{k} M={m}"
+        assert_within_budget(mapped, x, t, _ref(x, t, bias), bias)
+        static = x.clone()
+        stream = torch.cuda.Stream()  # (stream-K's work memory made on it before the capture)
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            run(static, pw, bias)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            y = run(static, pw, bias)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y.view(torch.int16), plain), f"{n}x{k} M={m} graph"
+
+
 @pytest.mark.parametrize("x_stages,w_stages,grid_cap", [(5, 5, None), (4, 6, None), (5, 5, 3),
                                                       (4, 6, 7), (5, 5, 1)])
 def test_wgmma_large_kernel_stream_k(x_stages, w_stages, grid_cap):

@@ -149,15 +149,22 @@ def launch(func, grid: tuple, block: tuple, args: tuple, device: torch.device,
     kernel reads its 4 or 8 bytes from the slot's start (little-endian), so one array holds
     them all and CuPy's per-argument conversion is skipped. (Measured against CuPy's own launch
     call: no clear difference in host time, docs/PERF_ENGINE.md, "Prefill"; what it removed is
-    the stream object and device context CuPy's call needed per launch.) ``pdl``: launched
+    the stream object and device context CuPy's call needed per launch.) A ``bytes`` argument
+    is passed by value as those bytes (a parameter struct of that size, such as a tensor
+    map). ``pdl``: launched
     with programmatic dependent launch (``cuLaunchKernelEx``) where the GPU has it, so that the
     grid may start while the kernel before it in the stream is finishing; the kernel must then
     run ``griddepcontrol.wait`` before it touches anything that kernel writes."""
     import cupy
 
     index = _index(device)
-    values = np.array(args, dtype=np.uint64)  # a negative integer raises here
+    blobs = {i: np.frombuffer(a, dtype=np.uint8) for i, a in enumerate(args)
+             if isinstance(a, bytes)}
+    values = np.array([0 if i in blobs else a for i, a in enumerate(args)],
+                      dtype=np.uint64)  # a negative integer raises here
     slots = values.ctypes.data + _SLOTS[: len(args)]
+    for i, blob in blobs.items():  # (the driver copies the values at the launch)
+        slots[i] = blob.ctypes.data
     grid3 = (*grid, 1, 1)[:3]
     block3 = (*block, 1, 1)[:3]
 

@@ -47,6 +47,11 @@ SPLITS = (1, 2, 3, 4)  # K ranges, one per block of a cluster
 # (docs/PERF_GEMM.md #59); False restores the plain launch.
 PDL = True
 
+# Whether gemm_wgl copies a block's chunk words of a column by one tensor copy (a tensor map
+# over the chunks, ``_weight_map``) rather than one bulk copy a tile (docs/PERF_GEMM.md #63);
+# False restores the bulk copies. The same bits either way.
+WEIGHT_MAP = True
+
 
 def available() -> bool:
     return cuda.available() and torch.cuda.get_device_capability()[0] == 9
@@ -121,11 +126,13 @@ def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
         "    const bf16_t* __restrict__ esc_val, const float* __restrict__ esc_delta,\n"
         "    const int* __restrict__ esc_order, const bf16_t* __restrict__ bias, int M,\n"
         "    int n_rows, int ntiles, int nchunks, float* __restrict__ work,\n"
-        "    unsigned* __restrict__ flags) {\n"
+        "    unsigned* __restrict__ flags, const __grid_constant__ TensorMap wmap,\n"
+        "    int wmap_on) {\n"
         f"  wgl_body<{block_m}, {warpgroups}, {x_stages}, {w_stages}, {splits}, "
         f"{int(a_regs)}, {int(persist)}>(\n"
         "      chunks, xp, x, ldx, y, scale, rowptr, esc_row, esc_col, esc_val, esc_delta,\n"
-        "      esc_order, bias, M, n_rows, ntiles, nchunks, work, flags);\n}\n")
+        "      esc_order, bias, M, n_rows, ntiles, nchunks, work, flags,\n"
+        "      wmap_on ? (const void*)&wmap : nullptr);\n}\n")
 
 
 def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
@@ -186,6 +193,47 @@ def _function(device_index: int, config: tuple[int, ...] | None):
     with cupy.cuda.Device(device_index):
         cuda.allow_shared_memory(func, shared_bytes(*config[:4], *config[5:7]))
     return func
+
+
+# (address, tiles, columns, tiles a box) -> the encoded tensor map (the map depends on nothing
+# else, so a later tensor at the same address and shape may share it)
+_MAPS: dict[tuple[int, int, int, int], bytes] = {}
+_NO_MAP = bytes(128)
+
+
+def _encode_tiled(address: int, dims: tuple[int, ...], strides: tuple[int, ...],
+                  box: tuple[int, ...]) -> bytes:
+    """A CUtensorMap (128 bytes) from the driver's cuTensorMapEncodeTiled: 8-byte unsigned
+    elements, ``dims`` innermost first, ``strides`` in bytes for dims 1.., no interleave, no
+    swizzle, 256-byte L2 promotion, out-of-range elements read as zeros."""
+    import ctypes
+
+    rank = len(dims)
+    out = (ctypes.c_uint8 * 128)()
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    rc = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled(
+        ctypes.byref(out), 4, rank, ctypes.c_void_p(address),  # 4: 8-byte unsigned
+        (u64 * rank)(*dims), (u64 * (rank - 1))(*strides), (u32 * rank)(*box),
+        (u32 * rank)(*([1] * rank)), 0, 0, 3, 0)  # no interleave or swizzle, L2 256 B, zeros
+    if rc != 0:
+        raise RuntimeError(f"gemm_wgl: cuTensorMapEncodeTiled failed ({rc}) for dims {dims}, "
+                           f"strides {strides}, box {box}")
+    return bytes(out)
+
+
+def _weight_map(chunks: torch.Tensor, tiles: int) -> bytes:
+    """The tensor map of ``chunks`` (int32 [tiles, columns, 384], contiguous) as 8-byte words,
+    192 a chunk x columns x tiles, whose box is one chunk column of ``tiles`` tiles: the bytes
+    one weight stage of a block holds, in its order."""
+    ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
+    key = (chunks.data_ptr(), ntiles, nchunks, tiles)
+    hit = _MAPS.get(key)
+    if hit is None:
+        if not chunks.is_contiguous() or chunks.data_ptr() % 16:
+            raise ValueError("gemm_wgl: the chunks must be contiguous and 16-byte aligned")
+        hit = _MAPS[key] = _encode_tiled(chunks.data_ptr(), (192, nchunks, ntiles),
+                                         (1536, nchunks * 1536), (192, 1, tiles))
+    return hit
 
 
 # (device index, stream, blocks, floats a block) -> stream-K's work memory and flags; kept for
@@ -250,6 +298,7 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
         grid = (min(grid[0] * grid[1] * nchunks, min(grid_cap or sms, sms)), 1, 1)
         work, flags = _stream_k_memory(x.device, grid[0], block_m * 64 * warpgroups)
         extra = (cuda._ptr(work), cuda._ptr(flags))
-    cuda.launch(func, grid, (threads(warpgroups, a_regs),), args + extra, x.device, smem,
-                pdl=PDL if pdl is None else pdl)
+    wmap = (_weight_map(chunks, 4 * warpgroups), 1) if WEIGHT_MAP else (_NO_MAP, 0)
+    cuda.launch(func, grid, (threads(warpgroups, a_regs),), args + extra + wmap, x.device,
+                smem, pdl=PDL if pdl is None else pdl)
     return out

@@ -111,6 +111,24 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes,
                :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 }
 
+// A CUtensorMap, passed by value as a __grid_constant__ kernel parameter.
+struct alignas(64) TensorMap {
+  unsigned long long word[16];
+};
+
+// The chunk words of `tiles` consecutive 16-row tiles (the box of `map`, the generic address
+// of a __grid_constant__ TensorMap) from tile `tile` on, chunk column `col`, into dst as
+// [tiles][1536 bytes], by one tensor copy (cuda_large.py, ``_weight_map``: the chunks as a 3-D
+// tensor of 8-byte words, 192 a chunk x columns x tiles). Tiles past the last come in as
+// zeros (and count as bytes all the same).
+__device__ __forceinline__ void tile_copy(void* dst, const void* map, int col, int tile,
+                                          unsigned long long* bar) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4}], [%5];"
+               :: "r"(smem_addr(dst)), "l"(map), "r"(0), "r"(col), "r"(tile),
+                  "r"(smem_addr(bar)) : "memory");
+}
+
 // The escape value v as the decoded tile holds it (v / scale, scale = 2^(e0 - 112)), if that
 // is a BF16 zero or normal number that gives v back exactly; false otherwise.
 __device__ __forceinline__ bool patch_value(bf16_t v, float sc, bf16_t& a) {
@@ -165,7 +183,8 @@ __device__ __forceinline__ void wgl_body(
     const int* __restrict__ esc_row, const int* __restrict__ esc_col,
     const bf16_t* __restrict__ esc_val, const float* __restrict__ esc_delta,
     const int* __restrict__ esc_order, const bf16_t* __restrict__ bias, int M, int n_rows,
-    int ntiles, int nchunks, float* __restrict__ work, unsigned* __restrict__ flags) {
+    int ntiles, int nchunks, float* __restrict__ work, unsigned* __restrict__ flags,
+    const void* __restrict__ wmap) {
   static_assert(BN % 64 == 0 && BN <= 256, "BN: 64, 128, 192 or 256 activation rows");
   static_assert(SX >= 3 && SW >= 2 && SPLIT >= 1 && SPLIT <= 4, "config");
   static_assert(PERS == 0 || (AREG == 2 && SPLIT == 1), "stream-K: producer warpgroup, one range");
@@ -255,6 +274,10 @@ __device__ __forceinline__ void wgl_body(
     unsigned long long* bar = wfull + st;
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                  :: "r"(smem_addr(bar)), "r"(WSTAGE) : "memory");
+    if (wmap != nullptr) {  // the block's tiles in one copy (docs/PERF_GEMM.md #63)
+      tile_copy(wstages + st * WSTAGE, wmap, c0 + col, tile0, bar);
+      return;
+    }
 #pragma unroll
     for (int tt = 0; tt < 4 * WGS; ++tt) {
       const int tile = min(tile0 + tt, ntiles - 1);  // rows past the last are not stored
