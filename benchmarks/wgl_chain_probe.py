@@ -67,6 +67,9 @@ _W_CONTIG = ("    bulk_copy(wstages + st * WSTAGE, chunks + ((size_t)tile0 * nch
              "              + (size_t)(c0 + col) * 4 * WGS) * 96, WSTAGE, bar);\n")
 _NOCOPY = [(_W_ISSUE, ""), (_W_WAIT, ""), (_X_ISSUE, ""), (_X_WAIT, "")]
 _STORE = "        if (col < last) yrow[(size_t)col * n_rows] = float_to_bf16(o);\n"
+_STORE8 = ("          if (col < last)\n"
+           "            *reinterpret_cast<uint4*>(yrow + (size_t)col * n_rows) =\n"
+           "                make_uint4(w[0], w[1], w[2], w[3]);\n")
 _NOSTART = [("\n  if (ebase < eend) load_escape();\n", "\n"),
             ("    e_first = first_correction(esc_val, e_first, e_last, out_sc);\n",
              "    e_first = e_last;\n")]
@@ -94,9 +97,9 @@ PATCHES = {"full": [],
            "full_contig": [(_W_COPY, _W_CONTIG)],
            # what the fixed cost is made of: without the output stores, without the start's
            # escape loads, without both
-           "overhead_nostore": _FLOOR + _NOCOPY + [(_STORE, "")],
+           "overhead_nostore": _FLOOR + _NOCOPY + [(_STORE, ""), (_STORE8, "")],
            "overhead_nostart": _FLOOR + _NOCOPY + _NOSTART,
-           "empty": _FLOOR + _NOCOPY + [(_STORE, "")] + _NOSTART,
+           "empty": _FLOOR + _NOCOPY + [(_STORE, ""), (_STORE8, "")] + _NOSTART,
            # the per-tile weight copies (cuda_large.WEIGHT_MAP off; the others take its
            # default)
            "full_bulk": [],

@@ -368,6 +368,41 @@ def test_wgmma_large_kernel_weight_map(monkeypatch, cfg):
         assert torch.equal(y.view(torch.int16), plain), f"{n}x{k} M={m} graph"
 
 
+@pytest.mark.parametrize("cfg", [(256, 2, 5, 5, 1, 2, 0), (256, 2, 5, 5, 3, 2, 0),
+                                 (256, 1, 5, 8, 2, 1, 0), (128, 2, 8, 8, 2, 1, 0),
+                                 (128, 2, 4, 8, 2, 0, 0), (192, 2, 3, 3, 4, 1, 0)],
+                         ids=lambda c: "_".join(map(str, c)))
+def test_wgmma_large_kernel_row_group_stores(cfg):
+    """The epilogue's 8-row path (N a multiple of 8, the output 16-byte aligned, no row of the
+    block with corrections) gives the bits of the row-a-thread path, which an output one
+    element off alignment takes: weights with and without escapes (NaN/inf rows send their
+    blocks to the other path), token counts past the block, K ranges of a cluster."""
+    from w12_kernels.gemm import cuda_large
+
+    if not cuda_large.available():
+        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
+    kw = dict(zip(("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs",
+                   "persist"), cfg, strict=True))
+    for n, k, m, esc in ((4096, 4096, 300, True), (2048, 1024, 513, False),
+                         (512, 200, 70, True), (8, 64, 3, False)):
+        t = make_weight(n, k, seed=n + k, escapes=esc, device="cuda")
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        pw = prepare_weight(encoded(t))
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        outs = []
+        for off in (0, 1):  # aligned, then one element off
+            buf = torch.full((m * n + 8,), float("nan"), device="cuda", dtype=torch.bfloat16)
+            out = buf[off:off + m * n].view(m, n)
+            for b in (bias, None):
+                cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
+                                    pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order, b,
+                                    pw.n, pw.k, out=out, **kw)
+                outs.append(out.view(torch.int16).clone())
+                assert_within_budget(out, x, t, _ref(x, t, b), b)
+        assert torch.equal(outs[0], outs[2]), f"{n}x{k} M={m}: the paths differ (bias)"
+        assert torch.equal(outs[1], outs[3]), f"{n}x{k} M={m}: the paths differ (no bias)"
+
+
 @pytest.mark.parametrize("x_stages,w_stages,grid_cap", [(5, 5, None), (4, 6, None), (5, 5, 3),
                                                       (4, 6, 7), (5, 5, 1)])
 def test_wgmma_large_kernel_stream_k(x_stages, w_stages, grid_cap):

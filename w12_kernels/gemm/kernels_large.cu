@@ -116,6 +116,17 @@ struct alignas(64) TensorMap {
   unsigned long long word[16];
 };
 
+// the 4 floats at shared-memory address p (16-byte aligned) of block ``rank`` of the cluster
+__device__ __forceinline__ float4 load_cluster4(const float* p, int rank) {
+  u32 remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)),
+               "r"(rank));
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
+  return v;
+}
+
 // The chunk words of `tiles` consecutive 16-row tiles (the box of `map`, the generic address
 // of a __grid_constant__ TensorMap) from tile `tile` on, chunk column `col`, into dst as
 // [tiles][1536 bytes], by one tensor copy (cuda_large.py, ``_weight_map``: the chunks as a 3-D
@@ -441,7 +452,7 @@ __device__ __forceinline__ void wgl_body(
       if (__shfl_sync(0xffffffffu, (tid >> 5) == (THREADS >> 5) ? 1 : 0, 0)) produce();
       else if (PERS != 0) segment_data();
       if constexpr (PERS == 0) {  // (PERS: the consumers meet no block barrier after the start)
-        __syncthreads();  // the main loop's end
+        __syncthreads_or(0);  // the main loop's end
         if (SPLIT > 1) cluster_sync_all(); else __syncthreads();  // the partial tile stored
         if (SPLIT > 1) cluster_sync_all();  // the cluster's memory read
       }
@@ -760,7 +771,25 @@ __device__ __forceinline__ void wgl_body(
     arrive_if(i >= NA - 1 && (tid & 127) == 0, xempty + (i + SX - (NA - 1)) % SX);
   }
   if (!producer) wgmma_wait<0>();
-  __syncthreads();  // the stages are free: the memory takes the partial tile [BN][PST]
+  // The 8-row store path (below): its rows' scales and biases, loaded now so that they land
+  // while the partial tile is stored.
+  constexpr int RG = R / 8;          // groups of 8 weight rows in the block
+  constexpr int TPP = THREADS / RG;  // tokens a pass of the consumer threads
+  const int rg = tid % RG, row8 = blockIdx.x * R + 8 * rg;
+  // (one K range only: with a cluster's ranges, its 16-byte distributed shared-memory loads
+  // made the epilogue slower than the row-a-thread path, docs/PERF_GEMM.md #63)
+  const bool vec_ok =
+      SPLIT == 1 && (n_rows & 7) == 0 && (reinterpret_cast<size_t>(y) & 15) == 0;
+  float vsc[8], vb[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const bool on = vec_ok && !producer && row8 < n_rows;
+    vsc[j] = on ? scale[row8 + j] : 0.0f;
+    vb[j] = on && bias != nullptr ? bf16_to_float(bias[row8 + j]) : 0.0f;
+  }
+  // the stages are free: the memory takes the partial tile [BN][PST]; whether a row of the
+  // block has corrections to add (then the row-a-thread path below, for the whole block)
+  const bool corrections = __syncthreads_or(out_live && e_first < e_last) != 0;
 
   float* part = reinterpret_cast<float*>(smem);
   if (!producer) {
@@ -797,7 +826,57 @@ __device__ __forceinline__ void wgl_body(
     }
     return v;
   };
-  if (out_live && e_first == e_last) {
+  auto partial_sum8 = [&](int col, float (&v)[8]) {
+    const float* p = part + col * PST + 8 * rg;
+    float4 a, b;
+    if (SPLIT > 1) {
+      a = load_cluster4(p, 0);
+      b = load_cluster4(p + 4, 0);
+#pragma unroll
+      for (int q = 1; q < SPLIT; ++q) {  // fixed order, as partial_sum
+        const float4 c = load_cluster4(p, q), d = load_cluster4(p + 4, q);
+        a.x += c.x; a.y += c.y; a.z += c.z; a.w += c.w;
+        b.x += d.x; b.y += d.y; b.z += d.z; b.w += d.w;
+      }
+    } else {
+      a = *reinterpret_cast<const float4*>(p);
+      b = *reinterpret_cast<const float4*>(p + 4);
+    }
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+  };
+  if (vec_ok && !corrections) {
+    // Every row of the block without corrections, N a multiple of 8: thread (token, group)
+    // finishes 8 consecutive rows of one token (store_output's arithmetic, as below) and
+    // stores them as one 16-byte word; a warp stores whole 256-byte row segments of y
+    // (docs/PERF_GEMM.md #63). TU tokens' sums are read before any is stored.
+    constexpr int TU = 4;
+    if (!producer && row8 < n_rows) {
+      bf16_t* yrow = y + (size_t)tok0 * n_rows + row8;
+      for (int base = first + tid / RG; base < last; base += TPP * TU) {
+        float v[TU][8];
+#pragma unroll
+        for (int u = 0; u < TU; ++u) partial_sum8(min(base + u * TPP, last - 1), v[u]);
+#pragma unroll
+        for (int u = 0; u < TU; ++u) {
+          const int col = base + u * TPP;
+          u32 w[4];
+#pragma unroll
+          for (int j = 0; j < 8; j += 2) {
+            float o0 = v[u][j] * vsc[j], o1 = v[u][j + 1] * vsc[j + 1];
+            if (bias != nullptr) {
+              o0 += vb[j];
+              o1 += vb[j + 1];
+            }
+            w[j / 2] = (u32)float_to_bf16(o0) | ((u32)float_to_bf16(o1) << 16);
+          }
+          if (col < last)
+            *reinterpret_cast<uint4*>(yrow + (size_t)col * n_rows) =
+                make_uint4(w[0], w[1], w[2], w[3]);
+        }
+      }
+    }
+  } else if (out_live && e_first == e_last) {
     // TF tokens' sums are read before any is stored, so that their (distributed) shared
     // memory loads are in flight together
     constexpr int TF = 8;
