@@ -154,7 +154,8 @@ def main() -> None:
     funcs, modules = {}, []
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         for key, mod, fn in pool.map(build, list(codes)):
-            cuda.allow_shared_memory(fn, cl.shared_bytes(*key[1][:4], *key[1][5:7]))
+            cuda.allow_shared_memory(fn, cl.shared_bytes(*key[1][:4], *key[1][5:7],
+                                                         splits=key[1][4]))
             funcs[key], _ = fn, modules.append(mod)
     current = ["full"]
     shipped_function = cl._function

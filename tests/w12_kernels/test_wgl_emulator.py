@@ -83,11 +83,23 @@ def test_a_wrong_swizzle_is_caught(monkeypatch):
 def test_configurations_fit_the_shared_memory():
     for cand in (*gemm_benchmark().WGMMA_CANDIDATES, (64, 1, 3, 2, 1), (192, 2, 3, 3, 4)):
         cuda_large.check_config(*cand)
-        assert cuda_large.shared_bytes(*cand[:4], *cand[5:6]) <= 227 * 1024
+        assert cuda_large.shared_bytes(*cand[:4], *cand[5:7], splits=cand[4]) <= 227 * 1024
     for bad in ((96, 2, 4, 3, 1), (256, 3, 4, 3, 1), (256, 2, 4, 3, 5), (256, 2, 4, 5, 1),
                 (128, 2, 2, 8, 1)):
         with pytest.raises(ValueError, match="bad configuration"):
             cuda_large.check_config(*bad)
+
+
+def test_shared_memory_holds_the_inbox_of_two_k_ranges():
+    """With 2 K ranges the block's memory after the main loop also holds the other rank's sums
+    of its share of tokens (ceil(block_m / 2) token rows of 64 x warpgroups + 4 floats each)
+    and their mbarrier; with 1, 3 or 4 only the partial tile."""
+    tile = 256 * 132 * 4
+    for splits in (1, 3, 4):
+        assert cuda_large.shared_bytes(256, 2, 3, 2, 2, splits=splits) == 1024 + tile
+    assert cuda_large.shared_bytes(256, 2, 3, 2, 2, splits=2) == 1024 + tile + 128 * 528 + 8
+    assert cuda_large.shared_bytes(64, 1, 3, 2, 0, splits=2) == max(
+        cuda_large.shared_bytes(64, 1, 3, 2, 0), 1024 + 64 * 68 * 4 + 32 * 68 * 4 + 8)
 
 
 def test_two_blocks_per_multiprocessor_only_where_their_shared_memory_fits():

@@ -69,17 +69,22 @@ def threads(warpgroups: int, a_regs: int = 0) -> int:
 
 
 def shared_bytes(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
-                 a_regs: int = 0, persist: int = 0) -> int:
+                 a_regs: int = 0, persist: int = 0, splits: int = 1) -> int:
     """The activation stages, the chunk-word stages, three buffers of decoded weights (none
     with ``a_regs``: the A operand in registers) and the stages' full and empty mbarriers
     (``persist``: also a segment's row data, 16 bytes a weight row, its warps' first escape
     batches, 8 bytes an entry and 8 a warp, and their four mbarriers), or (after the main
-    loop) the float32 partial tile, whichever is larger, plus what aligning them to 1024 bytes
-    (the swizzle atom) may take."""
+    loop) the float32 partial tile, with 2 K ranges also the inbox of the other rank's sums of
+    this block's share of tokens and its mbarrier, whichever is larger, plus what aligning
+    them to 1024 bytes (the swizzle atom) may take."""
     main = (x_stages * block_m * 128 + w_stages * 4 * warpgroups * 1536
             + (0 if a_regs else 3 * warpgroups * 8192) + 16 * (x_stages + w_stages)
             + (64 * warpgroups * 16 + 4 * warpgroups * 36 * 8 + 32 if persist else 0))
-    return 1024 + max(main, block_m * (64 * warpgroups + 4) * 4)
+    row = (64 * warpgroups + 4) * 4  # bytes of a token's partial sums
+    tile = block_m * row
+    if splits == 2:
+        tile += math.ceil(block_m / 2) * row + 8
+    return 1024 + max(main, tile)
 
 
 def check_config(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
@@ -89,21 +94,21 @@ def check_config(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
             or (a_regs == 2 and warpgroups != 2)  # setmaxnreg's split is made for two
             or persist not in (0, 1) or (persist and (a_regs != 2 or splits != 1))
             or shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs,
-                            persist) > 227 * 1024):
+                            persist, splits) > 227 * 1024):
         raise ValueError(f"gemm_wgl: bad configuration block_m={block_m} "
                          f"warpgroups={warpgroups} x_stages={x_stages} w_stages={w_stages} "
                          f"splits={splits} a_regs={a_regs} persist={persist}")
 
 
 def blocks_per_sm(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
-                  a_regs: int = 0) -> int:
+                  a_regs: int = 0, splits: int = 1) -> int:
     """2 where the shared memory of two blocks fits a multiprocessor (228 KiB, 1 KiB of it
     reserved per block) and the accumulators (``block_m / 2`` registers per thread) leave room
     under the register cap of two blocks (each of the 4 quarters of a multiprocessor holds
     16,384 registers for its share of the two blocks' warps); the kernel then caps them."""
     if a_regs == 2:  # the register split of setmaxnreg is made for one block
         return 1
-    one = shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs)
+    one = shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs, splits=splits)
     warps = 2 * threads(warpgroups, a_regs) // 32
     cap = 16384 // (32 * math.ceil(warps / 4)) // 8 * 8
     fits = block_m // 2 + (64 if a_regs else 40) <= cap
@@ -113,7 +118,7 @@ def blocks_per_sm(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
 def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
            a_regs: int = 0, persist: int = 0) -> str:
     cluster = f" __cluster_dims__(1, 1, {splits})" if splits > 1 else ""
-    min_blocks = blocks_per_sm(block_m, warpgroups, x_stages, w_stages, a_regs)
+    min_blocks = blocks_per_sm(block_m, warpgroups, x_stages, w_stages, a_regs, splits)
     return (
         f'extern "C" __global__ void __launch_bounds__({threads(warpgroups, a_regs)}, '
         f'{min_blocks})'
@@ -191,7 +196,8 @@ def _function(device_index: int, config: tuple[int, ...] | None):
         return _module(device_index, None).get_function("w12_permute_x")
     func = _module(device_index, config).get_function(kernel_name(*config))
     with cupy.cuda.Device(device_index):
-        cuda.allow_shared_memory(func, shared_bytes(*config[:4], *config[5:7]))
+        cuda.allow_shared_memory(func, shared_bytes(*config[:4], *config[5:7],
+                                                     splits=config[4]))
     return func
 
 
@@ -286,7 +292,7 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
     xp = permute_x(x, nchunks, block_m)
     func = _function(cuda._index(x.device), config)
-    smem = shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs, persist)
+    smem = shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs, persist, splits)
     args = (cuda._ptr(chunks), cuda._ptr(xp), cuda._ptr(x), x.stride(0),
             cuda._ptr(out), cuda._ptr(scale), cuda._ptr(esc_rowptr), cuda._ptr(esc_row),
             cuda._ptr(esc_col), cuda._ptr(esc_val), cuda._ptr(esc_delta), cuda._ptr(esc_order),

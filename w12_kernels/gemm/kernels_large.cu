@@ -116,17 +116,6 @@ struct alignas(64) TensorMap {
   unsigned long long word[16];
 };
 
-// the 4 floats at shared-memory address p (16-byte aligned) of block ``rank`` of the cluster
-__device__ __forceinline__ float4 load_cluster4(const float* p, int rank) {
-  u32 remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)),
-               "r"(rank));
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
-  return v;
-}
-
 // The chunk words of `tiles` consecutive 16-row tiles (the box of `map`, the generic address
 // of a __grid_constant__ TensorMap) from tile `tile` on, chunk column `col`, into dst as
 // [tiles][1536 bytes], by one tensor copy (cuda_large.py, ``_weight_map``: the chunks as a 3-D
@@ -776,10 +765,11 @@ __device__ __forceinline__ void wgl_body(
   constexpr int RG = R / 8;          // groups of 8 weight rows in the block
   constexpr int TPP = THREADS / RG;  // tokens a pass of the consumer threads
   const int rg = tid % RG, row8 = blockIdx.x * R + 8 * rg;
-  // (one K range only: with a cluster's ranges, its 16-byte distributed shared-memory loads
-  // made the epilogue slower than the row-a-thread path, docs/PERF_GEMM.md #63)
-  const bool vec_ok =
-      SPLIT == 1 && (n_rows & 7) == 0 && (reinterpret_cast<size_t>(y) & 15) == 0;
+  // (one K range or two (PUSH): where the other ranks' tiles are read, its 16-byte
+  // distributed shared-memory loads made the epilogue slower than the row-a-thread path,
+  // docs/PERF_GEMM.md #63)
+  const bool vec_ok = (SPLIT == 1 || SPLIT == 2) && (n_rows & 7) == 0 &&
+                      (reinterpret_cast<size_t>(y) & 15) == 0;
   float vsc[8], vb[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -791,7 +781,27 @@ __device__ __forceinline__ void wgl_body(
   // block has corrections to add (then the row-a-thread path below, for the whole block)
   const bool corrections = __syncthreads_or(out_live && e_first < e_last) != 0;
 
+  // Tokens of this block's share. With 3 ranks the shares overrun the block (3 x 86 > 256):
+  // the last one stops at the block's end, not at the next block's first tokens (which it
+  // overwrote with sums read past the partial tile, docs/PERF_GEMM.md #24).
+  constexpr int TS = (BN + SPLIT - 1) / SPLIT;
+  const int first = rank * TS;
+  const int last = min(first + TS, BN % SPLIT != 0 ? min(BN, M - tok0) : M - tok0);
+  // PUSH (2 K ranges): each block copies its sums of every other rank's share of tokens into
+  // that rank's inbox (one bulk copy a rank, shared memory to distributed shared memory), so
+  // that every rank adds its share from its own shared memory; with 3 or 4 the ranks read each
+  // other's tiles, 4 bytes a thread (with 3 the copies took ~1.5 us more, docs/PERF_GEMM.md
+  // #63; cuda_large.shared_bytes holds the inbox). inbox slot s holds the sums of rank s
+  // (s < rank) or s + 1, tokens first.., as in the tile.
+  constexpr bool PUSH = SPLIT == 2;
   float* part = reinterpret_cast<float*>(smem);
+  float* inbox = part + BN * PST;
+  unsigned long long* inbar =
+      reinterpret_cast<unsigned long long*>(inbox + (SPLIT - 1) * TS * PST);
+  if (PUSH && tid == 0) {  // (the stages' memory is free: the main loop is over)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(inbar)));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
   if (!producer) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) {
@@ -800,7 +810,36 @@ __device__ __forceinline__ void wgl_body(
       part[col * PST + r] = acc[i];
     }
   }
+  if (PUSH) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // for the copies
   if (SPLIT > 1) cluster_sync_all(); else __syncthreads();
+  if constexpr (PUSH) {
+    auto tokens = [](int q) { return min(BN, (q + 1) * TS) - q * TS; };
+    if (tid == 0) {
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                   :: "r"(smem_addr(inbar)), "r"((SPLIT - 1) * tokens(rank) * PST * 4)
+                   : "memory");
+#pragma unroll
+      for (int q = 0; q < SPLIT; ++q) {
+        if (q == rank) continue;
+        u32 dst, bar;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst)
+                     : "r"(smem_addr(inbox + (rank < q ? rank : rank - 1) * TS * PST)),
+                       "r"(q));
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar)
+                     : "r"(smem_addr(inbar)), "r"(q));
+        asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes"
+                     " [%0], [%1], %2, [%3];"
+                     :: "r"(dst), "r"(smem_addr(part + q * TS * PST)),
+                        "r"(tokens(q) * PST * 4), "r"(bar) : "memory");
+      }
+    }
+    mbar_wait(inbar, 0u);  // the other ranks' sums of this share have landed
+  }
+  // rank q's sums of token col (of this block's share) at row offset 0
+  auto share = [&](int q, int col) -> const float* {
+    if (!PUSH || q == rank) return part + col * PST;
+    return inbox + (q < rank ? q : q - 1) * TS * PST + (col - first) * PST;
+  };
   // The outputs: thread (group, r) finishes row r for every GROUPS-th token of this block's
   // share (tokens rank * BN / SPLIT ..): store_output's arithmetic with the corrections of the
   // escapes written into the tiles left out. Rows without other escapes (nearly all) take a
@@ -808,39 +847,29 @@ __device__ __forceinline__ void wgl_body(
   // the instruction cache (docs/PERF_GEMM.md). Rows with escapes to correct take TB tokens at
   // a time, so that the activation loads of an escape are in flight together.
   constexpr int TB = 4;
-  // Tokens of this block's share. With 3 ranks the shares overrun the block (3 x 86 > 256):
-  // the last one stops at the block's end, not at the next block's first tokens (which it
-  // overwrote with sums read past the partial tile, docs/PERF_GEMM.md #24).
-  constexpr int TS = (BN + SPLIT - 1) / SPLIT;
-  const int first = rank * TS;
-  const int last = min(first + TS, BN % SPLIT != 0 ? min(BN, M - tok0) : M - tok0);
   auto partial_sum = [&](int col) {
-    const float* p = part + col * PST + r_out;
     float v;
-    if (SPLIT > 1) {
+    if (SPLIT > 1 && !PUSH) {
+      const float* p = part + col * PST + r_out;
       v = load_cluster(p, 0);
 #pragma unroll
       for (int q = 1; q < SPLIT; ++q) v += load_cluster(p, q);  // fixed order
     } else {
-      v = *p;
+      v = share(0, col)[r_out];
+#pragma unroll
+      for (int q = 1; q < SPLIT; ++q) v += share(q, col)[r_out];  // fixed order
     }
     return v;
   };
-  auto partial_sum8 = [&](int col, float (&v)[8]) {
-    const float* p = part + col * PST + 8 * rg;
-    float4 a, b;
-    if (SPLIT > 1) {
-      a = load_cluster4(p, 0);
-      b = load_cluster4(p + 4, 0);
+  auto partial_sum8 = [&](int col, float (&v)[8]) {  // (1 or 2 ranks only: vec_ok)
+    const float4* p = reinterpret_cast<const float4*>(share(0, col) + 8 * rg);
+    float4 a = p[0], b = p[1];
 #pragma unroll
-      for (int q = 1; q < SPLIT; ++q) {  // fixed order, as partial_sum
-        const float4 c = load_cluster4(p, q), d = load_cluster4(p + 4, q);
-        a.x += c.x; a.y += c.y; a.z += c.z; a.w += c.w;
-        b.x += d.x; b.y += d.y; b.z += d.z; b.w += d.w;
-      }
-    } else {
-      a = *reinterpret_cast<const float4*>(p);
-      b = *reinterpret_cast<const float4*>(p + 4);
+    for (int q = 1; q < SPLIT; ++q) {  // fixed order, as partial_sum
+      const float4* o = reinterpret_cast<const float4*>(share(q, col) + 8 * rg);
+      const float4 c = o[0], d = o[1];
+      a.x += c.x; a.y += c.y; a.z += c.z; a.w += c.w;
+      b.x += d.x; b.y += d.y; b.z += d.z; b.w += d.w;
     }
     v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
     v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
