@@ -1,21 +1,27 @@
-"""Where the large-M kernel's main loop spends its step: the warpgroup-MMA kernel
-(``kernels_large.cu``) timed as it is and with parts of its per-column chain removed, all
-variants in one process and timed in alternation (``benchmarks/gemm.py``'s method: CUDA graphs
-over rotating weight copies, 7 rounds, medians), for one and two MMA warpgroups a block.
+"""Where the large-M kernel's time goes: the warpgroup-MMA kernel (``kernels_large.cu``) timed
+as it is and with parts removed, all variants in one process and timed in alternation
+(``benchmarks/gemm.py``'s method: CUDA graphs over rotating weight copies, 7 rounds, medians),
+with cuBLAS and the image pass alone in the same rounds, at 256 rows.
 
 The variants patch a copy of the kernel source (the shipped file is not touched); their outputs
 are wrong by design, only their times mean something:
 
-- ``nodecode_noesc``: the chunk words go into the MMA's A registers without decode8, and the
-  per-column escape check (ballot, shuffles, batch reloads) is skipped;
-- ``nomma``: no warpgroup MMAs (everything else, waits and stage releases included);
-- ``nomma_nodecode_noesc``: both.
+- the step's chain: ``nodecode_noesc`` (the chunk words go into the MMA's A registers without
+  decode8, and the per-column escape check is skipped), ``nomma`` (no warpgroup MMAs), and
+  ``nomma_nodecode_noesc`` (both: the data path and the fixed costs);
+- the data path: ``floor_x_only`` / ``floor_w_only`` (that floor with only the activation or
+  only the weight copies), ``floor_x_split8`` (each activation stage in 8 copies),
+  ``floor_x_rotated`` (each block's columns rotated by its index), ``*_contig`` (the weight
+  stage as one contiguous copy: the same bytes from other places), ``*_bulk`` (the per-tile
+  weight copies, ``cuda_large.WEIGHT_MAP`` off);
+- the fixed costs: ``nocopy`` (MMAs and decode, no copies), ``overhead`` (neither: launch, start,
+  the loop's skeleton, the partial tile, the outputs), ``overhead_nostore`` (without the output
+  stores), ``overhead_nostart`` (without the start's escape loads), ``empty`` (without both).
 
-    python3 benchmarks/wgl_chain_probe.py            # GPU, compute capability 9.0
+    python3 benchmarks/wgl_chain_probe.py                        # GPU, compute capability 9.0
+    python3 benchmarks/wgl_chain_probe.py --variants full,overhead
 
-The differences against ``full`` say how much of a 64-column step is decode and escape work,
-how much the MMAs, and how much the waits and copies that remain (docs/PERF_GEMM.md #61: one
-warpgroup's step took ~0.5 us for half the MMA work of the two-warpgroup step's ~0.7 us).
+docs/PERF_GEMM.md #63 has what it measured.
 """
 
 from __future__ import annotations

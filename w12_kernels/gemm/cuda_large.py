@@ -13,7 +13,7 @@ so that the epilogue corrects only the others (inf, NaN, out-of-range).
 Deterministic; with ``splits`` > 1 the K ranges of a thread-block cluster are added in a fixed
 order through distributed shared memory. Needs compute capability 9.0 (``sm_90a``). Not
 batch-invariant (the launcher uses it above the rows where that is promised). Measured on an
-H200 (docs/PERF_GEMM.md #19-#62): 0.68-0.93x of cuBLAS at 256 rows (geomean 0.78-0.81), short
+H200 (docs/PERF_GEMM.md #19-#63): 0.70-0.99x of cuBLAS at 256 rows (geomean 0.83-0.84), short
 of the 0.9x it was built for; at 1024 rows decode + cuBLAS wins 2 of 18 shapes. ``a_regs``
 keeps the decoded weights in registers as the MMA's A operand (no A buffers): 9-13% faster at
 128 activation rows; at 256 rows that needs ``a_regs`` 2, a producer warpgroup that gives its
@@ -24,7 +24,11 @@ was removed. The GEMM is launched with programmatic dependent launch after its i
 (``PDL``), so that its blocks' start overlaps that pass: 0.741 -> 0.748 at 256 rows (#59).
 ``persist`` 1 is stream-K: one block per multiprocessor, each an equal share of all (unit,
 column) steps, the units cut between blocks added in a fixed order through a float32 workspace
-(``_stream_k_memory``); the table takes it where it wins (layers of 2-4 waves, #60).
+(``_stream_k_memory``); the table takes it where it wins (layers of 2-4 waves, #60). A block's
+chunk words of a column come in by one tensor copy (``WEIGHT_MAP``: a tensor map over the
+chunks, passed by value; #63, ~6% on the layers of two waves and more), and with one or two K
+ranges the epilogue stores 8 rows of one token a thread in 16 bytes (two ranges: each block
+first copies its sums of the other's share into that block's shared memory).
 """
 
 from __future__ import annotations
