@@ -16,7 +16,8 @@ are wrong by design, only their times mean something:
   weight copies, ``cuda_large.WEIGHT_MAP`` off);
 - the fixed costs: ``nocopy`` (MMAs and decode, no copies), ``overhead`` (neither: launch, start,
   the loop's skeleton, the partial tile, the outputs), ``overhead_nostore`` (without the output
-  stores), ``overhead_nostart`` (without the start's escape loads), ``empty`` (without both).
+  stores), ``overhead_nostart`` (without the start's escape loads), ``empty`` (without both),
+  ``launch_only`` (every thread returns at once: the launch and the image pass).
 
     python3 benchmarks/wgl_chain_probe.py                        # GPU, compute capability 9.0
     python3 benchmarks/wgl_chain_probe.py --variants full,overhead
@@ -106,6 +107,9 @@ PATCHES = {"full": [],
            "overhead_nostore": _FLOOR + _NOCOPY + [(_STORE, ""), (_STORE8, "")],
            "overhead_nostart": _FLOOR + _NOCOPY + _NOSTART,
            "empty": _FLOOR + _NOCOPY + [(_STORE, ""), (_STORE8, "")] + _NOSTART,
+           # every thread leaves at once: the image pass and the launch of the grid alone
+           "launch_only": [("  const int tid = threadIdx.x;\n",
+                            "  if (M >= 0) return;\n  const int tid = threadIdx.x;\n")],
            # the per-tile weight copies (cuda_large.WEIGHT_MAP off; the others take its
            # default)
            "full_bulk": [],

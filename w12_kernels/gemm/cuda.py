@@ -140,31 +140,38 @@ def _launch_pdl(fptr: int, grid3: tuple, block3: tuple, shared_mem: int, stream:
         raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {err}")
 
 
-def launch(func, grid: tuple, block: tuple, args: tuple, device: torch.device,
-           shared_mem: int = 0, pdl: bool = False) -> None:
-    """``func`` on PyTorch's current stream of ``device`` through the driver's launch call,
-    with CuPy's current device switched only when it is not already ``device``.
-
-    ``args`` are pointers and non-negative integers; each goes into an 8-byte slot and the
-    kernel reads its 4 or 8 bytes from the slot's start (little-endian), so one array holds
-    them all and CuPy's per-argument conversion is skipped. (Measured against CuPy's own launch
-    call: no clear difference in host time, docs/PERF_ENGINE.md, "Prefill"; what it removed is
-    the stream object and device context CuPy's call needed per launch.) A ``bytes`` argument
-    is passed by value as those bytes (a parameter struct of that size, such as a tensor
-    map). ``pdl``: launched
-    with programmatic dependent launch (``cuLaunchKernelEx``) where the GPU has it, so that the
-    grid may start while the kernel before it in the stream is finishing; the kernel must then
-    run ``griddepcontrol.wait`` before it touches anything that kernel writes."""
-    import cupy
-
-    index = _index(device)
+def kernel_params(args: tuple) -> tuple[np.ndarray, tuple]:
+    """The driver's ``kernelParams`` for ``args``: an array of pointers, one a parameter, and
+    what they point into (keep it alive until the launch call returns; the driver copies the
+    values then). Pointers and non-negative integers each go into an 8-byte slot, from whose
+    start the kernel reads its 4 or 8 bytes (little-endian); a ``bytes`` argument is passed by
+    value as those bytes (a parameter struct of that size, such as a tensor map)."""
     blobs = {i: np.frombuffer(a, dtype=np.uint8) for i, a in enumerate(args)
              if isinstance(a, bytes)}
     values = np.array([0 if i in blobs else a for i, a in enumerate(args)],
                       dtype=np.uint64)  # a negative integer raises here
     slots = values.ctypes.data + _SLOTS[: len(args)]
-    for i, blob in blobs.items():  # (the driver copies the values at the launch)
+    for i, blob in blobs.items():
         slots[i] = blob.ctypes.data
+    return slots, (values, blobs)
+
+
+def launch(func, grid: tuple, block: tuple, args: tuple, device: torch.device,
+           shared_mem: int = 0, pdl: bool = False) -> None:
+    """``func`` on PyTorch's current stream of ``device`` through the driver's launch call,
+    with CuPy's current device switched only when it is not already ``device``.
+
+    ``args`` as ``kernel_params`` takes them: one array holds them all, so CuPy's per-argument
+    conversion is skipped. (Measured against CuPy's own launch call: no clear difference in
+    host time, docs/PERF_ENGINE.md, "Prefill"; what it removed is the stream object and device
+    context CuPy's call needed per launch.) ``pdl``: launched with programmatic dependent
+    launch (``cuLaunchKernelEx``) where the GPU has it, so that the grid may start while the
+    kernel before it in the stream is finishing; the kernel must then run
+    ``griddepcontrol.wait`` before it touches anything that kernel writes."""
+    import cupy
+
+    index = _index(device)
+    slots, _keep = kernel_params(args)
     grid3 = (*grid, 1, 1)[:3]
     block3 = (*block, 1, 1)[:3]
 
