@@ -57,11 +57,12 @@ class Loop:
 
 def table_configs(rule: dict | None = None) -> list[tuple]:
     """The distinct warpgroup-kernel configurations of the large-M table (default and every
-    shape's entries), as ``cuda_large.kernel_name``'s arguments."""
+    shape's entries, filled from the default as ``config.large_config`` fills them: all but
+    ``persist``), as ``cuda_large.kernel_name``'s arguments."""
     from w12_kernels.gemm import config as cfgs
 
     rule = rule or cfgs.large_rule()
-    entries = [rule["default"]] + [{**rule["default"], **e}
+    entries = [rule["default"]] + [{**rule["default"], "persist": 0, **e}
                                    for by_m in rule["shapes"].values() for e in by_m.values()]
     out = []
     for entry in entries:

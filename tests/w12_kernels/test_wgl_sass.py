@@ -9,7 +9,7 @@ import shutil
 import pytest
 from gemm_helpers import benchmark_module
 
-from w12_kernels.gemm import cuda_large
+from w12_kernels.gemm import config, cuda_large
 
 # a disassembly in cuobjdump's layout: a prologue, an outer loop (0x0040-0x0120) holding an
 # inner one (0x0060-0x00e0) with four MMAs, a divergence check and a uniform operation, and a
@@ -67,10 +67,22 @@ def test_table_configurations_are_distinct_warpgroup_entries():
                        "6144x4096": {"256": {"splits": 1, "persist": 1}}}}
     assert _ws().table_configs(rule) == [(256, 2, 5, 5, 2, 2, 0), (256, 2, 5, 5, 3, 2, 0),
                                          (128, 2, 5, 5, 2, 1, 0), (256, 2, 5, 5, 1, 2, 1)]
+    # a stream-K default: a shape's entry inherits all of it but ``persist`` (as the lookup)
+    rule["default"].update(splits=1, persist=1)
+    assert _ws().table_configs(rule)[:2] == [(256, 2, 5, 5, 1, 2, 1), (256, 2, 5, 5, 3, 2, 0)]
     shipped = _ws().table_configs()
     assert shipped and all(len(c) == 7 for c in shipped)
     for cfg in shipped:
         cuda_large.check_config(*cfg)
+    # every warpgroup entry the launcher's lookup makes of the shipped table is among them
+    table = config.large_rule()
+    for shape, by_m in table["shapes"].items():
+        n, k = map(int, shape.split("x"))
+        for m in by_m:
+            c = config.large_config(n, k, int(m), table)
+            if c.kind == "wgmma":
+                assert (c.block_m, c.tiles // 4, c.num_stages, c.w_stages, c.splits,
+                        int(c.a_regs), int(c.persist)) in shipped, (shape, m)
 
 
 def test_sources_of_the_tree_and_of_a_revision():
