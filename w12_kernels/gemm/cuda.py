@@ -112,9 +112,14 @@ def pdl_supported(index: int) -> bool:
 
 
 @functools.cache
+def driver() -> ctypes.CDLL:
+    """The CUDA driver library, loaded once (for the calls CuPy does not wrap)."""
+    return ctypes.CDLL("libcuda.so.1")
+
+
+@functools.cache
 def _launch_ex():
-    lib = ctypes.CDLL("libcuda.so.1")
-    fn = lib.cuLaunchKernelEx
+    fn = driver().cuLaunchKernelEx
     fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
                    ctypes.c_void_p]
     fn.restype = ctypes.c_int

@@ -221,7 +221,7 @@ def _encode_tiled(address: int, dims: tuple[int, ...], strides: tuple[int, ...],
     rank = len(dims)
     out = (ctypes.c_uint8 * 128)()
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32
-    rc = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled(
+    rc = cuda.driver().cuTensorMapEncodeTiled(
         ctypes.byref(out), 4, rank, ctypes.c_void_p(address),  # 4: 8-byte unsigned
         (u64 * rank)(*dims), (u64 * (rank - 1))(*strides), (u32 * rank)(*box),
         (u32 * rank)(*([1] * rank)), 0, 0, 3, 0)  # no interleave or swizzle, L2 256 B, zeros
