@@ -566,13 +566,35 @@ WGMMA_CANDIDATES = ((256, 2, 4, 3, 1, 0), (256, 2, 4, 3, 2, 0), (256, 2, 4, 3, 4
                     # activation rows, so the one-wave layers fill the multiprocessors with
                     # half the K split; the 128-row x4_w5 ones two blocks a multiprocessor
                     (256, 1, 5, 8, 1, 1), (256, 1, 5, 8, 2, 1), (128, 1, 6, 12, 2, 1),
-                    (128, 1, 4, 5, 1, 1), (128, 1, 4, 5, 2, 1))
-WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs", "persist")
+                    (128, 1, 4, 5, 1, 1), (128, 1, 4, 5, 2, 1),
+                    # whole waves with one K range, the tile blocks past them in a second
+                    # launch with K in 2-4 ranges (#64; timed only where that applies)
+                    (256, 2, 5, 5, 1, 2, 0, 2), (256, 2, 5, 5, 1, 2, 0, 3),
+                    (256, 2, 5, 5, 1, 2, 0, 4), (256, 2, 4, 6, 1, 2, 0, 2))
+WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs", "persist",
+              "tail")
 
 
 def _wgmma_args(cand: tuple) -> tuple:
-    """A warpgroup candidate's values in the order of WGMMA_KEYS (persist 0 where not given)."""
+    """A warpgroup candidate's values in the order of WGMMA_KEYS (persist and tail 0 where not
+    given)."""
     return cand[1:] + (0,) * (len(WGMMA_KEYS) + 1 - len(cand))
+
+
+def _applies(cand: tuple | None, n: int, m: int) -> bool:
+    """False for a candidate with a tail where that tail would change nothing at (N, M) on this
+    GPU (``cuda_large.tail_plan``): it would time the same launch as the one without."""
+    if cand is None or cand[0] != "wgmma":
+        return True
+    block_m, warpgroups, x_stages, w_stages, _, a_regs, _, tail = _wgmma_args(cand)
+    if not tail:
+        return True
+    from w12_kernels.gemm import cuda_large
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    wave = sms * cuda_large.blocks_per_sm(block_m, warpgroups, x_stages, w_stages, a_regs)
+    tile_blocks = math.ceil(math.ceil(n / 16) / (4 * warpgroups))
+    return cuda_large.tail_plan(tile_blocks, math.ceil(m / block_m), wave, tail) is not None
 
 
 def _large_runner(cand: tuple | None):
@@ -604,7 +626,7 @@ def _large_label(cand: tuple | None) -> str:
     if cand[0] == "wgmma":
         args = _wgmma_args(cand)
         return ("wgmma_m{}_g{}_x{}_w{}_k{}".format(*args[:5]) + ("", "_r", "_rp")[args[5]]
-                + ("_ps" if args[6] else ""))
+                + ("_ps" if args[6] else "") + (f"_t{args[7]}" if args[7] else ""))
     return ("fused_t{}_m{}_w{}_s{}".format(*cand[:4]) + (f"_r{cand[4]}" if cand[4] else "")
             + (f"_k{cand[5]}" if cand[5] > 1 else ""))
 
@@ -627,11 +649,13 @@ def _large_entry(cand: tuple | None) -> dict:
     if cand is None:
         return {"kind": "decode"}
     if cand[0] == "wgmma":
-        block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist = _wgmma_args(cand)
+        block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist, tail = \
+            _wgmma_args(cand)
         return {"kind": "wgmma", "tiles": 4 * warpgroups, "block_m": block_m,
                 "num_stages": x_stages, "w_stages": w_stages, "splits": splits,
                 **({"a_regs": a_regs} if a_regs else {}),
-                **({"persist": persist} if persist else {})}
+                **({"persist": persist} if persist else {}),
+                **({"tail": tail} if tail else {})}
     return {"kind": "fused", **dict(zip(LARGE_KEYS, cand, strict=True))}
 
 
@@ -645,7 +669,7 @@ def run_sweep_large(m_values, shapes=None, pattern=None) -> tuple[list[dict], di
     for n, k in shapes or SWEEP_SHAPES:
         layer = Layer(n, k, seed=n + k)
         for m in m_values:
-            runs = {_large_label(c): _large_runner(c) for c in cands}
+            runs = {_large_label(c): _large_runner(c) for c in cands if _applies(c, n, m)}
             if m <= launcher.SMALL_PASSES * cfgs.SMALL_M_MAX:
                 runs["small_passes"] = default_run
             t_ref, results = _measure(layer, m, runs)

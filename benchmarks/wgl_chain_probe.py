@@ -195,7 +195,7 @@ def probe_shape(n: int, k: int, cfgs: list, variants: list, current: list) -> No
     order = [i % layer.copies for i in range(layer.copies * 4)]
     lists, labels = [], []
     for cfg in cfgs:
-        kw = dict(zip(G.WGMMA_KEYS, cfg, strict=True))
+        kw = dict(zip(G.WGMMA_KEYS[:len(cfg)], cfg, strict=True))
         for variant in variants:
             lists.append([_call(x, layer.w12[i], n, k, kw, variant, current) for i in order])
             labels.append((cfg, variant))

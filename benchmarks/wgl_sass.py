@@ -58,21 +58,21 @@ class Loop:
 def table_configs(rule: dict | None = None) -> list[tuple]:
     """The distinct warpgroup-kernel configurations of the large-M table (default and every
     shape's entries, filled from the default as ``config.large_config`` fills them: all but
-    ``persist``), as ``cuda_large.kernel_name``'s arguments."""
+    ``persist`` and ``tail``; an entry with a tail also runs its configuration with that many
+    K ranges), as ``cuda_large.kernel_name``'s arguments."""
     from w12_kernels.gemm import config as cfgs
 
     rule = rule or cfgs.large_rule()
-    entries = [rule["default"]] + [{**rule["default"], "persist": 0, **e}
+    entries = [rule["default"]] + [{**rule["default"], "persist": 0, "tail": 0, **e}
                                    for by_m in rule["shapes"].values() for e in by_m.values()]
     out = []
     for entry in entries:
         c = cfgs.LargeConfig(**entry)
         if c.kind != "wgmma":
             continue
-        key = (c.block_m, c.tiles // 4, c.num_stages, c.w_stages, c.splits, int(c.a_regs),
-               int(c.persist))
-        if key not in out:
-            out.append(key)
+        keys = [(c.block_m, c.tiles // 4, c.num_stages, c.w_stages, splits, int(c.a_regs),
+                 int(c.persist)) for splits in (c.splits, c.tail) if splits]
+        out += [key for key in dict.fromkeys(keys) if key not in out]
     return out
 
 

@@ -104,11 +104,30 @@ def test_shipped_large_table_is_consistent():
             assert cfg.kind in cfgs.LARGE_KINDS
             if cfg.kind == "wgmma":
                 assert cfg.tiles % 4 == 0
-                cuda_large.check_config(cfg.block_m, cfg.tiles // 4, cfg.num_stages,
-                                        cfg.w_stages, cfg.splits, int(cfg.a_regs))
+                for splits in (cfg.splits, cfg.tail or cfg.splits):  # (and the tail's)
+                    cuda_large.check_config(cfg.block_m, cfg.tiles // 4, cfg.num_stages,
+                                            cfg.w_stages, splits, int(cfg.a_regs),
+                                            int(cfg.persist))
+                assert not cfg.tail or (cfg.splits == 1 and not cfg.persist)
         for lower, upper in itertools.pairwise(classes):
             assert cfgs.large_config(n, k, lower + 1) == cfgs.large_config(n, k, upper)
         assert cfgs.large_config(n, k, classes[-1] + 1).kind == "decode"
+
+
+def test_tail_plan():
+    """Where the tail launch starts: after the tile blocks of the whole waves, only where a
+    partial wave is left and its blocks, split, still fit one wave."""
+    from w12_kernels.gemm.cuda_large import tail_plan
+
+    assert tail_plan(224, 1, 132, 2) is None  # 92 units left: 184 blocks split in two
+    assert tail_plan(192, 1, 132, 2) == 132  # 60 left: 120 blocks
+    assert tail_plan(224, 2, 132, 2) == 198  # 448 units: 3 waves, 52 left (26 tile blocks)
+    assert tail_plan(80, 2, 132, 4) == 66 and tail_plan(80, 2, 132, 5) is None  # 140 > 132
+    assert tail_plan(80, 2, 132, 3) == 66  # 28 units x 3 = 84 blocks
+    assert tail_plan(32, 1, 132, 2) is None  # one partial wave only: no whole one
+    assert tail_plan(264, 1, 132, 2) is None  # two whole waves, nothing left
+    assert tail_plan(192, 1, 132, 1) is None and tail_plan(192, 1, 132, 0) is None
+    assert tail_plan(100, 3, 132, 2) == 88  # 300 units: 2 waves = 88 tile blocks of 3
 
 
 def test_split_count_keeps_the_workspace_below_the_weight_bytes():

@@ -3,6 +3,8 @@ the decode kernel, determinism, batch invariance, torch.compile and CUDA graphs.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from gemm_helpers import assert_within_budget, encoded, make_weight
@@ -401,6 +403,64 @@ def test_wgmma_large_kernel_row_group_stores(cfg):
                 assert_within_budget(out, x, t, _ref(x, t, b), b)
         assert torch.equal(outs[0], outs[2]), f"{n}x{k} M={m}: the paths differ (bias)"
         assert torch.equal(outs[1], outs[3]), f"{n}x{k} M={m}: the paths differ (no bias)"
+
+
+@pytest.mark.parametrize("cfg,tail", [((256, 2, 5, 5, 1, 2), 2), ((256, 2, 5, 5, 1, 2), 3),
+                                      ((256, 2, 4, 6, 1, 2), 4), ((128, 2, 4, 8, 1, 1), 2)],
+                         ids=lambda c: "_".join(map(str, c)) if isinstance(c, tuple) else str(c))
+def test_wgmma_large_kernel_tail(cfg, tail):
+    """``tail``: the tile blocks of whole waves (``wave`` set small so that small shapes have
+    several) in one launch with one K range, the rest in a second launch with K in ``tail``
+    ranges: rows before the tail carry the bits of the one-launch kernel, rows of the tail
+    those of the ``tail``-range kernel; within budget, eager and replayed in a CUDA graph."""
+    from w12_kernels.gemm import cuda_large
+
+    if not cuda_large.available():
+        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
+    block_m, warpgroups = cfg[0], cfg[1]
+    kw = dict(zip(("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs"), cfg,
+                  strict=True))
+    ran = 0
+    for n, k, m, wave in ((300, 1001, 129, 2), (4096, 4096, 300, 20), (2000, 200, 513, 20),
+                          (4100, 72, 70, 30)):
+        t, x = _inputs(n, k, m, seed=n + m)
+        pw = prepare_weight(encoded(t))
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        tile_blocks = math.ceil(math.ceil(n / 16) / (4 * warpgroups))
+        first = cuda_large.tail_plan(tile_blocks, math.ceil(m / block_m), wave, tail)
+        if first is None:
+            continue
+        ran += 1
+        rows = first * 64 * warpgroups
+
+        def run(x, tail=tail, splits=1, pw=pw, bias=bias, wave=wave):
+            return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
+                                       pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order, bias,
+                                       pw.n, pw.k, **{**kw, "splits": splits}, tail=tail,
+                                       wave=wave)
+
+        one = run(x, tail=0).view(torch.int16)
+        split = run(x, tail=0, splits=tail).view(torch.int16)
+        got = run(x)
+        assert_within_budget(got, x, t, _ref(x, t, bias), bias)
+        bits = got.view(torch.int16)
+        assert torch.equal(bits[:, :rows], one[:, :rows]), f"{n}x{k} M={m}: whole waves"
+        assert torch.equal(bits[:, rows:], split[:, rows:]), f"{n}x{k} M={m}: the tail"
+        static = x.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            run(static)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            y = run(static)
+        x2 = _inputs(n, k, m, seed=n + m + 1)[1]
+        static.copy_(x2)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y.view(torch.int16), run(x2).view(torch.int16)), f"{n}x{k} graph"
+    assert ran, "no shape of the test has a tail at this configuration"
 
 
 @pytest.mark.parametrize("x_stages,w_stages,grid_cap", [(5, 5, None), (4, 6, None), (5, 5, 3),

@@ -70,6 +70,14 @@ def test_table_configurations_are_distinct_warpgroup_entries():
     # a stream-K default: a shape's entry inherits all of it but ``persist`` (as the lookup)
     rule["default"].update(splits=1, persist=1)
     assert _ws().table_configs(rule)[:2] == [(256, 2, 5, 5, 1, 2, 1), (256, 2, 5, 5, 3, 2, 0)]
+    # an entry with a tail: its one-range configuration and the tail's (nor is ``tail``
+    # inherited from a default that has one)
+    rule["default"].update(persist=0, tail=2)
+    rule["shapes"]["8192x8192"]["512"] = {"splits": 1, "tail": 4}
+    got = _ws().table_configs(rule)
+    assert got[0] == (256, 2, 5, 5, 1, 2, 0) and (256, 2, 5, 5, 2, 2, 0) in got
+    assert (256, 2, 5, 5, 4, 2, 0) in got
+    assert config.large_config(6144, 4096, 256, {**rule, "max_m": 1024}).tail == 0
     shipped = _ws().table_configs()
     assert shipped and all(len(c) == 7 for c in shipped)
     for cfg in shipped:
@@ -81,8 +89,9 @@ def test_table_configurations_are_distinct_warpgroup_entries():
         for m in by_m:
             c = config.large_config(n, k, int(m), table)
             if c.kind == "wgmma":
-                assert (c.block_m, c.tiles // 4, c.num_stages, c.w_stages, c.splits,
-                        int(c.a_regs), int(c.persist)) in shipped, (shape, m)
+                for splits in (c.splits, c.tail or c.splits):
+                    assert (c.block_m, c.tiles // 4, c.num_stages, c.w_stages, splits,
+                            int(c.a_regs), int(c.persist)) in shipped, (shape, m)
 
 
 def test_sources_of_the_tree_and_of_a_revision():

@@ -142,6 +142,9 @@ class LargeConfig:
     persist: int = 0  # wgmma with a_regs 2 and one K range: stream-K, one block a
     # multiprocessor, each an equal share of all (unit, column) steps, outputs from the
     # accumulators (docs/PERF_GEMM.md #60; never inherited from the default: see below)
+    tail: int = 0  # wgmma with one K range, not persistent: the tile blocks past the last
+    # whole wave run in a second launch with K in this many ranges (docs/PERF_GEMM.md #64;
+    # never inherited from the default either)
 
 
 @functools.cache
@@ -167,10 +170,10 @@ def large_config(n: int, k: int, m: int, r: dict | None = None) -> LargeConfig:
     classes = sorted(int(c) for c in by_m)
     if classes:
         cls = next((c for c in classes if m <= c), None)
-        # (a shape's entry fills its gaps from the default, except ``persist``, valid only
-        # with some K splits and operand modes: an entry without it is not persistent)
-        chosen = ({**r["default"], "persist": 0, **by_m[str(cls)]} if cls is not None
-                  else {"kind": "decode"})
+        # (a shape's entry fills its gaps from the default, except ``persist`` and ``tail``,
+        # valid only with some K splits and operand modes: an entry without them has neither)
+        chosen = ({**r["default"], "persist": 0, "tail": 0, **by_m[str(cls)]}
+                  if cls is not None else {"kind": "decode"})
     else:
         chosen = r["default"] if m <= r.get("max_m", DEFAULT_LARGE_MAX_M) else {"kind": "decode"}
     cfg = LargeConfig(**chosen)

@@ -136,12 +136,12 @@ def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
         "    const int* __restrict__ esc_order, const bf16_t* __restrict__ bias, int M,\n"
         "    int n_rows, int ntiles, int nchunks, float* __restrict__ work,\n"
         "    unsigned* __restrict__ flags, const __grid_constant__ TensorMap wmap,\n"
-        "    int wmap_on) {\n"
+        "    int wmap_on, int tile_base) {\n"
         f"  wgl_body<{block_m}, {warpgroups}, {x_stages}, {w_stages}, {splits}, "
         f"{int(a_regs)}, {int(persist)}>(\n"
         "      chunks, xp, x, ldx, y, scale, rowptr, esc_row, esc_col, esc_val, esc_delta,\n"
         "      esc_order, bias, M, n_rows, ntiles, nchunks, work, flags,\n"
-        "      wmap_on ? (const void*)&wmap : nullptr);\n}\n")
+        "      wmap_on ? (const void*)&wmap : nullptr, tile_base);\n}\n")
 
 
 def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
@@ -246,6 +246,19 @@ def _weight_map(chunks: torch.Tensor, tiles: int) -> bytes:
     return hit
 
 
+def tail_plan(tile_blocks: int, token_blocks: int, wave: int, tail: int) -> int | None:
+    """Where a ``tail`` launch starts (``gemm_wgl``): the tile blocks before it fill whole waves
+    of ``wave`` blocks (one K range, every token block), the ones from it on run with ``tail``
+    K ranges so that their blocks fit one wave; None where that does not apply (no whole wave,
+    no partial one, or a partial wave too large to split ``tail`` ways in one wave)."""
+    units = tile_blocks * token_blocks
+    first = (units // wave) * wave // token_blocks  # tile blocks of the whole waves
+    rest = (tile_blocks - first) * token_blocks
+    if tail < 2 or first == 0 or rest == 0 or rest * tail > wave:
+        return None
+    return first
+
+
 # (device index, stream, blocks, floats a block) -> stream-K's work memory and flags; kept for
 # the process's life, as a CUDA graph that captured a call holds their addresses
 _STREAM_K: dict[tuple[int, int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -271,8 +284,9 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
              esc_val: torch.Tensor, esc_delta: torch.Tensor, esc_order: torch.Tensor,
              bias: torch.Tensor | None, n: int, k: int, *, block_m: int = 128,
              warpgroups: int = 2, x_stages: int = 4, w_stages: int = 6, splits: int = 1,
-             a_regs: int = 0, persist: int = 0, out: torch.Tensor | None = None,
-             pdl: bool | None = None, grid_cap: int | None = None) -> torch.Tensor:
+             a_regs: int = 0, persist: int = 0, tail: int = 0,
+             out: torch.Tensor | None = None, pdl: bool | None = None,
+             grid_cap: int | None = None, wave: int | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]``, any M: blocks of ``64 * warpgroups`` weight
     rows x ``block_m`` activation rows, ``x_stages`` activation and ``w_stages`` chunk-word
     stages in shared memory, ``splits`` K ranges per cluster, the decoded weights as the MMA's
@@ -283,9 +297,21 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     blocks added in a fixed order (see kernels_large.cu). ``pdl`` (default ``PDL``): the GEMM
     launched with programmatic dependent launch after its image pass, so that its start
     (barriers, escape ranges, the first weight copies) overlaps that pass; the same bits either
-    way."""
+    way. ``tail`` S (with one K range, not persistent): where the blocks fill some whole waves
+    and part of one more (``tail_plan``), the tile blocks of that last part run in a second
+    launch with K in S ranges (clusters of S), so that its blocks spread over the
+    multiprocessors the first launch leaves idle (docs/PERF_GEMM.md #64); elsewhere it changes
+    nothing. Deterministic either way; the tail's rows are summed in S ranges, so their bits
+    differ from the one-launch kernel's. ``wave``: the blocks a wave holds (default: the
+    multiprocessors times ``blocks_per_sm``; the tests set it to split small shapes)."""
     config = (block_m, warpgroups, x_stages, w_stages, splits, int(a_regs), int(persist))
     check_config(*config)
+    if tail and (splits != 1 or persist or tail not in SPLITS):
+        raise ValueError(f"gemm_wgl: tail={tail} needs one K range, no stream-K and 2-4 "
+                         "ranges for the tail")
+    tail_config = (*config[:4], int(tail), *config[5:])
+    if tail:
+        check_config(*tail_config)
     m = x.shape[0]
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
@@ -295,20 +321,30 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
         x = x.contiguous()
     ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
     xp = permute_x(x, nchunks, block_m)
-    func = _function(cuda._index(x.device), config)
-    smem = shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs, persist, splits)
     args = (cuda._ptr(chunks), cuda._ptr(xp), cuda._ptr(x), x.stride(0),
             cuda._ptr(out), cuda._ptr(scale), cuda._ptr(esc_rowptr), cuda._ptr(esc_row),
             cuda._ptr(esc_col), cuda._ptr(esc_val), cuda._ptr(esc_delta), cuda._ptr(esc_order),
             cuda._ptr(bias), m, n, ntiles, nchunks)
     extra = (0, 0)  # stream-K's work and flags (persist)
-    grid = (math.ceil(ntiles / (4 * warpgroups)), math.ceil(m / block_m), splits)
+    tile_blocks, token_blocks = math.ceil(ntiles / (4 * warpgroups)), math.ceil(m / block_m)
+    grid = (tile_blocks, token_blocks, splits)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     if persist:
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
         grid = (min(grid[0] * grid[1] * nchunks, min(grid_cap or sms, sms)), 1, 1)
         work, flags = _stream_k_memory(x.device, grid[0], block_m * 64 * warpgroups)
         extra = (cuda._ptr(work), cuda._ptr(flags))
     wmap = (_weight_map(chunks, 4 * warpgroups), 1) if WEIGHT_MAP else (_NO_MAP, 0)
-    cuda.launch(func, grid, (threads(warpgroups, a_regs),), args + extra + wmap, x.device,
-                smem, pdl=PDL if pdl is None else pdl)
+    pdl = PDL if pdl is None else pdl
+    first = None
+    if tail:
+        wave = wave or sms * blocks_per_sm(block_m, warpgroups, x_stages, w_stages, a_regs)
+        first = tail_plan(tile_blocks, token_blocks, wave, tail)
+    launches = [(config, grid, 0)] if first is None else [
+        (config, (first, token_blocks, 1), 0),
+        (tail_config, (tile_blocks - first, token_blocks, tail), first)]
+    for cfg, grd, base in launches:
+        func = _function(cuda._index(x.device), cfg)
+        smem = shared_bytes(*cfg[:4], *cfg[5:7], splits=cfg[4])
+        cuda.launch(func, grd, (threads(warpgroups, a_regs),), args + extra + wmap + (base,),
+                    x.device, smem, pdl=pdl)
     return out

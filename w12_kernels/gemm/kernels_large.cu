@@ -184,7 +184,7 @@ __device__ __forceinline__ void wgl_body(
     const bf16_t* __restrict__ esc_val, const float* __restrict__ esc_delta,
     const int* __restrict__ esc_order, const bf16_t* __restrict__ bias, int M, int n_rows,
     int ntiles, int nchunks, float* __restrict__ work, unsigned* __restrict__ flags,
-    const void* __restrict__ wmap) {
+    const void* __restrict__ wmap, int tile_base) {
   static_assert(BN % 64 == 0 && BN <= 256, "BN: 64, 128, 192 or 256 activation rows");
   static_assert(SX >= 3 && SW >= 2 && SPLIT >= 1 && SPLIT <= 4, "config");
   static_assert(PERS == 0 || (AREG == 2 && SPLIT == 1), "stream-K: producer warpgroup, one range");
@@ -226,7 +226,10 @@ __device__ __forceinline__ void wgl_body(
   const int per = (nchunks + SPLIT - 1) / SPLIT;
   const int c0 = min(nchunks, rank * per);
   const int n = min(nchunks, c0 + per) - c0;
-  int tile0 = blockIdx.x * 4 * WGS;
+  // (the block's tile block: tile_base + blockIdx.x, so that one launch may take the tile
+  // blocks from tile_base on, cuda_large.gemm_wgl's ``tail``; 0 with PERS)
+  const int tblock = (int)blockIdx.x + tile_base;
+  int tile0 = tblock * 4 * WGS;
   const bf16_t* ximg = xp + (size_t)blockIdx.y * nchunks * (XSTAGE / 2);
 
   // PERS (stream-K): the block takes steps q0 .. q1 - 1 of all units' chunk columns (unit u =
@@ -321,7 +324,7 @@ __device__ __forceinline__ void wgl_body(
   // that the tiles cannot hold start (epatch: none when the row has none of those).
   constexpr int GROUPS = THREADS / R;  // the consumer threads only
   const int r_out = tid % R, group = tid / R;
-  const int row_out = blockIdx.x * R + r_out;
+  const int row_out = tblock * R + r_out;
   const bool out_live = !PERS && group < GROUPS && row_out < n_rows;
   float out_sc = 0.0f, out_b = 0.0f;
   int e_first = 0, e_last = 0;
@@ -764,7 +767,7 @@ __device__ __forceinline__ void wgl_body(
   // while the partial tile is stored.
   constexpr int RG = R / 8;          // groups of 8 weight rows in the block
   constexpr int TPP = THREADS / RG;  // tokens a pass of the consumer threads
-  const int rg = tid % RG, row8 = blockIdx.x * R + 8 * rg;
+  const int rg = tid % RG, row8 = tblock * R + 8 * rg;
   // (one K range or two (PUSH): where the other ranks' tiles are read, its 16-byte
   // distributed shared-memory loads made the epilogue slower than the row-a-thread path,
   // docs/PERF_GEMM.md #63)
