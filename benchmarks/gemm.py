@@ -570,7 +570,9 @@ WGMMA_CANDIDATES = ((256, 2, 4, 3, 1, 0), (256, 2, 4, 3, 2, 0), (256, 2, 4, 3, 4
                     # whole waves with one K range, the tile blocks past them in a second
                     # launch with K in 2-4 ranges (#64; timed only where that applies)
                     (256, 2, 5, 5, 1, 2, 0, 2), (256, 2, 5, 5, 1, 2, 0, 3),
-                    (256, 2, 5, 5, 1, 2, 0, 4), (256, 2, 4, 6, 1, 2, 0, 2))
+                    (256, 2, 5, 5, 1, 2, 0, 4), (256, 2, 4, 6, 1, 2, 0, 2),
+                    # the tile blocks past them as stream-K over every multiprocessor
+                    (256, 2, 5, 5, 1, 2, 0, 1), (256, 2, 4, 6, 1, 2, 0, 1))
 WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs", "persist",
               "tail")
 

@@ -61,6 +61,7 @@ def table_configs(rule: dict | None = None) -> list[tuple]:
     ``persist`` and ``tail``; an entry with a tail also runs its configuration with that many
     K ranges), as ``cuda_large.kernel_name``'s arguments."""
     from w12_kernels.gemm import config as cfgs
+    from w12_kernels.gemm import cuda_large
 
     rule = rule or cfgs.large_rule()
     entries = [rule["default"]] + [{**rule["default"], "persist": 0, "tail": 0, **e}
@@ -70,9 +71,10 @@ def table_configs(rule: dict | None = None) -> list[tuple]:
         c = cfgs.LargeConfig(**entry)
         if c.kind != "wgmma":
             continue
-        keys = [(c.block_m, c.tiles // 4, c.num_stages, c.w_stages, splits, int(c.a_regs),
-                 int(c.persist)) for splits in (c.splits, c.tail) if splits]
-        out += [key for key in dict.fromkeys(keys) if key not in out]
+        key = (c.block_m, c.tiles // 4, c.num_stages, c.w_stages, c.splits, int(c.a_regs),
+               int(c.persist))
+        keys = [key, cuda_large.tail_config(key, c.tail)] if c.tail else [key]
+        out += [k for k in dict.fromkeys(keys) if k not in out]
     return out
 
 

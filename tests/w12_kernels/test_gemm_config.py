@@ -104,10 +104,11 @@ def test_shipped_large_table_is_consistent():
             assert cfg.kind in cfgs.LARGE_KINDS
             if cfg.kind == "wgmma":
                 assert cfg.tiles % 4 == 0
-                for splits in (cfg.splits, cfg.tail or cfg.splits):  # (and the tail's)
-                    cuda_large.check_config(cfg.block_m, cfg.tiles // 4, cfg.num_stages,
-                                            cfg.w_stages, splits, int(cfg.a_regs),
-                                            int(cfg.persist))
+                key = (cfg.block_m, cfg.tiles // 4, cfg.num_stages, cfg.w_stages, cfg.splits,
+                       int(cfg.a_regs), int(cfg.persist))
+                cuda_large.check_config(*key)
+                if cfg.tail:  # (and the tail's)
+                    cuda_large.check_config(*cuda_large.tail_config(key, cfg.tail))
                 assert not cfg.tail or (cfg.splits == 1 and not cfg.persist)
         for lower, upper in itertools.pairwise(classes):
             assert cfgs.large_config(n, k, lower + 1) == cfgs.large_config(n, k, upper)
@@ -126,7 +127,8 @@ def test_tail_plan():
     assert tail_plan(80, 2, 132, 3) == 66  # 28 units x 3 = 84 blocks
     assert tail_plan(32, 1, 132, 2) is None  # one partial wave only: no whole one
     assert tail_plan(264, 1, 132, 2) is None  # two whole waves, nothing left
-    assert tail_plan(192, 1, 132, 1) is None and tail_plan(192, 1, 132, 0) is None
+    assert tail_plan(192, 1, 132, 0) is None
+    assert tail_plan(224, 1, 132, 1) == 132  # stream-K over the 92 units left: any size
     assert tail_plan(100, 3, 132, 2) == 88  # 300 units: 2 waves = 88 tile blocks of 3
 
 

@@ -77,6 +77,8 @@ def test_table_configurations_are_distinct_warpgroup_entries():
     got = _ws().table_configs(rule)
     assert got[0] == (256, 2, 5, 5, 1, 2, 0) and (256, 2, 5, 5, 2, 2, 0) in got
     assert (256, 2, 5, 5, 4, 2, 0) in got
+    rule["shapes"]["8192x8192"]["512"] = {"splits": 1, "tail": 1}  # stream-K's
+    assert (256, 2, 5, 5, 1, 2, 1) in _ws().table_configs(rule)
     assert config.large_config(6144, 4096, 256, {**rule, "max_m": 1024}).tail == 0
     shipped = _ws().table_configs()
     assert shipped and all(len(c) == 7 for c in shipped)
@@ -89,9 +91,11 @@ def test_table_configurations_are_distinct_warpgroup_entries():
         for m in by_m:
             c = config.large_config(n, k, int(m), table)
             if c.kind == "wgmma":
-                for splits in (c.splits, c.tail or c.splits):
-                    assert (c.block_m, c.tiles // 4, c.num_stages, c.w_stages, splits,
-                            int(c.a_regs), int(c.persist)) in shipped, (shape, m)
+                key = (c.block_m, c.tiles // 4, c.num_stages, c.w_stages, c.splits,
+                       int(c.a_regs), int(c.persist))
+                assert key in shipped, (shape, m)
+                if c.tail:
+                    assert cuda_large.tail_config(key, c.tail) in shipped, (shape, m)
 
 
 def test_sources_of_the_tree_and_of_a_revision():

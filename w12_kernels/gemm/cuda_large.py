@@ -246,15 +246,22 @@ def _weight_map(chunks: torch.Tensor, tiles: int) -> bytes:
     return hit
 
 
+def tail_config(config: tuple[int, ...], tail: int) -> tuple[int, ...]:
+    """The configuration (``kernel_name``'s arguments) of the tail launch of ``config`` (one K
+    range, not persistent): the same with K in ``tail`` ranges, or (``tail`` 1) stream-K."""
+    return (*config[:6], 1) if tail == 1 else (*config[:4], int(tail), *config[5:])
+
+
 def tail_plan(tile_blocks: int, token_blocks: int, wave: int, tail: int) -> int | None:
     """Where a ``tail`` launch starts (``gemm_wgl``): the tile blocks before it fill whole waves
     of ``wave`` blocks (one K range, every token block), the ones from it on run with ``tail``
-    K ranges so that their blocks fit one wave; None where that does not apply (no whole wave,
-    no partial one, or a partial wave too large to split ``tail`` ways in one wave)."""
+    K ranges so that their blocks fit one wave (``tail`` 1: as stream-K over the whole wave);
+    None where that does not apply (no whole wave, no partial one, or a partial wave too large
+    to split ``tail`` ways in one wave)."""
     units = tile_blocks * token_blocks
     first = (units // wave) * wave // token_blocks  # tile blocks of the whole waves
     rest = (tile_blocks - first) * token_blocks
-    if tail < 2 or first == 0 or rest == 0 or rest * tail > wave:
+    if tail < 1 or first == 0 or rest == 0 or rest * tail > wave:
         return None
     return first
 
@@ -300,18 +307,19 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     way. ``tail`` S (with one K range, not persistent): where the blocks fill some whole waves
     and part of one more (``tail_plan``), the tile blocks of that last part run in a second
     launch with K in S ranges (clusters of S), so that its blocks spread over the
-    multiprocessors the first launch leaves idle (docs/PERF_GEMM.md #64); elsewhere it changes
+    multiprocessors the first launch leaves idle (docs/PERF_GEMM.md #64); ``tail`` 1 (with
+    ``a_regs`` 2): that launch is stream-K over those tile blocks' units. Elsewhere it changes
     nothing. Deterministic either way; the tail's rows are summed in S ranges, so their bits
     differ from the one-launch kernel's. ``wave``: the blocks a wave holds (default: the
     multiprocessors times ``blocks_per_sm``; the tests set it to split small shapes)."""
     config = (block_m, warpgroups, x_stages, w_stages, splits, int(a_regs), int(persist))
     check_config(*config)
     if tail and (splits != 1 or persist or tail not in SPLITS):
-        raise ValueError(f"gemm_wgl: tail={tail} needs one K range, no stream-K and 2-4 "
+        raise ValueError(f"gemm_wgl: tail={tail} needs one K range, no stream-K and 1-4 "
                          "ranges for the tail")
-    tail_config = (*config[:4], int(tail), *config[5:])
+    tail_cfg = tail_config(config, tail)
     if tail:
-        check_config(*tail_config)
+        check_config(*tail_cfg)
     m = x.shape[0]
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
@@ -339,12 +347,19 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     if tail:
         wave = wave or sms * blocks_per_sm(block_m, warpgroups, x_stages, w_stages, a_regs)
         first = tail_plan(tile_blocks, token_blocks, wave, tail)
-    launches = [(config, grid, 0)] if first is None else [
-        (config, (first, token_blocks, 1), 0),
-        (tail_config, (tile_blocks - first, token_blocks, tail), first)]
-    for cfg, grd, base in launches:
+    launches = [(config, grid, 0, extra)]
+    if first is not None:
+        rest = (tile_blocks - first, token_blocks, tail)
+        tail_extra = (0, 0)
+        if tail == 1:  # stream-K over the units of the tile blocks from ``first`` on
+            rest = (min(rest[0] * token_blocks * nchunks, sms), 1, 1)
+            work, flags = _stream_k_memory(x.device, rest[0], block_m * 64 * warpgroups)
+            tail_extra = (cuda._ptr(work), cuda._ptr(flags))
+        launches = [(config, (first, token_blocks, 1), 0, extra),
+                    (tail_cfg, rest, first, tail_extra)]
+    for cfg, grd, base, ext in launches:
         func = _function(cuda._index(x.device), cfg)
         smem = shared_bytes(*cfg[:4], *cfg[5:7], splits=cfg[4])
-        cuda.launch(func, grd, (threads(warpgroups, a_regs),), args + extra + wmap + (base,),
+        cuda.launch(func, grd, (threads(warpgroups, a_regs),), args + ext + wmap + (base,),
                     x.device, smem, pdl=pdl)
     return out

@@ -227,14 +227,15 @@ __device__ __forceinline__ void wgl_body(
   const int c0 = min(nchunks, rank * per);
   const int n = min(nchunks, c0 + per) - c0;
   // (the block's tile block: tile_base + blockIdx.x, so that one launch may take the tile
-  // blocks from tile_base on, cuda_large.gemm_wgl's ``tail``; 0 with PERS)
+  // blocks from tile_base on, cuda_large.gemm_wgl's ``tail``; with PERS the units are those
+  // of the tile blocks from tile_base on)
   const int tblock = (int)blockIdx.x + tile_base;
   int tile0 = tblock * 4 * WGS;
   const bf16_t* ximg = xp + (size_t)blockIdx.y * nchunks * (XSTAGE / 2);
 
   // PERS (stream-K): the block takes steps q0 .. q1 - 1 of all units' chunk columns (unit u =
-  // tile block u / tblocks, token block u % tblocks; step q = column q % nchunks of unit
-  // q / nchunks), an equal share of T for each of the gridDim.x blocks, in segments of one
+  // tile block tile_base + u / tblocks, token block u % tblocks; step q = column q % nchunks
+  // of unit q / nchunks), an equal share of T for each of the gridDim.x blocks, in segments of one
   // unit each: unit u0 + s for segment s, its columns clo .. chi - 1, stage counter
   // column + qoff (counted from the block's first step). A segment from column 0 stores the
   // outputs of its unit, after adding (in block order) the partial sums that the blocks after
@@ -246,7 +247,7 @@ __device__ __forceinline__ void wgl_body(
   int q0 = 0, q1 = 0, u0 = 0, nseg = 1, clo = 0, chi = nchunks, qoff = 0;
   const int tblocks = (M + BN - 1) / BN;
   if constexpr (PERS != 0) {
-    T = (long long)((ntiles + 4 * WGS - 1) / (4 * WGS)) * tblocks * nchunks;
+    T = (long long)((ntiles + 4 * WGS - 1) / (4 * WGS) - tile_base) * tblocks * nchunks;
     q0 = (int)(T * blockIdx.x / gridDim.x);
     q1 = (int)(T * (blockIdx.x + 1) / gridDim.x);
     u0 = q0 / nchunks;
@@ -257,7 +258,7 @@ __device__ __forceinline__ void wgl_body(
     clo = sg == 0 ? q0 - u * nchunks : 0;
     chi = sg == nseg - 1 ? q1 - u * nchunks : nchunks;
     qoff = u * nchunks - q0;
-    tile0 = (u / tblocks) * 4 * WGS;
+    tile0 = (tile_base + u / tblocks) * 4 * WGS;
     tok0 = (u % tblocks) * BN;
     ximg = xp + (size_t)(u % tblocks) * nchunks * (XSTAGE / 2);
   };
