@@ -13,11 +13,11 @@ so that the epilogue corrects only the others (inf, NaN, out-of-range).
 Deterministic; with ``splits`` > 1 the K ranges of a thread-block cluster are added in a fixed
 order through distributed shared memory. Needs compute capability 9.0 (``sm_90a``). Not
 batch-invariant (the launcher uses it above the rows where that is promised). Measured on an
-H200 (docs/PERF_GEMM.md #19-#63): 0.70-0.99x of cuBLAS at 256 rows (geomean 0.83-0.84), short
-of the 0.9x it was built for; at 1024 rows decode + cuBLAS wins 2 of 18 shapes. ``a_regs``
-keeps the decoded weights in registers as the MMA's A operand (no A buffers): 9-13% faster at
-128 activation rows; at 256 rows that needs ``a_regs`` 2, a producer warpgroup that gives its
-registers to the MMA warpgroups (the table's choice at 256 rows on 17 of 18 shapes, some with K
+H200 (docs/PERF_GEMM.md #19-#64): 0.68-0.99x of cuBLAS at 256 rows (geomean 0.84; 0.85 at 512,
+0.88 at 1024 rows), short of the 0.9x it was built for. ``a_regs`` keeps the decoded
+weights in registers as the MMA's A operand (no A buffers): 9-13% faster at 128 activation
+rows; at 256 rows that needs ``a_regs`` 2, a producer warpgroup that gives its registers to the
+MMA warpgroups (the table's choice at 256 rows on 17 of 18 shapes, some with K
 in two or three ranges or stream-K). Copying the activations into the stages from the producer
 warpgroup itself (4-byte cp.async, no image pass) was 3-5x slower (docs/PERF_GEMM.md #57) and
 was removed. The GEMM is launched with programmatic dependent launch after its image pass
@@ -28,7 +28,9 @@ column) steps, the units cut between blocks added in a fixed order through a flo
 chunk words of a column come in by one tensor copy (``WEIGHT_MAP``: a tensor map over the
 chunks, passed by value; #63, ~6% on the layers of two waves and more), and with one or two K
 ranges the epilogue stores 8 rows of one token a thread in 16 bytes (two ranges: each block
-first copies its sums of the other's share into that block's shared memory).
+first copies its sums of the other's share into that block's shared memory). Layers of several
+waves may run their partial last wave as a second launch (``tail``: K in 2-4 ranges, or
+stream-K; #64).
 """
 
 from __future__ import annotations
