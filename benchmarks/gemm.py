@@ -661,17 +661,36 @@ def _large_entry(cand: tuple | None) -> dict:
     return {"kind": "fused", **dict(zip(LARGE_KEYS, cand, strict=True))}
 
 
+def current_candidate(n: int, k: int, m: int, rule: dict | None = None) -> tuple | None:
+    """The sweep candidate that the large-M table in use (``rule``) has as its entry for shape
+    (N, K) at M class ``m`` exactly; None where there is none to add (no such entry, one no
+    candidate matches, or decode + cuBLAS, whose candidate is None and always timed)."""
+    rule = rule or cfgs.large_rule()
+    entry = rule["shapes"].get(f"{n}x{k}", {}).get(str(m))
+    if entry is None:
+        return None
+    return next((c for c in large_candidates() if _large_entry(c) == entry), None)
+
+
 def run_sweep_large(m_values, shapes=None, pattern=None) -> tuple[list[dict], dict]:
     """Time decode + cuBLAS and every fused block shape per shape and M (and, up to 128 rows,
     the small-kernel passes the launcher uses there, for reference); return the rows and the
     ``large`` table: per shape and M the fastest choice within the error budget, and as the
-    default the choice with the best geometric-mean speedup over all swept points."""
+    default the choice with the best geometric-mean speedup over all swept points. With
+    ``pattern`` (some candidates only) the table's current entry of each point is timed too,
+    so that a table written from the sweep keeps it unless a candidate beat it in the same
+    rounds (a restricted sweep once replaced entries by the best of its few candidates)."""
     cands = large_candidates(pattern)
     rows = []
     for n, k in shapes or SWEEP_SHAPES:
         layer = Layer(n, k, seed=n + k)
         for m in m_values:
-            runs = {_large_label(c): _large_runner(c) for c in cands if _applies(c, n, m)}
+            point = list(cands)
+            cur = current_candidate(n, k, m) if pattern else None
+            if cur is not None and cur not in point:
+                point.append(cur)
+                cands = (*cands, cur)
+            runs = {_large_label(c): _large_runner(c) for c in point if _applies(c, n, m)}
             if m <= launcher.SMALL_PASSES * cfgs.SMALL_M_MAX:
                 runs["small_passes"] = default_run
             t_ref, results = _measure(layer, m, runs)
@@ -736,7 +755,8 @@ def main() -> None:
                              "kernel configurations, decode + cuBLAS)")
     parser.add_argument("--candidates", default=None,
                         help="with --sweep-large: only the choices whose label contains one of "
-                             "these comma-separated parts (decode + cuBLAS is always timed)")
+                             "these comma-separated parts (decode + cuBLAS and each point's "
+                             "current table entry are always timed)")
     parser.add_argument("--decode", action="store_true",
                         help="time the decode-to-BF16 kernel alone against a weight copy")
     parser.add_argument("--compile-workers", type=int, default=min(16, os.cpu_count() or 1),

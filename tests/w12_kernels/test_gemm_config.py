@@ -196,6 +196,43 @@ def test_sweep_at_the_tables_kw_scores_layouts_at_that_kw(monkeypatch):
     assert table["shapes"]["4096x4096"]["by_nt"]["4"] == gemm_bench._layout_dict(fastest)
 
 
+def test_restricted_large_sweep_times_the_current_entry():
+    """With ``--candidates`` the sweep also times each point's current table entry: the
+    candidate whose entry is the table's at that M class exactly (none for other classes or
+    entries no candidate matches), so that writing the table cannot replace an entry by a
+    slower one that was merely the best of a few."""
+    gemm_bench = gemm_benchmark()
+    cand = gemm_bench.LARGE_CANDIDATES[3]
+    rule = {"default": {"kind": "decode"}, "max_m": 512,
+            "shapes": {"4096x4096": {"256": gemm_bench._large_entry(cand),
+                                     "512": {"kind": "fused", "tiles": 3}}}}
+    assert gemm_bench.current_candidate(4096, 4096, 256, rule) == cand
+    assert gemm_bench.current_candidate(4096, 4096, 512, rule) is None
+    assert gemm_bench.current_candidate(4096, 4096, 1024, rule) is None
+    assert gemm_bench.current_candidate(8192, 8192, 256, rule) is None
+
+
+def test_restricted_large_sweep_keeps_a_faster_current_entry(monkeypatch):
+    gemm_bench = gemm_benchmark()
+    current, other = gemm_bench.LARGE_CANDIDATES[3], gemm_bench.LARGE_CANDIDATES[0]
+    rule = {"default": {"kind": "decode"}, "max_m": 256,
+            "shapes": {"4096x4096": {"256": gemm_bench._large_entry(current)}}}
+    monkeypatch.setattr(gemm_bench.cfgs, "large_rule", lambda: rule)
+    monkeypatch.setattr(gemm_bench, "Layer", lambda n, k, seed: None)
+    timed = []
+
+    def measure(layer, m, runs):
+        timed.append(sorted(runs))
+        return 10.0, {label: (5.0 if label == gemm_bench._large_label(current) else 8.0, 1.0)
+                      for label in runs}
+
+    monkeypatch.setattr(gemm_bench, "_measure", measure)
+    pattern = gemm_bench._large_label(other)
+    _, table = gemm_bench.run_sweep_large([256], [(4096, 4096)], pattern)
+    assert gemm_bench._large_label(current) in timed[0]
+    assert table["shapes"]["4096x4096"]["256"] == gemm_bench._large_entry(current)
+
+
 def test_large_sweep_of_some_shapes_keeps_the_rest_of_the_table():
     """A large-M sweep of a few shapes (``--shapes``) replaces their entries only: the default,
     ``max_m`` and the other shapes' entries (other M classes of a swept shape too) stay."""
