@@ -143,8 +143,8 @@ class LargeConfig:
     # multiprocessor, each an equal share of all (unit, column) steps, outputs from the
     # accumulators (docs/PERF_GEMM.md #60; never inherited from the default: see below)
     tail: int = 0  # wgmma with one K range, not persistent: the tile blocks past the last
-    # whole wave run in a second launch with K in this many ranges (docs/PERF_GEMM.md #64;
-    # never inherited from the default either)
+    # whole wave run in a second launch with K in this many ranges (1: as stream-K;
+    # docs/PERF_GEMM.md #64; never inherited from the default either)
 
 
 @functools.cache

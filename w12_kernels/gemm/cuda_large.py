@@ -338,7 +338,8 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     extra = (0, 0)  # stream-K's work and flags (persist)
     tile_blocks, token_blocks = math.ceil(ntiles / (4 * warpgroups)), math.ceil(m / block_m)
     grid = (tile_blocks, token_blocks, splits)
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    sms = (torch.cuda.get_device_properties(x.device).multi_processor_count
+           if persist or tail else 0)
     if persist:
         grid = (min(grid[0] * grid[1] * nchunks, min(grid_cap or sms, sms)), 1, 1)
         work, flags = _stream_k_memory(x.device, grid[0], block_m * 64 * warpgroups)
