@@ -594,9 +594,8 @@ def _applies(cand: tuple | None, n: int, m: int) -> bool:
     from w12_kernels.gemm import cuda_large
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    wave = sms * cuda_large.blocks_per_sm(block_m, warpgroups, x_stages, w_stages, a_regs)
-    tile_blocks = math.ceil(math.ceil(n / 16) / (4 * warpgroups))
-    return cuda_large.tail_plan(tile_blocks, math.ceil(m / block_m), wave, tail) is not None
+    return cuda_large.tail_start(math.ceil(n / 16), m, block_m, warpgroups, x_stages, w_stages,
+                                 a_regs, tail, sms) is not None
 
 
 def _large_runner(cand: tuple | None):

@@ -130,6 +130,14 @@ def test_tail_plan():
     assert tail_plan(192, 1, 132, 0) is None
     assert tail_plan(224, 1, 132, 1) == 132  # stream-K over the 92 units left: any size
     assert tail_plan(100, 3, 132, 2) == 88  # 300 units: 2 waves = 88 tile blocks of 3
+    # from a layer's 16-row tiles and rows (a 24576-row layer: 192 tile blocks of 8 tiles)
+    from w12_kernels.gemm.cuda_large import tail_start
+
+    assert tail_start(1536, 256, 256, 2, 5, 5, 2, 2, 132) == 132
+    assert tail_start(1536, 200, 256, 2, 5, 5, 2, 2, 132) == 132  # rows short of the block
+    assert tail_start(1792, 512, 256, 2, 5, 5, 2, 2, 132) == 198
+    assert tail_start(1792, 256, 256, 2, 5, 5, 2, 2, 132) is None
+    assert tail_start(24, 129, 256, 2, 5, 5, 2, 2, 132, wave=2) == 2
 
 
 def test_split_count_keeps_the_workspace_below_the_weight_bytes():

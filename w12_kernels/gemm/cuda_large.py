@@ -268,6 +268,15 @@ def tail_plan(tile_blocks: int, token_blocks: int, wave: int, tail: int) -> int 
     return first
 
 
+def tail_start(ntiles: int, m: int, block_m: int, warpgroups: int, x_stages: int,
+               w_stages: int, a_regs: int, tail: int, sms: int,
+               wave: int | None = None) -> int | None:
+    """``tail_plan`` for a one-range configuration on ``ntiles`` 16-row tiles and ``m`` rows,
+    a wave being ``sms`` multiprocessors' blocks (``wave`` if given)."""
+    wave = wave or sms * blocks_per_sm(block_m, warpgroups, x_stages, w_stages, a_regs)
+    return tail_plan(math.ceil(ntiles / (4 * warpgroups)), math.ceil(m / block_m), wave, tail)
+
+
 # (device index, stream, blocks, floats a block) -> stream-K's work memory and flags; kept for
 # the process's life, as a CUDA graph that captured a call holds their addresses
 _STREAM_K: dict[tuple[int, int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -348,8 +357,8 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     pdl = PDL if pdl is None else pdl
     first = None
     if tail:
-        wave = wave or sms * blocks_per_sm(block_m, warpgroups, x_stages, w_stages, a_regs)
-        first = tail_plan(tile_blocks, token_blocks, wave, tail)
+        first = tail_start(ntiles, m, block_m, warpgroups, x_stages, w_stages, a_regs, tail,
+                           sms, wave)
     launches = [(config, grid, 0, extra)]
     if first is not None:
         rest = (tile_blocks - first, token_blocks, tail)
