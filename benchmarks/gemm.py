@@ -572,7 +572,11 @@ WGMMA_CANDIDATES = ((256, 2, 4, 3, 1, 0), (256, 2, 4, 3, 2, 0), (256, 2, 4, 3, 4
                     (256, 2, 5, 5, 1, 2, 0, 2), (256, 2, 5, 5, 1, 2, 0, 3),
                     (256, 2, 5, 5, 1, 2, 0, 4), (256, 2, 4, 6, 1, 2, 0, 2),
                     # the tile blocks past them as stream-K over every multiprocessor
-                    (256, 2, 5, 5, 1, 2, 0, 1), (256, 2, 4, 6, 1, 2, 0, 1))
+                    (256, 2, 5, 5, 1, 2, 0, 1), (256, 2, 4, 6, 1, 2, 0, 1),
+                    # two MMA warpgroups on one group of 64 weight rows, every other column
+                    # each (#65): blocks of half the rows with two warpgroups' MMAs in flight
+                    (256, 1, 5, 8, 1, 3), (256, 1, 5, 8, 2, 3), (256, 1, 5, 8, 3, 3),
+                    (256, 1, 5, 6, 2, 3))
 WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs", "persist",
               "tail")
 
@@ -626,7 +630,7 @@ def _large_label(cand: tuple | None) -> str:
         return "decode"
     if cand[0] == "wgmma":
         args = _wgmma_args(cand)
-        return ("wgmma_m{}_g{}_x{}_w{}_k{}".format(*args[:5]) + ("", "_r", "_rp")[args[5]]
+        return ("wgmma_m{}_g{}_x{}_w{}_k{}".format(*args[:5]) + ("", "_r", "_rp", "_ri")[args[5]]
                 + ("_ps" if args[6] else "") + (f"_t{args[7]}" if args[7] else ""))
     return ("fused_t{}_m{}_w{}_s{}".format(*cand[:4]) + (f"_r{cand[4]}" if cand[4] else "")
             + (f"_k{cand[5]}" if cand[5] > 1 else ""))

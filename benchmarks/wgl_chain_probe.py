@@ -20,7 +20,7 @@ are wrong by design, only their times mean something:
   ``launch_only`` (every thread returns at once: the launch and the image pass).
 
     python3 benchmarks/wgl_chain_probe.py                        # GPU, compute capability 9.0
-    python3 benchmarks/wgl_chain_probe.py --variants full,overhead
+    python3 benchmarks/wgl_chain_probe.py --variants full,overhead --shapes 4096x4096
 
 docs/PERF_GEMM.md #63 has what it measured.
 """
@@ -116,7 +116,9 @@ PATCHES = {"full": [],
            "floor_w_only_bulk": _FLOOR + [(_X_ISSUE, ""), (_X_WAIT, "")]}
 BULK = ("full_bulk", "floor_w_only_bulk")
 # shape -> the configurations (cuda_large.gemm_wgl's, in WGMMA_KEYS order) to probe on it
-JOBS = {(4096, 4096): [(256, 1, 5, 8, 2, 1, 0), (256, 2, 5, 5, 3, 2, 0)],
+# (with ``a_regs`` 3: the two MMA warpgroups on one group of 64 rows, #65)
+JOBS = {(4096, 4096): [(256, 1, 5, 8, 2, 1, 0), (256, 2, 5, 5, 3, 2, 0), (256, 1, 5, 6, 2, 3, 0)],
+        (4096, 14336): [(256, 2, 5, 5, 3, 2, 0), (256, 1, 5, 6, 2, 3, 0)],
         (28672, 4096): [(256, 2, 5, 5, 1, 2, 0), (256, 2, 3, 10, 1, 2, 0)]}
 
 
@@ -134,7 +136,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", default=",".join(PATCHES),
                         help="comma-separated variants to time (default: all)")
-    variants = parser.parse_args().variants.split(",")
+    parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in JOBS),
+                        help="comma-separated NxK shapes of JOBS to probe (default: all)")
+    args = parser.parse_args()
+    variants = args.variants.split(",")
+    shapes = [tuple(map(int, v.split("x"))) for v in args.shapes.split(",")]
+    if not set(shapes) <= set(JOBS):
+        raise SystemExit(f"wgl_chain_probe: shapes must be among {list(JOBS)}")
+    jobs = {shape: JOBS[shape] for shape in shapes}
     unknown = sorted(set(variants) - set(PATCHES))
     if unknown:
         raise SystemExit(f"wgl_chain_probe: unknown variants {unknown}; known: {list(PATCHES)}")
@@ -149,7 +158,7 @@ def main() -> None:
             path = Path(scratch) / f"{variant}.cu"
             path.write_text(patched(variant, shipped))
             cl.SOURCE_PATH = path
-            for cfgs in JOBS.values():
+            for cfgs in jobs.values():
                 for cfg in cfgs:
                     codes[(variant, cfg)] = cl.source(*cfg)
         cl.SOURCE_PATH = shipped
@@ -171,7 +180,7 @@ def main() -> None:
     cl._function = lambda dev, config: (shipped_function(dev, None) if config is None
                                         else funcs[(current[0], config)])
     try:
-        for (n, k), cfgs in JOBS.items():
+        for (n, k), cfgs in jobs.items():
             probe_shape(n, k, cfgs, variants, current)
             torch.cuda.empty_cache()
     finally:

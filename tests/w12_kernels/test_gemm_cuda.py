@@ -256,11 +256,14 @@ WGMMA_CONFIGS = [(256, 2, 4, 3, 1, 0), (256, 2, 3, 5, 2, 0), (128, 2, 4, 8, 2, 0
                  # one MMA warpgroup with the register operand (two blocks a multiprocessor
                  # for the last two)
                  (256, 1, 5, 8, 2, 1), (256, 1, 5, 8, 1, 1), (128, 1, 6, 12, 2, 1),
-                 (128, 1, 4, 5, 1, 1), (128, 1, 4, 5, 2, 1)]
+                 (128, 1, 4, 5, 1, 1), (128, 1, 4, 5, 2, 1),
+                 # two MMA warpgroups on one 64-row group, every other column each
+                 (256, 1, 5, 8, 1, 3), (256, 1, 5, 8, 2, 3), (256, 1, 5, 6, 3, 3),
+                 (128, 1, 4, 5, 4, 3), (64, 1, 3, 2, 1, 3)]
 
 
 @pytest.mark.parametrize("block_m,warpgroups,x_stages,w_stages,splits,a_regs", WGMMA_CONFIGS,
-                         ids=[f"m{b}_g{g}_x{s}_w{w}_k{k}" + ("", "_r", "_rp")[r]
+                         ids=[f"m{b}_g{g}_x{s}_w{w}_k{k}" + ("", "_r", "_rp", "_ri")[r]
                               for b, g, s, w, k, r in WGMMA_CONFIGS])
 def test_wgmma_large_kernel(block_m, warpgroups, x_stages, w_stages, splits, a_regs):
     """The warpgroup-MMA kernel for many rows (kernels_large.cu) at awkward sizes: within budget
@@ -372,7 +375,8 @@ def test_wgmma_large_kernel_weight_map(monkeypatch, cfg):
 
 @pytest.mark.parametrize("cfg", [(256, 2, 5, 5, 1, 2, 0), (256, 2, 5, 5, 3, 2, 0),
                                  (256, 1, 5, 8, 2, 1, 0), (128, 2, 8, 8, 2, 1, 0),
-                                 (128, 2, 4, 8, 2, 0, 0), (192, 2, 3, 3, 4, 1, 0)],
+                                 (128, 2, 4, 8, 2, 0, 0), (192, 2, 3, 3, 4, 1, 0),
+                                 (256, 1, 5, 8, 2, 3, 0), (256, 1, 5, 8, 1, 3, 0)],
                          ids=lambda c: "_".join(map(str, c)))
 def test_wgmma_large_kernel_row_group_stores(cfg):
     """The epilogue's 8-row path (N a multiple of 8, the output 16-byte aligned, no row of the

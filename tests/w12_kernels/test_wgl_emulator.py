@@ -202,6 +202,37 @@ def test_producer_warpgroup_configuration():
     assert cfgs.LargeConfig(**entry).a_regs == 2
 
 
+def test_interleaved_warpgroups_configuration():
+    """``a_regs`` 3: two MMA warpgroups on one group of 64 weight rows (so ``warpgroups`` 1:
+    the block's rows, tiles and weight stages are those of one), a producer warpgroup, its own
+    entry point; not with stream-K or a stream-K tail; the launcher gets it from a table
+    entry of 4 tiles, and the tail plan counts blocks of 64 rows."""
+    src = cuda_large.source(256, 1, 5, 8, 2, 3)
+    assert "w12_wgl_256_1_5_8_2_ri(" in src and "__launch_bounds__(384, 1)" in src
+    assert "wgl_body<256, 1, 5, 8, 2, 3, 0>(" in src
+    assert cuda_large.threads(1, 3) == 384 and cuda_large.blocks_per_sm(256, 1, 5, 8, 3) == 1
+    # the shared memory of one group of rows: 4 tiles a weight stage, a 64-row partial tile
+    assert (cuda_large.shared_bytes(256, 1, 5, 8, 3, splits=2)
+            == cuda_large.shared_bytes(256, 1, 5, 8, 1, splits=2))
+    for bad in ((256, 2, 5, 5, 1, 3, 0), (256, 1, 5, 8, 1, 3, 1), (256, 1, 5, 8, 1, 4, 0)):
+        with pytest.raises(ValueError, match="bad configuration"):
+            cuda_large.check_config(*bad)
+    with pytest.raises(ValueError, match="bad configuration"):  # the stream-K tail
+        cuda_large.check_config(*cuda_large.tail_config((256, 1, 5, 8, 1, 3, 0), 1))
+    cuda_large.check_config(*cuda_large.tail_config((256, 1, 5, 8, 1, 3, 0), 2))
+    bench = gemm_benchmark()
+    cand = ("wgmma", 256, 1, 5, 8, 2, 3)
+    assert bench._large_label(cand) == "wgmma_m256_g1_x5_w8_k2_ri"
+    entry = bench._large_entry(cand)
+    assert entry["tiles"] == 4 and entry["a_regs"] == 3
+    cfg = cfgs.large_config(4096, 4096, 256, {"default": {"kind": "decode"}, "max_m": 256,
+                                              "shapes": {"4096x4096": {"256": entry}}})
+    assert (cfg.tiles // 4, cfg.a_regs, cfg.splits) == (1, 3, 2)
+    # 28672 rows at 256 tokens: 448 blocks of 64 rows, one block a multiprocessor: the tail
+    # starts after 3 waves of 132
+    assert cuda_large.tail_start(1792, 256, 256, 1, 5, 8, 3, 2, 132) == 396
+
+
 def test_persistent_configuration_and_its_table_entry():
     """``persist``: only with the producer warpgroup and one K range; its own entry point; a
     table entry names it, and a shape's entry without it is not persistent even where the

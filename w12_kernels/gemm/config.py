@@ -138,7 +138,8 @@ class LargeConfig:
     splits: int = 1  # K ranges (fused: through a workspace, the launcher may lower it;
     # wgmma: the blocks of a cluster)
     a_regs: int = 0  # wgmma: 1 (or true): the decoded weights as the MMA's register operand;
-    # 2: that, with a producer warpgroup giving its registers to the MMA warpgroups
+    # 2: that, with a producer warpgroup giving its registers to the MMA warpgroups; 3: that,
+    # with tiles 4: two MMA warpgroups on the 64 rows, every other column each
     persist: int = 0  # wgmma with a_regs 2 and one K range: stream-K, one block a
     # multiprocessor, each an equal share of all (unit, column) steps, outputs from the
     # accumulators (docs/PERF_GEMM.md #60; never inherited from the default: see below)

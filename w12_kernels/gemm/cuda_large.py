@@ -13,15 +13,18 @@ so that the epilogue corrects only the others (inf, NaN, out-of-range).
 Deterministic; with ``splits`` > 1 the K ranges of a thread-block cluster are added in a fixed
 order through distributed shared memory. Needs compute capability 9.0 (``sm_90a``). Not
 batch-invariant (the launcher uses it above the rows where that is promised). Measured on an
-H200 (docs/PERF_GEMM.md #19-#64): 0.68-0.99x of cuBLAS at 256 rows (geomean 0.84; 0.85 at 512,
-0.88 at 1024 rows), short of the 0.9x it was built for. ``a_regs`` keeps the decoded
-weights in registers as the MMA's A operand (no A buffers): 9-13% faster at 128 activation
-rows; at 256 rows that needs ``a_regs`` 2, a producer warpgroup that gives its registers to the
-MMA warpgroups (the table's choice at 256 rows on 17 of 18 shapes, some with K
-in two or three ranges or stream-K). Copying the activations into the stages from the producer
-warpgroup itself (4-byte cp.async, no image pass) was 3-5x slower (docs/PERF_GEMM.md #57) and
-was removed. The GEMM is launched with programmatic dependent launch after its image pass
-(``PDL``), so that its blocks' start overlaps that pass: 0.741 -> 0.748 at 256 rows (#59).
+H200 (docs/PERF_GEMM.md #19-#65): 0.68-1.00x of cuBLAS at 256 rows (geomean 0.86; 0.85 at 512,
+0.88 at 1024 rows), short of the 0.9x it was built for. ``a_regs`` keeps the decoded weights in
+registers as the MMA's A operand (no A buffers): 9-13% faster at 128 activation rows; at 256
+rows that needs ``a_regs`` 2, a producer warpgroup that gives its registers to the MMA
+warpgroups (the table's choice at 256 rows on most shapes, some with K in two or three ranges or
+stream-K); ``a_regs`` 3 (with ``warpgroups`` 1) puts both MMA warpgroups on the block's 64
+weight rows, each taking every other column and their sums added in the epilogue, so that a
+4096-row layer runs 128 blocks with two warpgroups' MMAs in flight (the table's choice on the
+three 4096-wide layers at 256 rows, #65). Copying the activations into the stages from the
+producer warpgroup itself (4-byte cp.async, no image pass) was 3-5x slower (docs/PERF_GEMM.md
+#57) and was removed. The GEMM is launched with programmatic dependent launch after its image
+pass (``PDL``), so that its blocks' start overlaps that pass: 0.741 -> 0.748 at 256 rows (#59).
 ``persist`` 1 is stream-K: one block per multiprocessor, each an equal share of all (unit,
 column) steps, the units cut between blocks added in a fixed order through a float32 workspace
 (``_stream_k_memory``); the table takes it where it wins (layers of 2-4 waves, #60). A block's
@@ -66,11 +69,15 @@ def available() -> bool:
 def kernel_name(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
                 splits: int, a_regs: int = 0, persist: int = 0) -> str:
     return (f"w12_wgl_{block_m}_{warpgroups}_{x_stages}_{w_stages}_{splits}"
-            + ("", "_r", "_rp")[int(a_regs)] + ("_ps" if persist else ""))
+            + ("", "_r", "_rp", "_ri")[int(a_regs)] + ("_ps" if persist else ""))
 
 
 def threads(warpgroups: int, a_regs: int = 0) -> int:
-    """The MMA warpgroups plus a producer warp, or (``a_regs`` 2) a producer warpgroup."""
+    """The MMA warpgroups plus a producer warp, or (``a_regs`` 2) a producer warpgroup;
+    ``a_regs`` 3: two MMA warpgroups on the one group of 64 weight rows, and a producer
+    warpgroup."""
+    if a_regs == 3:
+        return 384
     return 128 * warpgroups + (128 if a_regs == 2 else 32)
 
 
@@ -96,8 +103,9 @@ def shared_bytes(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
 def check_config(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
                  splits: int, a_regs: int = 0, persist: int = 0) -> None:
     if (block_m not in BLOCK_M or warpgroups not in WARPGROUPS or splits not in SPLITS
-            or not 3 <= x_stages <= 8 or not 2 <= w_stages <= 16 or a_regs not in (0, 1, 2)
+            or not 3 <= x_stages <= 8 or not 2 <= w_stages <= 16 or a_regs not in (0, 1, 2, 3)
             or (a_regs == 2 and warpgroups != 2)  # setmaxnreg's split is made for two
+            or (a_regs == 3 and warpgroups != 1)  # two MMA warpgroups on 64 rows
             or persist not in (0, 1) or (persist and (a_regs != 2 or splits != 1))
             or shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs,
                             persist, splits) > 227 * 1024):
@@ -112,7 +120,7 @@ def blocks_per_sm(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
     reserved per block) and the accumulators (``block_m / 2`` registers per thread) leave room
     under the register cap of two blocks (each of the 4 quarters of a multiprocessor holds
     16,384 registers for its share of the two blocks' warps); the kernel then caps them."""
-    if a_regs == 2:  # the register split of setmaxnreg is made for one block
+    if a_regs >= 2:  # the register split of setmaxnreg is made for one block
         return 1
     one = shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs, splits=splits)
     warps = 2 * threads(warpgroups, a_regs) // 32
@@ -309,7 +317,9 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     rows x ``block_m`` activation rows, ``x_stages`` activation and ``w_stages`` chunk-word
     stages in shared memory, ``splits`` K ranges per cluster, the decoded weights as the MMA's
     register operand with ``a_regs`` 1 (else from shared memory), and with ``a_regs`` 2 also a
-    producer warpgroup that gives its registers to the MMA warpgroups. ``persist`` 1 (with
+    producer warpgroup that gives its registers to the MMA warpgroups; ``a_regs`` 3 (with
+    ``warpgroups`` 1): that producer warpgroup and two MMA warpgroups on the block's 64 rows,
+    every other column each, their sums added in a fixed order. ``persist`` 1 (with
     ``a_regs`` 2 and one K range): stream-K, one block a multiprocessor (``grid_cap`` blocks if
     given), each taking an equal share of all (unit, chunk column) steps, the units cut between
     blocks added in a fixed order (see kernels_large.cu). ``pdl`` (default ``PDL``): the GEMM

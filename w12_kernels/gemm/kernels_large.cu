@@ -26,7 +26,10 @@
 // m64nBNk16 with both operands from shared memory, two columns of MMAs left in flight (with
 // AREG 1 the decoded fragments stay in registers as the MMA's A operand instead; AREG 2 adds a
 // producer warpgroup that hands its registers to the MMA warpgroups through setmaxnreg, so
-// that 256 activation rows fit, docs/PERF_GEMM.md #22). With
+// that 256 activation rows fit, docs/PERF_GEMM.md #22; AREG 3 is that with WGS 1: both MMA
+// warpgroups on the block's 64 weight rows, each taking every other chunk column, their sums
+// added in the epilogue, so that a block of half the rows keeps two warpgroups' MMAs in
+// flight, docs/PERF_GEMM.md #65). With
 // SPLIT > 1 the chunk columns are cut into SPLIT contiguous ranges, one per block of a
 // thread-block cluster (1, 1, SPLIT), and the partial tiles are added in rank order 0, 1, ...
 // through distributed shared memory (deterministic, no atomics, no workspace).
@@ -188,7 +191,14 @@ __device__ __forceinline__ void wgl_body(
   static_assert(BN % 64 == 0 && BN <= 256, "BN: 64, 128, 192 or 256 activation rows");
   static_assert(SX >= 3 && SW >= 2 && SPLIT >= 1 && SPLIT <= 4, "config");
   static_assert(PERS == 0 || (AREG == 2 && SPLIT == 1), "stream-K: producer warpgroup, one range");
-  constexpr int THREADS = 128 * WGS;
+  static_assert(AREG != 3 || WGS == 1, "interleaved columns: one group of 64 weight rows");
+  // AREG 3: two MMA warpgroups on the block's one group of 64 weight rows, warpgroup w taking
+  // the block's columns w, w + 2, w + 4, ... (each stage read by one warpgroup), their sums
+  // added in the epilogue (warpgroup 0's, then warpgroup 1's: a fixed order)
+  constexpr bool KIL = AREG == 3;
+  constexpr int MWG = KIL ? 2 : WGS;      // MMA warpgroups
+  constexpr int D = KIL ? 2 : 1;          // columns from one of a warpgroup's to its next
+  constexpr int THREADS = 128 * MWG;
   constexpr int NA = 3;                   // A buffers: column i decoded while i-1, i-2 multiply
   constexpr int XSTAGE = BN * 128;        // activation bytes per stage
   constexpr int WSTAGE = 4 * WGS * 1536;  // chunk bytes per stage
@@ -219,6 +229,7 @@ __device__ __forceinline__ void wgl_body(
   int2* escwarp = reinterpret_cast<int2*>(escring + 4 * WGS * 32);
   const int tid = threadIdx.x;
   const int wg = tid >> 7;
+  const int wrow = KIL ? 0 : wg;  // the warpgroup's group of 64 weight rows
   const int warp = (tid >> 5) & 3;
   const int lane = tid & 31;
   int tok0 = blockIdx.y * BN;
@@ -435,7 +446,7 @@ __device__ __forceinline__ void wgl_body(
       row_data(sg);
     }
   };
-  if (AREG == 2) {
+  if (AREG >= 2) {
     // A producer warpgroup that gives its registers to the two MMA warpgroups (setmaxnreg),
     // so that 128 accumulators and two sets of A fragments fit per thread: its first warp
     // starts the copies, then the whole warpgroup meets the consumers' block barriers (the
@@ -464,13 +475,13 @@ __device__ __forceinline__ void wgl_body(
   // warpgroup, unit 2 j + r / 2, word t
   const int g = lane >> 2, t = lane & 3;
   const int aoff = wg * ABUF + (16 * warp + g) * 128 + t * 4;
-  const int woff = (wg * 4 + warp) * 1536 + lane * 16;  // Words4 lane, lane + 32, lane + 64
+  const int woff = (wrow * 4 + warp) * 1536 + lane * 16;  // Words4 lane, lane + 32, lane + 64
 
   // This warp's tile's escapes, in chunk order, 32 at a time: lane l holds entry ebase + l as
   // its chunk column (ecol; INT_MAX past the end), where it goes (epos: its byte in the A
   // buffer; with AREG the lane that holds it in registers, 256 x, plus 2 x its register
   // 4 j + r and its half) and its value.
-  int mytile = min(tile0 + wg * 4 + warp, ntiles - 1);
+  int mytile = min(tile0 + wrow * 4 + warp, ntiles - 1);
   // (PERS: the segments' batches come from segment_data)
   int eend = producer || PERS != 0 ? 0 : rowptr[16 * mytile + 16];
   int ebase = producer || PERS != 0 ? 0 : rowptr[16 * mytile];
@@ -558,8 +569,9 @@ __device__ __forceinline__ void wgl_body(
     keep_regs(prev);
     // (PERS: the stage of the column before, also where that was the previous segment's last:
     // its stage is refilled only once this segment has started)
-    arrive_if((PERS != 0 ? q >= 1u : i >= 1) && (tid & 127) == 0,
-              xempty + (PERS != 0 ? (int)((q + SX - 1) % SX) : (i + SX - 1) % SX));
+    // (KIL: the warpgroup's column before, i - 2)
+    arrive_if((PERS != 0 ? q >= 1u : i >= D) && (tid & 127) == 0,
+              xempty + (PERS != 0 ? (int)((q + SX - 1) % SX) : (i + SX - D) % SX));
   };
   if (AREG != 0) {
     u32 a0[4][4], a1[4][4];
@@ -714,9 +726,12 @@ __device__ __forceinline__ void wgl_body(
       }
       return;
     }
-    for (int i = 0; i < n && !producer; i += 2) {
+    // (KIL: this warpgroup's columns, from its index on; broadcast, so that ptxas sees a
+    // warp-uniform loop around the MMAs)
+    const int i0 = KIL ? __shfl_sync(0xffffffffu, wg, 0) : 0;
+    for (int i = i0; i < n && !producer; i += 2 * D) {
       column_regs(i, a0, a1);
-      if (i + 1 < n) column_regs(i + 1, a1, a0);
+      if (i + D < n) column_regs(i + D, a1, a0);
     }
   }
 
@@ -806,12 +821,23 @@ __device__ __forceinline__ void wgl_body(
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(inbar)));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  if (!producer) {
+  if (!producer && (!KIL || wg == 0)) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) {
-      const int r = wg * 64 + 16 * warp + g + 8 * ((i & 3) >> 1);
+      const int r = wrow * 64 + 16 * warp + g + 8 * ((i & 3) >> 1);
       const int col = 8 * (i >> 2) + 2 * t + (i & 1);
       part[col * PST + r] = acc[i];
+    }
+  }
+  if constexpr (KIL) {  // warpgroup 1's sums added to warpgroup 0's (the MMA threads meet)
+    if (!producer) asm volatile("bar.sync 4, %0;" :: "n"(THREADS) : "memory");
+    if (!producer && wg == 1) {
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) {
+        const int r = 16 * warp + g + 8 * ((i & 3) >> 1);
+        const int col = 8 * (i >> 2) + 2 * t + (i & 1);
+        part[col * PST + r] += acc[i];
+      }
     }
   }
   if (PUSH) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // for the copies
