@@ -684,15 +684,20 @@ def run_sweep_large(m_values, shapes=None, pattern=None) -> tuple[list[dict], di
     so that a table written from the sweep keeps it unless a candidate beat it in the same
     rounds (a restricted sweep once replaced entries by the best of its few candidates)."""
     cands = large_candidates(pattern)
+    known = cands  # every candidate timed somewhere, for the table's labels
     rows = []
     for n, k in shapes or SWEEP_SHAPES:
         layer = Layer(n, k, seed=n + k)
         for m in m_values:
+            # (a point's current entry is timed at that point only: carried on to the later
+            # points, it made a restricted sweep re-time many unrelated configurations there,
+            # and the table then took their noise-level reorderings)
             point = list(cands)
             cur = current_candidate(n, k, m) if pattern else None
             if cur is not None and cur not in point:
                 point.append(cur)
-                cands = (*cands, cur)
+                if cur not in known:
+                    known = (*known, cur)
             runs = {_large_label(c): _large_runner(c) for c in point if _applies(c, n, m)}
             if m <= launcher.SMALL_PASSES * cfgs.SMALL_M_MAX:
                 runs["small_passes"] = default_run
@@ -702,7 +707,7 @@ def run_sweep_large(m_values, shapes=None, pattern=None) -> tuple[list[dict], di
                                  cublas_us=t_ref))
         del layer
         torch.cuda.empty_cache()
-    return rows, choose_large(rows, cands)
+    return rows, choose_large(rows, known)
 
 
 def choose_large(rows: list[dict], cands: tuple | None = None) -> dict:

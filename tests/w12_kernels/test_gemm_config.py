@@ -241,6 +241,34 @@ def test_restricted_large_sweep_keeps_a_faster_current_entry(monkeypatch):
     assert table["shapes"]["4096x4096"]["256"] == gemm_bench._large_entry(current)
 
 
+def test_restricted_large_sweep_times_each_current_entry_at_its_point_only(monkeypatch):
+    """A point's current entry is not carried on to later points: there it would be timed
+    against the candidates too, and its noise-level wins would reorder their entries."""
+    gemm_bench = gemm_benchmark()
+    first, second, other = (gemm_bench.LARGE_CANDIDATES[i] for i in (3, 4, 0))
+    rule = {"default": {"kind": "decode"}, "max_m": 256,
+            "shapes": {"4096x4096": {"256": gemm_bench._large_entry(first)},
+                       "8192x8192": {"256": gemm_bench._large_entry(second)}}}
+    monkeypatch.setattr(gemm_bench.cfgs, "large_rule", lambda: rule)
+    monkeypatch.setattr(gemm_bench, "Layer", lambda n, k, seed: None)
+    timed = {}
+
+    def measure(layer, m, runs):
+        timed[len(timed)] = set(runs)
+        # the first point's entry would win everywhere it were timed
+        us = {gemm_bench._large_label(first): 4.0, gemm_bench._large_label(second): 6.0}
+        return 10.0, {label: (us.get(label, 8.0), 1.0) for label in runs}
+
+    monkeypatch.setattr(gemm_bench, "_measure", measure)
+    pattern = gemm_bench._large_label(other)
+    _, table = gemm_bench.run_sweep_large([256], [(4096, 4096), (8192, 8192)], pattern)
+    labels = [gemm_bench._large_label(c) for c in (first, second, other)]
+    assert {labels[0], labels[2]} <= timed[0] and labels[1] not in timed[0]
+    assert {labels[1], labels[2]} <= timed[1] and labels[0] not in timed[1]
+    assert table["shapes"]["4096x4096"]["256"] == gemm_bench._large_entry(first)
+    assert table["shapes"]["8192x8192"]["256"] == gemm_bench._large_entry(second)
+
+
 def test_large_sweep_of_some_shapes_keeps_the_rest_of_the_table():
     """A large-M sweep of a few shapes (``--shapes``) replaces their entries only: the default,
     ``max_m`` and the other shapes' entries (other M classes of a swept shape too) stay."""
