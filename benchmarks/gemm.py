@@ -576,14 +576,19 @@ WGMMA_CANDIDATES = ((256, 2, 4, 3, 1, 0), (256, 2, 4, 3, 2, 0), (256, 2, 4, 3, 4
                     # two MMA warpgroups on one group of 64 weight rows, every other column
                     # each (#65): blocks of half the rows with two warpgroups' MMAs in flight
                     (256, 1, 5, 8, 1, 3), (256, 1, 5, 8, 2, 3), (256, 1, 5, 8, 3, 3),
-                    (256, 1, 5, 6, 2, 3))
+                    (256, 1, 5, 6, 2, 3),
+                    # blocks in pairs sharing each activation stage by multicast (#66): those
+                    # of #65 with half the activation bytes per MMA, and the two-warpgroup ones
+                    (256, 1, 5, 8, 1, 3, 0, 0, 1), (256, 1, 5, 8, 2, 3, 0, 0, 1),
+                    (256, 1, 5, 6, 2, 3, 0, 0, 1), (256, 1, 5, 8, 3, 3, 0, 0, 1),
+                    (256, 2, 5, 5, 1, 2, 0, 0, 1), (256, 2, 5, 5, 2, 2, 0, 0, 1))
 WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs", "persist",
-              "tail")
+              "tail", "mcast")
 
 
 def _wgmma_args(cand: tuple) -> tuple:
-    """A warpgroup candidate's values in the order of WGMMA_KEYS (persist and tail 0 where not
-    given)."""
+    """A warpgroup candidate's values in the order of WGMMA_KEYS (persist, tail and mcast 0
+    where not given)."""
     return cand[1:] + (0,) * (len(WGMMA_KEYS) + 1 - len(cand))
 
 
@@ -592,7 +597,7 @@ def _applies(cand: tuple | None, n: int, m: int) -> bool:
     GPU (``cuda_large.tail_plan``): it would time the same launch as the one without."""
     if cand is None or cand[0] != "wgmma":
         return True
-    block_m, warpgroups, x_stages, w_stages, _, a_regs, _, tail = _wgmma_args(cand)
+    block_m, warpgroups, x_stages, w_stages, _, a_regs, _, tail, _ = _wgmma_args(cand)
     if not tail:
         return True
     from w12_kernels.gemm import cuda_large
@@ -631,7 +636,8 @@ def _large_label(cand: tuple | None) -> str:
     if cand[0] == "wgmma":
         args = _wgmma_args(cand)
         return ("wgmma_m{}_g{}_x{}_w{}_k{}".format(*args[:5]) + ("", "_r", "_rp", "_ri")[args[5]]
-                + ("_ps" if args[6] else "") + (f"_t{args[7]}" if args[7] else ""))
+                + ("_ps" if args[6] else "") + (f"_t{args[7]}" if args[7] else "")
+                + ("_mc" if args[8] else ""))
     return ("fused_t{}_m{}_w{}_s{}".format(*cand[:4]) + (f"_r{cand[4]}" if cand[4] else "")
             + (f"_k{cand[5]}" if cand[5] > 1 else ""))
 
@@ -654,13 +660,14 @@ def _large_entry(cand: tuple | None) -> dict:
     if cand is None:
         return {"kind": "decode"}
     if cand[0] == "wgmma":
-        block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist, tail = \
+        block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist, tail, mcast = \
             _wgmma_args(cand)
         return {"kind": "wgmma", "tiles": 4 * warpgroups, "block_m": block_m,
                 "num_stages": x_stages, "w_stages": w_stages, "splits": splits,
                 **({"a_regs": a_regs} if a_regs else {}),
                 **({"persist": persist} if persist else {}),
-                **({"tail": tail} if tail else {})}
+                **({"tail": tail} if tail else {}),
+                **({"mcast": mcast} if mcast else {})}
     return {"kind": "fused", **dict(zip(LARGE_KEYS, cand, strict=True))}
 
 

@@ -117,8 +117,11 @@ PATCHES = {"full": [],
 BULK = ("full_bulk", "floor_w_only_bulk")
 # shape -> the configurations (cuda_large.gemm_wgl's, in WGMMA_KEYS order) to probe on it
 # (with ``a_regs`` 3: the two MMA warpgroups on one group of 64 rows, #65)
-JOBS = {(4096, 4096): [(256, 1, 5, 8, 2, 1, 0), (256, 2, 5, 5, 3, 2, 0), (256, 1, 5, 6, 2, 3, 0)],
-        (4096, 14336): [(256, 2, 5, 5, 3, 2, 0), (256, 1, 5, 6, 2, 3, 0)],
+# (the last field, mcast 1: blocks in pairs sharing each activation stage by multicast, #66)
+JOBS = {(4096, 4096): [(256, 1, 5, 8, 2, 1, 0), (256, 2, 5, 5, 3, 2, 0), (256, 1, 5, 6, 2, 3, 0),
+                       (256, 1, 5, 6, 2, 3, 0, 0, 1)],
+        (4096, 14336): [(256, 2, 5, 5, 3, 2, 0), (256, 1, 5, 6, 2, 3, 0),
+                        (256, 1, 5, 6, 2, 3, 0, 0, 1)],
         (28672, 4096): [(256, 2, 5, 5, 1, 2, 0), (256, 2, 3, 10, 1, 2, 0)]}
 
 
@@ -214,7 +217,8 @@ def probe_shape(n: int, k: int, cfgs: list, variants: list, current: list) -> No
     lists.append([lambda: cl.permute_x(x, nchunks, 256) for _ in order])
     *times, t_ref, t_img = G.time_graphs(lists)
     for (cfg, variant), t in zip(labels, times, strict=True):
-        print(f"{n}x{k} M=256 {cl.kernel_name(*cfg):28s} {variant:22s} {t:8.2f} us",
+        name = cl.kernel_name(*cfg[:7], *cfg[8:9])  # (WGMMA_KEYS order: tail before mcast)
+        print(f"{n}x{k} M=256 {name:31s} {variant:22s} {t:8.2f} us",
               flush=True)
     print(f"{n}x{k} M=256 cublas {t_ref:.2f} us, image pass alone {t_img:.2f} us", flush=True)
 

@@ -35,13 +35,17 @@ from benchmarks.kernel_regs import parse_ptxas  # noqa: E402
 _GENERATOR = """
 import json, sys
 from w12_kernels.gemm import cuda_large
-# (a trailing persist 0 left out, for revisions from before it)
-cfgs = [c[:6] if len(c) == 7 and c[6] == 0 else c for c in json.loads(sys.argv[1])]
+# (trailing persist and mcast 0 left out, for revisions from before them)
+cfgs = []
+for c in json.loads(sys.argv[1]):
+    while len(c) > 6 and c[-1] == 0:
+        c = c[:-1]
+    cfgs.append(c)
 out = {}
 for c in cfgs:
     try:
         out[cuda_large.kernel_name(*c)] = cuda_large.source(*c)
-    except TypeError:  # a configuration that revision does not have (persist)
+    except TypeError:  # a configuration that revision does not have (persist, mcast)
         pass
 print(json.dumps(out))
 """
@@ -58,13 +62,13 @@ class Loop:
 def table_configs(rule: dict | None = None) -> list[tuple]:
     """The distinct warpgroup-kernel configurations of the large-M table (default and every
     shape's entries, filled from the default as ``config.large_config`` fills them: all but
-    ``persist`` and ``tail``; an entry with a tail also runs its configuration with that many
-    K ranges), as ``cuda_large.kernel_name``'s arguments."""
+    ``persist``, ``tail`` and ``mcast``; an entry with a tail also runs its configuration with
+    that many K ranges), as ``cuda_large.kernel_name``'s arguments."""
     from w12_kernels.gemm import config as cfgs
     from w12_kernels.gemm import cuda_large
 
     rule = rule or cfgs.large_rule()
-    entries = [rule["default"]] + [{**rule["default"], "persist": 0, "tail": 0, **e}
+    entries = [rule["default"]] + [{**rule["default"], "persist": 0, "tail": 0, "mcast": 0, **e}
                                    for by_m in rule["shapes"].values() for e in by_m.values()]
     out = []
     for entry in entries:
@@ -72,7 +76,7 @@ def table_configs(rule: dict | None = None) -> list[tuple]:
         if c.kind != "wgmma":
             continue
         key = (c.block_m, c.tiles // 4, c.num_stages, c.w_stages, c.splits, int(c.a_regs),
-               int(c.persist))
+               int(c.persist), int(c.mcast))
         keys = [key, cuda_large.tail_config(key, c.tail)] if c.tail else [key]
         out += [k for k in dict.fromkeys(keys) if k not in out]
     return out
@@ -152,7 +156,8 @@ def main() -> int:
     parser.add_argument("--cuobjdump", default=shutil.which("cuobjdump"),
                         help="cuobjdump (default: on PATH; it needs nvdisasm on PATH too)")
     parser.add_argument("--configs", default=None,
-                        help="block_m:warpgroups:x_stages:w_stages:splits:a_regs[:persist],... "
+                        help="block_m:warpgroups:x_stages:w_stages:splits:a_regs[:persist[:mcast]],"
+                             "... "
                              "(default: every configuration of the large-M table)")
     args = parser.parse_args()
     if not args.nvcc or not args.cuobjdump:

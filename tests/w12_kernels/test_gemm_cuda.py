@@ -284,6 +284,57 @@ def test_wgmma_large_kernel(block_m, warpgroups, x_stages, w_stages, splits, a_r
                               (200, 200, 3)))
 
 
+MCAST_CONFIGS = [(256, 1, 5, 8, 1, 3), (256, 1, 5, 6, 2, 3), (256, 1, 5, 8, 3, 3),
+                 (128, 1, 4, 5, 4, 3), (256, 2, 5, 5, 1, 2), (256, 2, 5, 5, 2, 2),
+                 (128, 2, 4, 8, 4, 2)]
+
+
+@pytest.mark.parametrize("cfg", MCAST_CONFIGS, ids=lambda c: "_".join(map(str, c)))
+def test_wgmma_large_kernel_multicast_pairs(cfg):
+    """``mcast``: blocks in pairs, each copying half of every activation stage into both
+    (multicast), give the bits of the unpaired kernel: odd tile-block counts (a partner that
+    stores nothing), K ranges shorter than the stages, 1-4 K ranges (clusters of 2-8), eager
+    and replayed in a CUDA graph; within budget."""
+    from w12_kernels.gemm import cuda_large
+
+    if not cuda_large.available():
+        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
+    block_m, warpgroups, x_stages, w_stages, splits, a_regs = cfg
+
+    def run(x, pw, bias, mcast):
+        return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
+                                   pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order, bias,
+                                   pw.n, pw.k, block_m=block_m, warpgroups=warpgroups,
+                                   x_stages=x_stages, w_stages=w_stages, splits=splits,
+                                   a_regs=a_regs, mcast=mcast)
+
+    # (tile blocks of 64 or 128 rows: 300 -> 5 or 3, 4096 -> 64 or 32, 130 -> 3 or 2, 1 -> 1)
+    for n, k, m in ((300, 1000, 129), (4096, 4096, 300), (130, 72, 1000), (1, 64, 70),
+                    (200, 200, 3)):
+        t, x = _inputs(n, k, m, seed=n + m)
+        pw = prepare_weight(encoded(t))
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        plain = run(x, pw, bias, 0).view(torch.int16).clone()
+        paired = run(x, pw, bias, 1)
+        assert torch.equal(paired.view(torch.int16), plain), f"{n}x{k} M={m}"
+        assert_within_budget(paired, x, t, _ref(x, t, bias), bias)
+        static = x.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            run(static, pw, bias, 1)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = run(static, pw, bias, 1)
+        x2 = _inputs(n, k, m, seed=n + m + 1)[1]
+        static.copy_(x2)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y.view(torch.int16), run(x2, pw, bias, 0).view(torch.int16)), \
+            f"{n}x{k} M={m} graph"
+
+
 @pytest.mark.parametrize("cfg", [(256, 2, 5, 5, 1, 2), (256, 2, 5, 5, 3, 2), (128, 2, 8, 8, 2, 1),
                                  (256, 2, 4, 3, 1, 0)], ids=lambda c: "_".join(map(str, c)))
 def test_wgmma_large_kernel_with_programmatic_dependent_launch(cfg):

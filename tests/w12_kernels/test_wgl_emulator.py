@@ -82,9 +82,11 @@ def test_a_wrong_swizzle_is_caught(monkeypatch):
 
 def test_configurations_fit_the_shared_memory():
     for cand in (*gemm_benchmark().WGMMA_CANDIDATES, (64, 1, 3, 2, 1), (192, 2, 3, 3, 4)):
-        # (a tail's launch: the same configuration with K in that many ranges)
-        tails = ((cand[:7], cuda_large.tail_config(cand[:7], cand[7])) if len(cand) > 7
-                 else (cand,))
+        # (a tail's launch: the same configuration with K in that many ranges; the
+        # candidates' fields in the benchmark's order: ..., persist, tail, mcast)
+        config = (*cand[:7], *cand[8:9])
+        tail = cand[7] if len(cand) > 7 else 0
+        tails = (config, cuda_large.tail_config(config, tail)) if tail else (config,)
         for c in tails:
             cuda_large.check_config(*c)
             assert cuda_large.shared_bytes(*c[:4], *c[5:7], splits=c[4]) <= 227 * 1024
@@ -170,7 +172,7 @@ def test_register_operand_configuration():
     """``a_regs``: its own entry point and wrapper, no A buffers in shared memory, and a table
     entry that carries it to the launcher."""
     src = cuda_large.source(128, 2, 4, 8, 2, 1)
-    assert "w12_wgl_128_2_4_8_2_r(" in src and "2, 1, 0>(" in src
+    assert "w12_wgl_128_2_4_8_2_r(" in src and "2, 1, 0, 1>(" in src
     assert "struct WgmmaRS<128>" in src and "w12_wgl_128_2_4_8_2(" not in src
     assert (cuda_large.shared_bytes(128, 2, 4, 8) - cuda_large.shared_bytes(128, 2, 4, 8, 1)
             == 3 * 2 * 8192)
@@ -189,7 +191,7 @@ def test_producer_warpgroup_configuration():
     registers over with setmaxnreg, one block per multiprocessor, its own entry point."""
     src = cuda_large.source(256, 2, 4, 6, 1, 2)
     assert "w12_wgl_256_2_4_6_1_rp(" in src and "__launch_bounds__(384, 1)" in src
-    assert "setmaxnreg.dec" in src and "1, 2, 0>(" in src
+    assert "setmaxnreg.dec" in src and "1, 2, 0, 1>(" in src
     assert cuda_large.threads(2, 2) == 384 and cuda_large.threads(2, 1) == 288
     assert cuda_large.blocks_per_sm(64, 2, 3, 2, 2) == 1
     assert cuda_large.blocks_per_sm(64, 1, 3, 2, 1) == 2
@@ -202,6 +204,51 @@ def test_producer_warpgroup_configuration():
     assert cfgs.LargeConfig(**entry).a_regs == 2
 
 
+def test_multicast_pairs_configuration(monkeypatch):
+    """``mcast`` 1: clusters of (2, 1, splits), MC 2 in the kernel, its own entry point and
+    label; only with a producer warpgroup (``a_regs`` 2 or 3), not with stream-K or a tail;
+    the grid gets an even number of tile blocks; never inherited from the table's default."""
+    src = cuda_large.source(256, 1, 5, 8, 2, 3, 0, 1)
+    assert "w12_wgl_256_1_5_8_2_ri_mc(" in src and "__cluster_dims__(2, 1, 2)" in src
+    assert "wgl_body<256, 1, 5, 8, 2, 3, 0, 2>(" in src
+    assert "__cluster_dims__(2, 1, 1)" in cuda_large._entry(256, 2, 5, 5, 1, 2, 0, 1)
+    assert "__cluster_dims__" not in cuda_large._entry(256, 2, 5, 5, 1, 2, 0, 0)
+    for bad in ((256, 2, 5, 5, 1, 1, 0, 1), (256, 2, 5, 5, 1, 2, 1, 1), (256, 2, 5, 5, 1, 0, 0, 1),
+                (256, 2, 5, 5, 1, 2, 0, 2)):
+        with pytest.raises(ValueError, match="bad configuration"):
+            cuda_large.check_config(*bad)
+    cuda_large.check_config(256, 2, 5, 5, 4, 2, 0, 1)  # a cluster of 8
+    with pytest.raises(ValueError, match="tail"):
+        cuda_large.gemm_wgl(torch.zeros(1, 64), torch.zeros(1, 1, 384, dtype=torch.int32),
+                            *([None] * 7), None, 16, 64, block_m=256, warpgroups=2, x_stages=5,
+                            w_stages=5, a_regs=2, tail=2, mcast=1)
+    bench = gemm_benchmark()
+    cand = ("wgmma", 256, 1, 5, 8, 2, 3, 0, 0, 1)
+    assert bench._large_label(cand) == "wgmma_m256_g1_x5_w8_k2_ri_mc"
+    entry = bench._large_entry(cand)
+    assert entry["mcast"] == 1 and "mcast" not in bench._large_entry(cand[:7])
+    rule = {"default": {**entry}, "max_m": 256,
+            "shapes": {"4096x4096": {"256": bench._large_entry(cand[:7])}}}
+    assert cfgs.large_config(4096, 4096, 256, rule).mcast == 0
+    assert cfgs.large_config(8192, 4096, 256, rule).mcast == 1
+    # the grid: 3 tile blocks of 128 rows -> 4 (the partner of the last stores nothing)
+    launched = []
+    monkeypatch.setattr(cuda_large, "permute_x", lambda x, nchunks, block_m: x)
+    monkeypatch.setattr(cuda_large, "_function", lambda index, cfg: cfg)
+    monkeypatch.setattr(cuda_large, "_weight_map", lambda chunks, tiles: bytes(128))
+    monkeypatch.setattr(cuda_large.cuda, "_index", lambda d: 0)
+    monkeypatch.setattr(cuda_large.cuda, "_ptr", lambda t: 0)
+    monkeypatch.setattr(cuda_large.cuda, "launch",
+                        lambda func, grid, block, args, device, smem, pdl: launched.append(
+                            (func, grid, block)))
+    for mcast, tiles in ((1, 4), (0, 3)):
+        launched.clear()
+        cuda_large.gemm_wgl(torch.zeros(300, 64), torch.zeros(24, 1, 384, dtype=torch.int32),
+                            *([None] * 7), None, 384, 64, block_m=256, warpgroups=2,
+                            x_stages=5, w_stages=5, a_regs=2, mcast=mcast)
+        assert launched == [((256, 2, 5, 5, 1, 2, 0, mcast), (tiles, 2, 1), (384,))]
+
+
 def test_interleaved_warpgroups_configuration():
     """``a_regs`` 3: two MMA warpgroups on one group of 64 weight rows (so ``warpgroups`` 1:
     the block's rows, tiles and weight stages are those of one), a producer warpgroup, its own
@@ -209,7 +256,7 @@ def test_interleaved_warpgroups_configuration():
     entry of 4 tiles, and the tail plan counts blocks of 64 rows."""
     src = cuda_large.source(256, 1, 5, 8, 2, 3)
     assert "w12_wgl_256_1_5_8_2_ri(" in src and "__launch_bounds__(384, 1)" in src
-    assert "wgl_body<256, 1, 5, 8, 2, 3, 0>(" in src
+    assert "wgl_body<256, 1, 5, 8, 2, 3, 0, 1>(" in src
     assert cuda_large.threads(1, 3) == 384 and cuda_large.blocks_per_sm(256, 1, 5, 8, 3) == 1
     # the shared memory of one group of rows: 4 tiles a weight stage, a 64-row partial tile
     assert (cuda_large.shared_bytes(256, 1, 5, 8, 3, splits=2)
@@ -243,8 +290,8 @@ def test_persistent_configuration_and_its_table_entry():
         with pytest.raises(ValueError, match="bad configuration"):
             cuda_large.check_config(*bad)
     src = cuda_large.source(256, 2, 5, 5, 1, 2, 1)
-    assert "w12_wgl_256_2_5_5_1_rp_ps(" in src and "wgl_body<256, 2, 5, 5, 1, 2, 1>(" in src
-    assert "wgl_body<256, 2, 5, 5, 1, 2, 0>(" in cuda_large.source(256, 2, 5, 5, 1, 2)
+    assert "w12_wgl_256_2_5_5_1_rp_ps(" in src and "wgl_body<256, 2, 5, 5, 1, 2, 1, 1>(" in src
+    assert "wgl_body<256, 2, 5, 5, 1, 2, 0, 1>(" in cuda_large.source(256, 2, 5, 5, 1, 2)
     cand = ("wgmma", 256, 2, 5, 5, 1, 2, 1)
     entry = bench._large_entry(cand)
     assert entry["persist"] == 1 and bench._large_label(cand).endswith("_k1_rp_ps")

@@ -65,23 +65,23 @@ def test_table_configurations_are_distinct_warpgroup_entries():
                        "8192x8192": {"256": {"splits": 2}},
                        "5120x5120": {"128": {"block_m": 128, "a_regs": 1}},
                        "6144x4096": {"256": {"splits": 1, "persist": 1}}}}
-    assert _ws().table_configs(rule) == [(256, 2, 5, 5, 2, 2, 0), (256, 2, 5, 5, 3, 2, 0),
-                                         (128, 2, 5, 5, 2, 1, 0), (256, 2, 5, 5, 1, 2, 1)]
+    assert _ws().table_configs(rule) == [(256, 2, 5, 5, 2, 2, 0, 0), (256, 2, 5, 5, 3, 2, 0, 0),
+                                         (128, 2, 5, 5, 2, 1, 0, 0), (256, 2, 5, 5, 1, 2, 1, 0)]
     # a stream-K default: a shape's entry inherits all of it but ``persist`` (as the lookup)
     rule["default"].update(splits=1, persist=1)
-    assert _ws().table_configs(rule)[:2] == [(256, 2, 5, 5, 1, 2, 1), (256, 2, 5, 5, 3, 2, 0)]
+    assert _ws().table_configs(rule)[:2] == [(256, 2, 5, 5, 1, 2, 1, 0), (256, 2, 5, 5, 3, 2, 0, 0)]
     # an entry with a tail: its one-range configuration and the tail's (nor is ``tail``
     # inherited from a default that has one)
     rule["default"].update(persist=0, tail=2)
     rule["shapes"]["8192x8192"]["512"] = {"splits": 1, "tail": 4}
     got = _ws().table_configs(rule)
-    assert got[0] == (256, 2, 5, 5, 1, 2, 0) and (256, 2, 5, 5, 2, 2, 0) in got
-    assert (256, 2, 5, 5, 4, 2, 0) in got
+    assert got[0] == (256, 2, 5, 5, 1, 2, 0, 0) and (256, 2, 5, 5, 2, 2, 0, 0) in got
+    assert (256, 2, 5, 5, 4, 2, 0, 0) in got
     rule["shapes"]["8192x8192"]["512"] = {"splits": 1, "tail": 1}  # stream-K's
-    assert (256, 2, 5, 5, 1, 2, 1) in _ws().table_configs(rule)
+    assert (256, 2, 5, 5, 1, 2, 1, 0) in _ws().table_configs(rule)
     assert config.large_config(6144, 4096, 256, {**rule, "max_m": 1024}).tail == 0
     shipped = _ws().table_configs()
-    assert shipped and all(len(c) == 7 for c in shipped)
+    assert shipped and all(len(c) == 8 for c in shipped)
     for cfg in shipped:
         cuda_large.check_config(*cfg)
     # every warpgroup entry the launcher's lookup makes of the shipped table is among them
@@ -92,7 +92,7 @@ def test_table_configurations_are_distinct_warpgroup_entries():
             c = config.large_config(n, k, int(m), table)
             if c.kind == "wgmma":
                 key = (c.block_m, c.tiles // 4, c.num_stages, c.w_stages, c.splits,
-                       int(c.a_regs), int(c.persist))
+                       int(c.a_regs), int(c.persist), int(c.mcast))
                 assert key in shipped, (shape, m)
                 if c.tail:
                     assert cuda_large.tail_config(key, c.tail) in shipped, (shape, m)

@@ -146,6 +146,8 @@ class LargeConfig:
     tail: int = 0  # wgmma with one K range, not persistent: the tile blocks past the last
     # whole wave run in a second launch with K in this many ranges (1: as stream-K;
     # docs/PERF_GEMM.md #64; never inherited from the default either)
+    mcast: int = 0  # wgmma with a_regs 2 or 3, not persistent, no tail: blocks in pairs, each
+    # activation stage copied once for both (multicast; docs/PERF_GEMM.md #66; not inherited)
 
 
 @functools.cache
@@ -171,9 +173,10 @@ def large_config(n: int, k: int, m: int, r: dict | None = None) -> LargeConfig:
     classes = sorted(int(c) for c in by_m)
     if classes:
         cls = next((c for c in classes if m <= c), None)
-        # (a shape's entry fills its gaps from the default, except ``persist`` and ``tail``,
-        # valid only with some K splits and operand modes: an entry without them has neither)
-        chosen = ({**r["default"], "persist": 0, "tail": 0, **by_m[str(cls)]}
+        # (a shape's entry fills its gaps from the default, except ``persist``, ``tail`` and
+        # ``mcast``, valid only with some K splits and operand modes: an entry without them
+        # has none of them)
+        chosen = ({**r["default"], "persist": 0, "tail": 0, "mcast": 0, **by_m[str(cls)]}
                   if cls is not None else {"kind": "decode"})
     else:
         chosen = r["default"] if m <= r.get("max_m", DEFAULT_LARGE_MAX_M) else {"kind": "decode"}

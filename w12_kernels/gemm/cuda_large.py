@@ -67,9 +67,10 @@ def available() -> bool:
 
 
 def kernel_name(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
-                splits: int, a_regs: int = 0, persist: int = 0) -> str:
+                splits: int, a_regs: int = 0, persist: int = 0, mcast: int = 0) -> str:
     return (f"w12_wgl_{block_m}_{warpgroups}_{x_stages}_{w_stages}_{splits}"
-            + ("", "_r", "_rp", "_ri")[int(a_regs)] + ("_ps" if persist else ""))
+            + ("", "_r", "_rp", "_ri")[int(a_regs)] + ("_ps" if persist else "")
+            + ("_mc" if mcast else ""))
 
 
 def threads(warpgroups: int, a_regs: int = 0) -> int:
@@ -101,17 +102,19 @@ def shared_bytes(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
 
 
 def check_config(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
-                 splits: int, a_regs: int = 0, persist: int = 0) -> None:
+                 splits: int, a_regs: int = 0, persist: int = 0, mcast: int = 0) -> None:
     if (block_m not in BLOCK_M or warpgroups not in WARPGROUPS or splits not in SPLITS
             or not 3 <= x_stages <= 8 or not 2 <= w_stages <= 16 or a_regs not in (0, 1, 2, 3)
             or (a_regs == 2 and warpgroups != 2)  # setmaxnreg's split is made for two
             or (a_regs == 3 and warpgroups != 1)  # two MMA warpgroups on 64 rows
             or persist not in (0, 1) or (persist and (a_regs != 2 or splits != 1))
+            or mcast not in (0, 1) or (mcast and (a_regs < 2 or persist))  # pairs: a producer
+            # warpgroup, not stream-K
             or shared_bytes(block_m, warpgroups, x_stages, w_stages, a_regs,
                             persist, splits) > 227 * 1024):
         raise ValueError(f"gemm_wgl: bad configuration block_m={block_m} "
                          f"warpgroups={warpgroups} x_stages={x_stages} w_stages={w_stages} "
-                         f"splits={splits} a_regs={a_regs} persist={persist}")
+                         f"splits={splits} a_regs={a_regs} persist={persist} mcast={mcast}")
 
 
 def blocks_per_sm(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
@@ -130,14 +133,16 @@ def blocks_per_sm(block_m: int, warpgroups: int, x_stages: int, w_stages: int,
 
 
 def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
-           a_regs: int = 0, persist: int = 0) -> str:
-    cluster = f" __cluster_dims__(1, 1, {splits})" if splits > 1 else ""
+           a_regs: int = 0, persist: int = 0, mcast: int = 0) -> str:
+    pair = 2 if mcast else 1
+    cluster = f" __cluster_dims__({pair}, 1, {splits})" if splits * pair > 1 else ""
     min_blocks = blocks_per_sm(block_m, warpgroups, x_stages, w_stages, a_regs, splits)
     return (
         f'extern "C" __global__ void __launch_bounds__({threads(warpgroups, a_regs)}, '
         f'{min_blocks})'
         f"{cluster}\n"
-        f"{kernel_name(block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist)}(\n"
+        f"{kernel_name(block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist, mcast)}"
+        "(\n"
         "    const Words4* __restrict__ chunks, const bf16_t* __restrict__ xp,\n"
         "    const bf16_t* __restrict__ x, int ldx, bf16_t* __restrict__ y,\n"
         "    const float* __restrict__ scale, const int* __restrict__ rowptr,\n"
@@ -148,19 +153,19 @@ def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
         "    unsigned* __restrict__ flags, const __grid_constant__ TensorMap wmap,\n"
         "    int wmap_on, int tile_base) {\n"
         f"  wgl_body<{block_m}, {warpgroups}, {x_stages}, {w_stages}, {splits}, "
-        f"{int(a_regs)}, {int(persist)}>(\n"
+        f"{int(a_regs)}, {int(persist)}, {pair}>(\n"
         "      chunks, xp, x, ldx, y, scale, rowptr, esc_row, esc_col, esc_val, esc_delta,\n"
         "      esc_order, bias, M, n_rows, ntiles, nchunks, work, flags,\n"
         "      wmap_on ? (const void*)&wmap : nullptr, tile_base);\n}\n")
 
 
 def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
-           a_regs: int = 0, persist: int = 0) -> str:
+           a_regs: int = 0, persist: int = 0, mcast: int = 0) -> str:
     """kernels.cu, the wgmma wrappers for ``block_m``, kernels_large.cu and the entry point of
     one configuration."""
     return (_base_source(wgmma.wrapper(block_m, "WgmmaSS", a_shared=True)
                          + wgmma.wrapper(block_m, "WgmmaRS"))
-            + _entry(block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist))
+            + _entry(block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist, mcast))
 
 
 def _base_source(wrappers: str = "") -> str:
@@ -259,7 +264,7 @@ def _weight_map(chunks: torch.Tensor, tiles: int) -> bytes:
 def tail_config(config: tuple[int, ...], tail: int) -> tuple[int, ...]:
     """The configuration (``kernel_name``'s arguments) of the tail launch of ``config`` (one K
     range, not persistent): the same with K in ``tail`` ranges, or (``tail`` 1) stream-K."""
-    return (*config[:6], 1) if tail == 1 else (*config[:4], int(tail), *config[5:])
+    return (*config[:6], 1, *config[7:]) if tail == 1 else (*config[:4], int(tail), *config[5:])
 
 
 def tail_plan(tile_blocks: int, token_blocks: int, wave: int, tail: int) -> int | None:
@@ -310,7 +315,7 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
              esc_val: torch.Tensor, esc_delta: torch.Tensor, esc_order: torch.Tensor,
              bias: torch.Tensor | None, n: int, k: int, *, block_m: int = 128,
              warpgroups: int = 2, x_stages: int = 4, w_stages: int = 6, splits: int = 1,
-             a_regs: int = 0, persist: int = 0, tail: int = 0,
+             a_regs: int = 0, persist: int = 0, tail: int = 0, mcast: int = 0,
              out: torch.Tensor | None = None, pdl: bool | None = None,
              grid_cap: int | None = None, wave: int | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]``, any M: blocks of ``64 * warpgroups`` weight
@@ -332,12 +337,17 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     ``a_regs`` 2): that launch is stream-K over those tile blocks' units. Elsewhere it changes
     nothing. Deterministic either way; the tail's rows are summed in S ranges, so their bits
     differ from the one-launch kernel's. ``wave``: the blocks a wave holds (default: the
-    multiprocessors times ``blocks_per_sm``; the tests set it to split small shapes)."""
-    config = (block_m, warpgroups, x_stages, w_stages, splits, int(a_regs), int(persist))
+    multiprocessors times ``blocks_per_sm``; the tests set it to split small shapes).
+    ``mcast`` 1 (with ``a_regs`` 2 or 3, not stream-K, no tail): the blocks of neighbouring
+    tile blocks in pairs, each block copying half of every activation stage into both
+    (multicast), so that a multiprocessor receives half the activation bytes per MMA; the same
+    bits as without (an odd last tile block gets a partner that stores nothing)."""
+    config = (block_m, warpgroups, x_stages, w_stages, splits, int(a_regs), int(persist),
+              int(mcast))
     check_config(*config)
-    if tail and (splits != 1 or persist or tail not in SPLITS):
-        raise ValueError(f"gemm_wgl: tail={tail} needs one K range, no stream-K and 1-4 "
-                         "ranges for the tail")
+    if tail and (splits != 1 or persist or mcast or tail not in SPLITS):
+        raise ValueError(f"gemm_wgl: tail={tail} needs one K range, no stream-K, no multicast "
+                         "and 1-4 ranges for the tail")
     tail_cfg = tail_config(config, tail)
     if tail:
         check_config(*tail_cfg)
@@ -356,7 +366,7 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
             cuda._ptr(bias), m, n, ntiles, nchunks)
     extra = (0, 0)  # stream-K's work and flags (persist)
     tile_blocks, token_blocks = math.ceil(ntiles / (4 * warpgroups)), math.ceil(m / block_m)
-    grid = (tile_blocks, token_blocks, splits)
+    grid = (tile_blocks + (tile_blocks % 2 if mcast else 0), token_blocks, splits)
     sms = (torch.cuda.get_device_properties(x.device).multi_processor_count
            if persist or tail else 0)
     if persist:

@@ -14,8 +14,8 @@
 // every block of BN tokens and every 64-column chunk, BN * 128 contiguous bytes in that
 // layout. Tokens past M and columns past K come out as zeros.
 //
-// wgl_body<BN, WGS, SX, SW, SPLIT, AREG>: y[M, N] = x[M, K] @ W^T. A block holds WGS consumer
-// warpgroups, each with 64 weight rows, BN activation rows shared by all of them, and one
+// wgl_body<BN, WGS, SX, SW, SPLIT, AREG, PERS, MC>: y[M, N] = x[M, K] @ W^T. A block holds WGS
+// consumer warpgroups, each with 64 weight rows, BN activation rows shared by all of them, and one
 // producer warp. The producer starts bulk copies (cp.async.bulk, completing on "full"
 // mbarriers) of each chunk column's activation image into one of SX stages and of its chunk
 // words (4 WGS tiles) into one of SW stages, as far ahead as the stages allow: a weight stage
@@ -32,7 +32,10 @@
 // flight, docs/PERF_GEMM.md #65). With
 // SPLIT > 1 the chunk columns are cut into SPLIT contiguous ranges, one per block of a
 // thread-block cluster (1, 1, SPLIT), and the partial tiles are added in rank order 0, 1, ...
-// through distributed shared memory (deterministic, no atomics, no workspace).
+// through distributed shared memory (deterministic, no atomics, no workspace). With MC 2 (a
+// producer warpgroup, not stream-K) two blocks of neighbouring weight rows share each
+// activation stage: clusters (2, 1, SPLIT), each block's producer copying one half of the
+// stage into both blocks (multicast), docs/PERF_GEMM.md #66. The sums are the same as MC 1's.
 //
 // Escapes: every escape whose exact value v, divided by its row's scale 2^(e0 - 112), is a
 // BF16 zero or normal number a (patch_value) is written as a into the decoded tile, over the
@@ -114,6 +117,16 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes,
                :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 }
 
+// bulk_copy to the same offsets of dst and bar in each block of the cluster in ``mask`` (bit r:
+// the block of cluster rank r), each barrier getting the bytes' completion
+__device__ __forceinline__ void bulk_copy_multicast(void* dst, const void* src, u32 bytes,
+                                                    unsigned long long* bar, u32 mask) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+               ".multicast::cluster [%0], [%1], %2, [%3], %4;"
+               :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)),
+                  "h"((unsigned short)mask) : "memory");
+}
+
 // A CUtensorMap, passed by value as a __grid_constant__ kernel parameter.
 struct alignas(64) TensorMap {
   unsigned long long word[16];
@@ -178,7 +191,7 @@ __device__ __forceinline__ void wait_flag(const unsigned* p) {
   asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
 
-template <int BN, int WGS, int SX, int SW, int SPLIT, int AREG, int PERS>
+template <int BN, int WGS, int SX, int SW, int SPLIT, int AREG, int PERS, int MC>
 __device__ __forceinline__ void wgl_body(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ xp,
     const bf16_t* __restrict__ x, int ldx, bf16_t* __restrict__ y,
@@ -192,6 +205,14 @@ __device__ __forceinline__ void wgl_body(
   static_assert(SX >= 3 && SW >= 2 && SPLIT >= 1 && SPLIT <= 4, "config");
   static_assert(PERS == 0 || (AREG == 2 && SPLIT == 1), "stream-K: producer warpgroup, one range");
   static_assert(AREG != 3 || WGS == 1, "interleaved columns: one group of 64 weight rows");
+  static_assert(MC == 1 || (MC == 2 && AREG >= 2 && PERS == 0), "multicast: pairs, no stream-K");
+  // MC 2: the blocks 2 j and 2 j + 1 (two groups of weight rows, the same tokens and K range)
+  // form a pair in the cluster (2, 1, SPLIT); each block's producer copies one half of every
+  // activation stage into both blocks' shared memory (multicast), so that a multiprocessor
+  // receives half the activation bytes per MMA. A stage is then refilled once the MMAs of both
+  // blocks are done with it (each MMA warpgroup arrives on its own block's empty barrier and on
+  // the other's).
+  constexpr bool CL = SPLIT * MC > 1;  // a cluster
   // AREG 3: two MMA warpgroups on the block's one group of 64 weight rows, warpgroup w taking
   // the block's columns w, w + 2, w + 4, ... (each stage read by one warpgroup), their sums
   // added in the epilogue (warpgroup 0's, then warpgroup 1's: a fixed order)
@@ -233,7 +254,10 @@ __device__ __forceinline__ void wgl_body(
   const int warp = (tid >> 5) & 3;
   const int lane = tid & 31;
   int tok0 = blockIdx.y * BN;
-  const int rank = SPLIT > 1 ? (int)blockIdx.z : 0;  // cluster (1, 1, SPLIT): rank = z
+  const int rank = SPLIT > 1 ? (int)blockIdx.z : 0;  // cluster (MC, 1, SPLIT): K range = z
+  const int pr = MC > 1 ? (int)(blockIdx.x & 1) : 0;  // the block's place in its pair
+  // the cluster rank of the block of K range q in this block's pair (x fastest)
+  auto crank = [&](int q) { return q * MC + pr; };
   const int per = (nchunks + SPLIT - 1) / SPLIT;
   const int c0 = min(nchunks, rank * per);
   const int n = min(nchunks, c0 + per) - c0;
@@ -282,6 +306,13 @@ __device__ __forceinline__ void wgl_body(
     unsigned long long* bar = xfull + st;
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                  :: "r"(smem_addr(bar)), "r"(XSTAGE) : "memory");
+    if constexpr (MC > 1) {  // this block's half, to both blocks of the pair
+      constexpr int HALF = XSTAGE / MC;
+      bulk_copy_multicast(smem + st * XSTAGE + pr * HALF,
+                          ximg + (size_t)(c0 + col) * (XSTAGE / 2) + pr * (HALF / 2), HALF, bar,
+                          3u << (MC * rank));
+      return;
+    }
     bulk_copy(smem + st * XSTAGE, ximg + (size_t)(c0 + col) * (XSTAGE / 2), XSTAGE,
               bar);
   };
@@ -307,6 +338,25 @@ __device__ __forceinline__ void wgl_body(
                  "@p mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n}"
                  :: "r"(smem_addr(bar)), "r"((u32)on) : "memory");
   };
+  // (MC) an activation stage's release: an arrival on its empty barrier in both blocks of the
+  // pair, whose producers both write into this block's stage. (Release at the block's scope,
+  // as for one block: the MMAs' reads of the stage are complete, and the cluster-scope release
+  // compiled to a GPU-wide memory barrier each time, which made the kernel 1.7-3x slower.)
+  u32 xempty_other = 0;  // (MC) xempty in the other block of the pair
+  if constexpr (MC > 1)
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(xempty_other)
+                 : "r"(smem_addr(xempty)), "r"(MC * rank + (pr ^ 1)));
+  auto release_x = [&](bool on, unsigned long long* bar) {
+    if constexpr (MC > 1) {
+      const u32 other = xempty_other + (u32)((bar - xempty) * 8);
+      asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %2, 0;\n"
+                   "@p mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n"
+                   "@p mbarrier.arrive.release.cta.shared::cluster.b64 _, [%1];\n}"
+                   :: "r"(smem_addr(bar)), "r"(other), "r"((u32)on) : "memory");
+    } else {
+      arrive_if(on, bar);
+    }
+  };
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < SX + SW; ++s)
@@ -314,7 +364,7 @@ __device__ __forceinline__ void wgl_body(
 #pragma unroll
     for (int s = 0; s < SX; ++s)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
-                   :: "r"(smem_addr(xempty + s)), "r"(WGS));
+                   :: "r"(smem_addr(xempty + s)), "r"(WGS * MC));
 #pragma unroll
     for (int s = 0; s < SW; ++s)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
@@ -330,7 +380,8 @@ __device__ __forceinline__ void wgl_body(
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
-  __syncthreads();
+  // (MC: the other block of the pair copies into this block's stages from the start)
+  if (MC > 1) cluster_sync_all(); else __syncthreads();
   // What the epilogue needs of its row (thread (group, r) finishes row r, see the end), read
   // now so that the loads are long done by then: its scale, its bias and where its escapes
   // that the tiles cannot hold start (epatch: none when the row has none of those).
@@ -457,8 +508,8 @@ __device__ __forceinline__ void wgl_body(
       else if (PERS != 0) segment_data();
       if constexpr (PERS == 0) {  // (PERS: the consumers meet no block barrier after the start)
         __syncthreads_or(0);  // the main loop's end
-        if (SPLIT > 1) cluster_sync_all(); else __syncthreads();  // the partial tile stored
-        if (SPLIT > 1) cluster_sync_all();  // the cluster's memory read
+        if (CL) cluster_sync_all(); else __syncthreads();  // the partial tile stored
+        if (CL) cluster_sync_all();  // the cluster's memory read
       }
       return;
     }
@@ -570,7 +621,7 @@ __device__ __forceinline__ void wgl_body(
     // (PERS: the stage of the column before, also where that was the previous segment's last:
     // its stage is refilled only once this segment has started)
     // (KIL: the warpgroup's column before, i - 2)
-    arrive_if((PERS != 0 ? q >= 1u : i >= D) && (tid & 127) == 0,
+    release_x((PERS != 0 ? q >= 1u : i >= D) && (tid & 127) == 0,
               xempty + (PERS != 0 ? (int)((q + SX - 1) % SX) : (i + SX - D) % SX));
   };
   if (AREG != 0) {
@@ -841,7 +892,7 @@ __device__ __forceinline__ void wgl_body(
     }
   }
   if (PUSH) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // for the copies
-  if (SPLIT > 1) cluster_sync_all(); else __syncthreads();
+  if (CL) cluster_sync_all(); else __syncthreads();
   if constexpr (PUSH) {
     auto tokens = [](int q) { return min(BN, (q + 1) * TS) - q * TS; };
     if (tid == 0) {
@@ -854,9 +905,9 @@ __device__ __forceinline__ void wgl_body(
         u32 dst, bar;
         asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst)
                      : "r"(smem_addr(inbox + (rank < q ? rank : rank - 1) * TS * PST)),
-                       "r"(q));
+                       "r"(crank(q)));
         asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar)
-                     : "r"(smem_addr(inbar)), "r"(q));
+                     : "r"(smem_addr(inbar)), "r"(crank(q)));
         asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes"
                      " [%0], [%1], %2, [%3];"
                      :: "r"(dst), "r"(smem_addr(part + q * TS * PST)),
@@ -881,9 +932,9 @@ __device__ __forceinline__ void wgl_body(
     float v;
     if (SPLIT > 1 && !PUSH) {
       const float* p = part + col * PST + r_out;
-      v = load_cluster(p, 0);
+      v = load_cluster(p, crank(0));
 #pragma unroll
-      for (int q = 1; q < SPLIT; ++q) v += load_cluster(p, q);  // fixed order
+      for (int q = 1; q < SPLIT; ++q) v += load_cluster(p, crank(q));  // fixed order
     } else {
       v = share(0, col)[r_out];
 #pragma unroll
@@ -980,5 +1031,6 @@ __device__ __forceinline__ void wgl_body(
       }
     }
   }
-  if (SPLIT > 1) cluster_sync_all();  // no block leaves while another reads its memory
+  // no block leaves while another reads its memory (MC: or arrives on its barriers)
+  if (CL) cluster_sync_all();
 }
