@@ -18,7 +18,8 @@ each fused shard aside until that shard's three escape tensors have all arrived.
 ``process_weights_after_loading`` checks that every part of every shard arrived, joins the
 escape pieces into one CSR list (rows beyond the checkpoint, i.e. vocabulary padding of the LM
 head, become rows of +0 escapes, as SGLang zero-fills them), repacks the planes for the GEMM
-with ``prepare_weight`` and frees the checkpoint-layout planes. ``apply`` calls ``w12_linear``.
+with ``prepare_weight`` and frees the checkpoint-layout planes. ``apply`` calls ``w12_linear``,
+keeping batch invariance only up to 64 rows (nothing under SGLang needs more).
 
 Checkpoints saved already split per rank, or with fused tensors (one ``qkv_proj``), are refused.
 """
@@ -44,6 +45,7 @@ from w12 import container, spec
 from w12.errors import W12Error
 from w12.tensor import PLANE_DTYPES, W12Tensor
 from w12_kernels.gemm import prepare_weight, w12_linear
+from w12_kernels.gemm.config import SMALL_M_MAX
 
 NAME = container.QUANT_METHOD
 # Names of the checkpoint parts of SGLang's fused layers when the model declares none.
@@ -231,7 +233,10 @@ class W12LinearMethod(LinearMethodBase):
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
-        return w12_linear(x, layer.w12_weight, bias)
+        # Nothing under SGLang needs a row's bits to match another batch size's (its BF16
+        # GEMMs do not either), so 65..128 rows take the large-M path, about twice as fast on
+        # the H200 as the two batch-invariant passes (docs/PERF_GEMM.md)
+        return w12_linear(x, layer.w12_weight, bias, invariant_rows=SMALL_M_MAX)
 
 
 def _layer_plan(layer: torch.nn.Module, k_local: int,

@@ -69,6 +69,25 @@ def test_apply_equals_reference_linear(rank_pair, name):
     assert torch.equal(_bits(got), _bits(F.linear(x, reference.weight, bias)))
 
 
+def test_apply_keeps_batch_invariance_only_up_to_64_rows(rank_pair, monkeypatch):
+    """Under SGLang no row has to match another batch size's bits, so ``apply`` lets 65..128
+    rows take the large-M path (``invariant_rows=64``; on a GPU about twice as fast)."""
+    from sglang_integration import method
+
+    seen = []
+    real = method.w12_linear
+
+    def spy(x, w, bias=None, **kwargs):
+        seen.append(kwargs)
+        return real(x, w, bias, **kwargs)
+
+    monkeypatch.setattr(method, "w12_linear", spy)
+    layer = rank_pair[0].get_submodule(sglang_model.LINEAR_LAYERS[0])
+    x = torch.randn(3, layer.w12_weight.k).to(torch.bfloat16)
+    layer.quant_method.apply(layer, x)
+    assert seen == [{"invariant_rows": 64}]
+
+
 def test_logits_processor_runs_the_w12_lm_head(rank_pair):
     from sglang.srt.layers.logits_processor import LogitsProcessor
 

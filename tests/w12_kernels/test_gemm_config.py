@@ -450,6 +450,49 @@ def test_invariant_rows_scopes_the_small_kernel_passes():
         assert cfgs.large_config(n, k, 65) == cfgs.large_config(n, k, 128)
 
 
+def test_invariant_rows_of_one_call_override_the_scope(monkeypatch):
+    """``rows_kept`` (``w12_linear(..., invariant_rows=...)``) decides for its call alone which
+    of 65..128 rows take the small-kernel passes, whatever the scope says (the dispatch, with
+    the GPU parts stubbed)."""
+    import torch
+
+    from w12_kernels.gemm import invariant_rows, launcher
+
+    weight = torch.randn(8, 64).to(torch.bfloat16)
+    monkeypatch.setattr(launcher, "backend", lambda: "cuda")
+    monkeypatch.setattr(launcher, "small_config", lambda n, k, device: None)
+    monkeypatch.setattr(launcher, "_small_passes", lambda x, *rest: "small passes")
+    monkeypatch.setattr(launcher, "_has_wgmma", lambda: False)
+    monkeypatch.setattr(launcher, "decode", lambda *args: weight)
+    x = torch.randn(100, 64).to(torch.bfloat16)
+
+    def run(rows_kept):
+        out = launcher.linear(x, *([None] * 10), 8, 64, rows_kept)
+        return out if isinstance(out, str) else "large path"
+
+    assert run(0) == "small passes" and run(128) == "small passes"
+    assert run(64) == "large path"
+    with invariant_rows(64):
+        assert run(0) == "large path" and run(128) == "small passes"
+    assert launcher.linear(x[:64], *([None] * 10), 8, 64, 64) == "small passes"
+
+
+def test_w12_linear_checks_invariant_rows():
+    import torch
+    from gemm_helpers import encoded, make_weight
+
+    from w12.errors import W12Error
+    from w12_kernels.gemm import prepare_weight, w12_linear
+
+    w = make_weight(24, 70, seed=1)
+    pw = prepare_weight(encoded(w))
+    x = torch.randn(3, 70).to(torch.bfloat16)
+    same = w12_linear(x, pw, invariant_rows=64)
+    assert torch.equal(same.view(torch.int16), w12_linear(x, pw).view(torch.int16))
+    with pytest.raises(W12Error, match="w12_linear: 100 rows; batch invariance is kept up to"):
+        w12_linear(x, pw, invariant_rows=100)
+
+
 def test_sweep_keeps_a_warpgroup_choice_at_the_same_kw_only(monkeypatch):
     """A small-M sweep times mma.sync layouts only: a class's warpgroup schedule (written by
     benchmarks/wgmma_probe.py) stays while the shape keeps its kw and goes with another kw."""

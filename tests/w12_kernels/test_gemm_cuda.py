@@ -598,9 +598,9 @@ def test_prefill_rows_through_the_large_table():
 
 
 def test_invariant_rows_64_sends_prefill_rows_to_the_large_table(monkeypatch):
-    """Inside ``invariant_rows(64)``, 65..128 rows of a tuned shape run its 128-row warpgroup
-    entry (within budget, bit-identical when run again); outside, the two small-kernel passes
-    (each row the bits it gets alone)."""
+    """Inside ``invariant_rows(64)`` (or with ``invariant_rows=64`` passed to the call), 65..128
+    rows of a tuned shape run its 128-row warpgroup entry (within budget, bit-identical when run
+    again); outside, the two small-kernel passes (each row the bits it gets alone)."""
     from w12_kernels.gemm import cuda_large, invariant_rows
 
     if not cuda_large.available():
@@ -621,10 +621,12 @@ def test_invariant_rows_64_sends_prefill_rows_to_the_large_table(monkeypatch):
         with invariant_rows(64):
             got = w12_linear(x[:m], pw)
             again = w12_linear(x[:m], pw)
-        assert len(calls) == 2 and calls[0]["block_m"] == 128
+        per_call = w12_linear(x[:m], pw, invariant_rows=64)  # (the SGLang plugin's way)
+        assert len(calls) == 3 and calls[0]["block_m"] == 128
         calls.clear()
         assert_within_budget(got, x[:m], t, _ref(x[:m], t))
         assert torch.equal(got.view(torch.int16), again.view(torch.int16))
+        assert torch.equal(per_call.view(torch.int16), got.view(torch.int16))
 
 
 def test_wgmma_stage_images():

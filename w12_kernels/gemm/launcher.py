@@ -71,14 +71,18 @@ _INVARIANT_ROWS = contextvars.ContextVar("w12_invariant_rows",
                                          default=SMALL_PASSES * cfgs.SMALL_M_MAX)
 
 
+def check_invariant_rows(rows: int, where: str = "invariant_rows") -> None:
+    if rows not in (cfgs.SMALL_M_MAX, SMALL_PASSES * cfgs.SMALL_M_MAX):
+        raise ValueError(f"{where}: {rows} rows; batch invariance is kept up to "
+                         f"{cfgs.SMALL_M_MAX} or {SMALL_PASSES * cfgs.SMALL_M_MAX} rows")
+
+
 @contextlib.contextmanager
 def invariant_rows(rows: int):
     """Within: calls of up to ``rows`` rows (64 or 128; 128 outside) keep batch invariance
     with the CUDA kernels. At 64, 65..128 rows run the large-M table (about twice as fast on
     the H200) and their bits depend on the row count: for prefill, not for verification."""
-    if rows not in (cfgs.SMALL_M_MAX, SMALL_PASSES * cfgs.SMALL_M_MAX):
-        raise ValueError(f"invariant_rows: {rows} rows; batch invariance is kept up to "
-                         f"{cfgs.SMALL_M_MAX} or {SMALL_PASSES * cfgs.SMALL_M_MAX} rows")
+    check_invariant_rows(rows)
     token = _INVARIANT_ROWS.set(rows)
     try:
         yield
@@ -159,11 +163,12 @@ def _has_wgmma() -> bool:
 
 
 def linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delta, esc_order,
-           bias, n, k):
-    """``x @ W.T (+ bias)`` for a CUDA ``x`` [M, K] (see module docstring)."""
+           bias, n, k, rows_kept=0):
+    """``x @ W.T (+ bias)`` for a CUDA ``x`` [M, K] (see module docstring); ``rows_kept``
+    (64 or 128) overrides ``invariant_rows`` for this call (0: the context's)."""
     m = x.shape[0]
     kind = backend()
-    if kind == "cuda" and m <= small_rows_limit():
+    if kind == "cuda" and m <= (rows_kept or small_rows_limit()):
         cfg = small_config(n, k, x.device)
         return _small_passes(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k, cfg)
     if m <= cfgs.SMALL_M_MAX and kind == "triton":

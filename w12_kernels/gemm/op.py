@@ -31,12 +31,13 @@ def _linear_impl(
     bias: torch.Tensor | None,
     n: int,
     k: int,
+    rows_kept: int = 0,
 ) -> torch.Tensor:
     if x.device.type == "cuda":
         from w12_kernels.gemm import launcher
 
         return launcher.linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val,
-                               esc_delta, esc_order, bias, n, k)
+                               esc_delta, esc_order, bias, n, k, rows_kept)
     if chunks.device.type == "cpu":
         from w12_kernels.gemm.cpu_decode import decode_packed_cpu
 
@@ -51,7 +52,7 @@ _linear_op = torch.library.custom_op("w12::linear", mutates_args=())(_linear_imp
 
 @_linear_op.register_fake
 def _linear_fake(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delta,
-                 esc_order, bias, n, k):
+                 esc_order, bias, n, k, rows_kept=0):
     return x.new_empty((x.shape[0], n))
 
 
@@ -74,14 +75,25 @@ def _check(x: torch.Tensor, w: PackedW12, bias: torch.Tensor | None) -> None:
 
 
 def w12_linear(
-    x: torch.Tensor, w: PackedW12, bias: torch.Tensor | None = None
+    x: torch.Tensor, w: PackedW12, bias: torch.Tensor | None = None, *,
+    invariant_rows: int | None = None,
 ) -> torch.Tensor:
     """``y = x @ W.T (+ bias)`` for BF16 ``x [..., K]`` and a packed W12 weight ``W [N, K]``.
 
     Returns BF16 ``[..., N]``. Deterministic; for up to 64 rows of ``x`` (128 with the CUDA
-    kernels) the bits of each output row do not depend on the other rows.
+    kernels) the bits of each output row do not depend on the other rows. ``invariant_rows``
+    64 keeps that only up to 64 rows for this call, so that 65..128 rows take the faster
+    large-M path (as ``launcher.invariant_rows(64)`` does for a scope; a plain argument also
+    passes through ``torch.compile``); ``None``: the scope's setting.
     """
     _check(x, w, bias)
+    if invariant_rows is not None:
+        from w12_kernels.gemm.launcher import check_invariant_rows
+
+        try:
+            check_invariant_rows(invariant_rows, "w12_linear")
+        except ValueError as exc:
+            raise W12Error(str(exc)) from None
     rows = x.reshape(-1, w.k)
     if not rows.is_contiguous():
         rows = rows.contiguous()
@@ -91,5 +103,5 @@ def w12_linear(
     op = _linear_op if torch.compiler.is_compiling() or type(rows) is not torch.Tensor \
         else _linear_impl
     y = op(rows, w.chunks, w.scale, w.e0, w.esc_rowptr, w.esc_row, w.esc_col, w.esc_val,
-           w.esc_delta, w.esc_order, bias, w.n, w.k)
+           w.esc_delta, w.esc_order, bias, w.n, w.k, invariant_rows or 0)
     return y.reshape(*x.shape[:-1], w.n)
