@@ -63,8 +63,12 @@ def test_op_registration_and_compile():
     args = (x, pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row, pw.esc_col, pw.esc_val,
             pw.esc_delta, pw.esc_order, None, pw.n, pw.k)
     torch.library.opcheck(torch.ops.w12.linear.default, args)
+    torch.library.opcheck(torch.ops.w12.linear.default, (*args, 64))  # rows kept: 64
     compiled = torch.compile(lambda a: w12_linear(a, pw), backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(x).view(torch.int16), w12_linear(x, pw).view(torch.int16))
+    kept = torch.compile(lambda a: w12_linear(a, pw, invariant_rows=64), backend="aot_eager",
+                         fullgraph=True)
+    assert torch.equal(kept(x).view(torch.int16), w12_linear(x, pw).view(torch.int16))
     # eager calls skip the dispatcher: the same bits as the registered op
     assert torch.equal(w12_linear(x, pw).view(torch.int16),
                        torch.ops.w12.linear(*args).view(torch.int16))
