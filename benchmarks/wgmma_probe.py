@@ -10,7 +10,9 @@ cuBLAS of the mma.sync kernel (the table's layout), of the best warpgroup schedu
 better of the two per shape, and of ``w12_linear`` with the table in use. JSON with ``--json``.
 ``--write-table`` puts, per shape and class of M measured, the warpgroup schedule into
 ``tuned.json`` where its worst time over the class's measured M is at most 97% of the mma.sync
-kernel's (``Layout.wg``), and takes it out where none is.
+kernel's (``Layout.wg``), and takes it out where none is. At 65..128 rows the kernel runs
+128-row blocks, one pass over the weight, against the launcher's two passes of at most 64 rows
+(the same bits); a winner goes into the shape's ``one_pass``.
 
     python benchmarks/wgmma_probe.py --m 24,32,48,64 --json out/wgmma_probe.json --write-table
 """
@@ -21,6 +23,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -37,39 +40,54 @@ from benchmarks.gemm import (  # noqa: E402
     time_graphs,
 )
 from w12_kernels.gemm import config as cfgs  # noqa: E402
-from w12_kernels.gemm import launcher, wgmma  # noqa: E402
+from w12_kernels.gemm import cuda, launcher, wgmma  # noqa: E402
 
 M_VALUES = [16, 32]
 
 
-def schedules(kw: int) -> list[tuple[int, int, int, int]]:
+ONE_PASS = "one_pass"  # the class of 65..128 rows: one pass of 128-row blocks
+
+
+def _class(m: int):
+    return ONE_PASS if m > cfgs.SMALL_M_MAX else _nt_class(m)
+
+
+def schedules(kw: int, n_block: int = 16) -> list[tuple[int, int, int, int]]:
     """(depth, warpgroups, row groups, split) schedules of the kernel for this kw with at most
     two accumulator sets per warpgroup (four cost registers that spill or serialize the
-    MMAs), 4 stages (8 with one warpgroup of one row group)."""
+    MMAs), 4 stages (8 with one warpgroup of one row group), and with ``n_block`` rows a
+    block within the shared memory a block may have."""
     out = []
+    limit = cuda.shared_memory_limit(torch.cuda.current_device())
     for wgs in (1, 2):
         for rg in wgmma.ROW_GROUPS:
             for split in wgmma.SPLITS:
                 for depth in (4, 8) if wgs * rg == 1 else (4,):
                     try:
-                        sets = wgmma.check(kw, depth, 16, wgs, rg, split)
+                        sets = wgmma.check(kw, depth, n_block, wgs, rg, split)
                     except ValueError:
                         continue
-                    if sets <= 2:
+                    if sets <= 2 and wgmma.shared_bytes(n_block, wgs, depth, rg) <= limit:
                         out.append((depth, wgs, rg, split))
     return out
 
 
-def _wg(kw: int, depth: int, wgs: int, rg: int, split: int):
+def _wg(kw: int, depth: int, wgs: int, rg: int, split: int, n_block: int | None = None):
     def run(x, pw):
         return wgmma.gemm_wg(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta,
-                             None, pw.n, pw.k, kw=kw, depth=depth, warpgroups=wgs,
-                             row_groups=rg, split=split)
+                             None, pw.n, pw.k, kw=kw, depth=depth, n_block=n_block,
+                             warpgroups=wgs, row_groups=rg, split=split)
     return run
 
 
 def _mma_sync(cfg: cfgs.SmallConfig, m: int):
-    """The mma.sync kernel with the table's layout for ``m`` rows (whatever the table routes)."""
+    """The mma.sync kernel with the table's layout for ``m`` rows (whatever the table routes);
+    above 64 rows the launcher's passes of at most 64 (what runs without a one-pass entry)."""
+    if m > cfgs.SMALL_M_MAX:
+        two = replace(cfg, one_pass=None)
+        return lambda x, pw, i: launcher._small_passes(x, pw.chunks, pw.scale, pw.esc_rowptr,
+                                                       pw.esc_col, pw.esc_delta, None, pw.n,
+                                                       pw.k, two)
     run = _small_runner(cfg.kw, tuple(getattr(cfg.layout(m), key) for key in LAYOUT_KEYS))
     return lambda x, pw, i: run(x, pw)
 
@@ -83,8 +101,9 @@ def probe(layer: Layer, m: int) -> dict:
     runs = {"cublas": lambda x, pw, i: torch.nn.functional.linear(x, layer.bf16[i]),
             "mma_sync": _mma_sync(cfg, m),
             "w12_linear": lambda x, pw, i: default_run(x, pw)}
-    for depth, wgs, rg, split in schedules(kw):
-        run = _wg(kw, depth, wgs, rg, split)
+    n_block = launcher.ONE_PASS_ROWS if m > cfgs.SMALL_M_MAX else None
+    for depth, wgs, rg, split in schedules(kw, n_block or 16):
+        run = _wg(kw, depth, wgs, rg, split, n_block)
         runs[f"wg_d{depth}_g{wgs}_r{rg}_s{split}"] = lambda x, pw, i, run=run: run(x, pw)
     ok, failed = {}, {}
     for label, run in runs.items():
@@ -121,13 +140,14 @@ def probe(layer: Layer, m: int) -> dict:
 MARGIN = 0.97  # a warpgroup schedule is chosen when it takes at most 97% of mma.sync's time
 
 
-def choose(rows: list[dict]) -> dict[tuple[int, int, int], list[int] | None]:
-    """Per (N, K, NT class) measured: the warpgroup schedule whose worst time ratio to the
-    mma.sync kernel over the class's measured M is lowest, if at most ``MARGIN``, else None."""
+def choose(rows: list[dict]) -> dict[tuple[int, int, int | str], list[int] | None]:
+    """Per (N, K, NT class or ``one_pass``) measured: the warpgroup schedule whose worst time
+    ratio to the mma.sync kernel (above 64 rows: the two passes) over the class's measured M is
+    lowest, if at most ``MARGIN``, else None."""
     out = {}
-    keys = sorted({(r["n"], r["k"], _nt_class(r["m"])) for r in rows})
+    keys = sorted({(r["n"], r["k"], _class(r["m"])) for r in rows}, key=str)
     for n, k, cls in keys:
-        mine = [r for r in rows if (r["n"], r["k"], _nt_class(r["m"])) == (n, k, cls)]
+        mine = [r for r in rows if (r["n"], r["k"], _class(r["m"])) == (n, k, cls)]
         # schedules timed at every M of the class, with the mma.sync kernel's bits at each
         labels = {lbl for lbl in mine[0]["us"] if lbl.startswith("wg_")
                   and all(r["bits_equal_small"].get(lbl) for r in mine)}
@@ -139,14 +159,21 @@ def choose(rows: list[dict]) -> dict[tuple[int, int, int], list[int] | None]:
 
 
 def write_table(rows: list[dict]) -> None:
-    """The choices into the small-M entries of ``tuned.json`` (``by_nt[class]["wg"]``: stages,
-    warpgroups, row groups, split); classes measured without a winner lose theirs."""
+    """The choices into the small-M entries of ``tuned.json`` (``by_nt[class]["wg"]``, and for
+    65..128 rows ``one_pass``: stages, warpgroups, row groups, split); classes measured without
+    a winner lose theirs."""
     table = json.loads(cfgs.TUNED_PATH.read_text())
     shapes = table["small_m"].setdefault("shapes", {})
     for (n, k, cls), wg in choose(rows).items():
         entry = shapes.get(f"{n}x{k}")
         if entry is None:
             continue  # only shapes the sweep gave an entry (kw and layouts)
+        if cls == ONE_PASS:
+            entry.pop(ONE_PASS, None)
+            if wg is not None:
+                entry[ONE_PASS] = wg
+            print(f"{n}x{k} 65..128 rows: {'one pass ' + str(wg) if wg else 'two passes'}")
+            continue
         by_nt = entry.setdefault("by_nt", {})
         lay = dict(by_nt.get(str(cls), table["small_m"]["by_nt"][str(cls)]))
         lay.pop("wg", None)

@@ -112,7 +112,8 @@ def test_ptx_integer_ops():
                                                   (17, 37, 200, 2, 32, 2),
                                                   (40, 100, 640, 2, 16, 1),
                                                   (5, 20, 64, 1, 48, 1),
-                                                  (33, 70, 1300, 8, 64, 2)])
+                                                  (33, 70, 1300, 8, 64, 2),
+                                                  (100, 20, 200, 2, 128, 1)])
 def test_wgmma_emulator_within_budget(m, n, k, kw, n_block, wgs):
     """The warpgroup-MMA kernel's staging, descriptor and split over warpgroups and
     accumulator sets, emulated (wgmma_emulator.py), against float64 on the exact weights,

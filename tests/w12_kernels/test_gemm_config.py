@@ -627,3 +627,46 @@ def test_sweep_candidates_are_distinct_and_named_as_the_kernels_they_compile():
                                  w_stages=d["w_stages"], cluster=d["cluster"])
     # a weight of 3 columns takes kw 1 only: every kw of the sweep (>= 2) is skipped
     assert gemm_bench.sweep_candidates(4096, 192, 16, gemm_bench.SWEEP_KW) == []
+
+
+def test_one_pass_schedule_comes_from_the_shape_entry():
+    rule = {"warps_per_sm": 16, "min_chunks_per_warp": 2, "max_kw": 8,
+            "by_nt": {c: {"depth": 2} for c in ("1", "2", "4", "8")},
+            "shapes": {"4096x4096": {"kw": 8, "one_pass": [4, 2, 1, 1]}}}
+    assert cfgs.small_config(4096, 4096, 132, rule).one_pass == (4, 2, 1, 1)
+    assert cfgs.small_config(4096, 4160, 132, rule).one_pass is None
+    # every one-pass schedule of the shipped table is one the kernel has at 128-row blocks
+    for shape, entry in cfgs.rule()["shapes"].items():
+        if "one_pass" in entry:
+            depth, warpgroups, row_groups, split = entry["one_pass"]
+            assert wgmma.check(entry["kw"], depth, 128, warpgroups, row_groups, split), shape
+            assert wgmma.shared_bytes(128, warpgroups, depth, row_groups) <= 227 * 1024
+
+
+def test_one_pass_dispatch(monkeypatch):
+    """65..128 rows: one call of the warpgroup kernel with 128-row blocks where the shape has a
+    ``one_pass`` schedule (and the GPU has the kernel), else passes of at most 64 rows (the
+    GPU parts stubbed)."""
+    import torch
+
+    from w12_kernels.gemm import launcher
+
+    calls = []
+    monkeypatch.setattr(launcher, "backend", lambda: "cuda")
+    monkeypatch.setattr(launcher, "_wg_fits", lambda kw, wg, rows: rows == 128)
+    monkeypatch.setattr(wgmma, "gemm_wg", lambda x, *a, **kw: calls.append(
+        ("one pass", x.shape[0], kw["n_block"], kw["kw"])))
+    monkeypatch.setattr(cuda, "gemm_small", lambda x, *a, **kw: calls.append(
+        ("pass", x.shape[0])))
+    x = torch.randn(100, 64).to(torch.bfloat16)
+    plain = tuple((c, cfgs.Layout()) for c in cfgs.NT_CLASSES)
+    for one_pass, want in (((4, 2, 1, 1), [("one pass", 100, 128, 8)]),
+                           (None, [("pass", 64), ("pass", 36)])):
+        cfg = cfgs.SmallConfig(kw=8, by_nt=plain, one_pass=one_pass)
+        monkeypatch.setattr(launcher, "small_config", lambda n, k, device, c=cfg: c)
+        calls.clear()
+        launcher.linear(x, *([None] * 10), 8, 64)
+        assert calls == want
+    calls.clear()
+    launcher.linear(x[:64], *([None] * 10), 8, 64)
+    assert calls == [("pass", 64)]

@@ -120,3 +120,59 @@ def test_launcher_runs_the_tables_warpgroup_schedule(monkeypatch):
         assert torch.equal(linear(x[:m]).view(torch.int16), alone[:m])
     assert [(c["split"], c["warpgroups"]) for c in calls] == [(4, 1), (4, 1), (1, 2), (1, 2),
                                                               (1, 2)]
+
+
+@pytest.mark.parametrize("n,k", [(1000, 3000), (130, 72), (4096, 4096)])
+@pytest.mark.parametrize("kw,depth,wgs,rg,split", [(1, 4, 1, 1, 1), (2, 4, 2, 1, 1),
+                                                  (4, 4, 2, 1, 2), (8, 4, 2, 2, 2),
+                                                  (8, 8, 1, 1, 4), (16, 4, 2, 1, 4),
+                                                  (2, 4, 1, 1, 2)])
+def test_one_pass_of_128_rows_gives_the_two_passes_bits(n, k, kw, depth, wgs, rg, split):
+    """128-row blocks (65..128 rows in one pass over the weight): within budget, and each row
+    the bits of the mma.sync kernel's 64-row passes with the same K split."""
+    t = make_weight(n, k, seed=n + k + kw, device="cuda")
+    pw = prepare_weight(encoded(t))
+    bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+    for m in (65, 100, 128):
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        y = _run(x, pw, bias, kw=kw, depth=depth, n_block=128, warpgroups=wgs, row_groups=rg,
+                 split=split)
+        assert_within_budget(y, x, t, x.double() @ t.double().T + bias.double(), bias)
+        two = torch.cat([_small(x[s : s + 64], pw, bias, kw) for s in (0, 64)])
+        assert torch.equal(y.view(torch.int16), two.view(torch.int16)), f"M={m}"
+        again = _run(x, pw, bias, kw=kw, depth=depth, n_block=128, warpgroups=wgs,
+                     row_groups=rg, split=split)
+        assert torch.equal(again.view(torch.int16), y.view(torch.int16))
+
+
+def test_launcher_runs_65_to_128_rows_in_one_pass(monkeypatch):
+    """With a ``one_pass`` schedule 65..128 rows take one call of the warpgroup kernel with
+    128-row blocks, and every row still gets the bits it gets alone; inside
+    ``invariant_rows(64)`` they leave the small-M path as before."""
+    from w12_kernels.gemm import config as cfgs
+    from w12_kernels.gemm import invariant_rows, launcher
+
+    t = make_weight(700, 2048, seed=6, device="cuda")
+    pw = prepare_weight(encoded(t))
+    plain = cfgs.Layout(depth=1)
+    cfg = cfgs.SmallConfig(kw=4, by_nt=tuple((c, plain) for c in cfgs.NT_CLASSES),
+                           one_pass=(4, 2, 1, 1))
+    monkeypatch.setattr(launcher, "small_config", lambda n, k, device: cfg)
+    calls = []
+    real = wgmma.gemm_wg
+    monkeypatch.setattr(wgmma, "gemm_wg", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+
+    def linear(x):
+        return launcher.linear(x, pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row,
+                               pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order, None, pw.n,
+                               pw.k)
+
+    x = torch.randn(128, 2048, device="cuda").to(torch.bfloat16)
+    alone = torch.cat([linear(x[r : r + 1]) for r in range(128)]).view(torch.int16)
+    assert not calls
+    for m in (64, 65, 100, 128):
+        assert torch.equal(linear(x[:m]).view(torch.int16), alone[:m]), f"M={m}"
+    assert [(c["n_block"], c["warpgroups"]) for c in calls] == [(128, 2)] * 3
+    with invariant_rows(64):
+        linear(x[:100])
+    assert len(calls) == 3

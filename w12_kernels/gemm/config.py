@@ -7,7 +7,9 @@ in a fixed order. So how K is split and summed never depends on M (batch invaria
 What may depend on M is only how the work is scheduled (chunk columns in flight, activations
 prefetched into registers or staged in shared memory, 16-row tiles per block, a register cap
 for occupancy, or the warpgroup-MMA kernel with the same split), per class of
-``NT = ceil(M / 8)`` in (1, 2, 4, 8): that changes no sum. The
+``NT = ceil(M / 8)`` in (1, 2, 4, 8): that changes no sum. 65..128 rows run as two passes of
+at most 64, or, where a shape's entry names a ``one_pass`` schedule, as one pass of the
+warpgroup-MMA kernel with the same split (the same bits). The
 constants come from ``tuned.json`` next to this file, written from the H200 sweep of
 ``benchmarks/gemm.py --sweep`` (docs/PERF_GEMM.md): a ``kw`` and layouts per measured weight
 shape, a rule for other shapes; without the file, built-in defaults.
@@ -65,6 +67,10 @@ class Layout:
 class SmallConfig:
     kw: int
     by_nt: tuple[tuple[int, Layout], ...]  # (NT class, layout), classes ascending
+    # 65..128 rows in one pass of the warpgroup-MMA kernel with 128-row blocks (the bits of
+    # two 64-row passes, over the weight once): (stages, warpgroups, row groups, split) of
+    # wgmma.gemm_wg, or None (two passes; also on a GPU without that kernel)
+    one_pass: tuple[int, int, int, int] | None = None
 
     def layout(self, m: int) -> Layout:
         """The kernel layout for ``m`` activation rows (a clustered layout of the rule's
@@ -117,7 +123,9 @@ def small_config(n: int, k: int, num_sms: int, r: dict | None = None) -> SmallCo
                      warps_per_sm=r["warps_per_sm"],
                      min_chunks_per_warp=r["min_chunks_per_warp"], max_kw=r["max_kw"])
     by_nt = tuple((cls, Layout.from_dict(r["by_nt"][str(cls)])) for cls in NT_CLASSES)
-    return SmallConfig(kw=kw, by_nt=by_nt)
+    one_pass = shaped.get("one_pass") if shaped is not None else None
+    return SmallConfig(kw=kw, by_nt=by_nt,
+                       one_pass=tuple(int(v) for v in one_pass) if one_pass else None)
 
 
 LARGE_KINDS = ("fused", "wgmma", "decode")

@@ -1,5 +1,6 @@
-// The W12 GEMM for 9..64 activation rows with Hopper's warpgroup MMA, giving the bits of the
-// mma.sync kernel of kernels.cu (w12_gemm_small) for the same K split. Compiled after
+// The W12 GEMM for 9..128 activation rows with Hopper's warpgroup MMA, giving the bits of the
+// mma.sync kernel of kernels.cu (w12_gemm_small) for the same K split (N = 128: what two
+// 64-row passes of it give, in one pass over the weight). Compiled after
 // kernels.cu (its loads, decode8 and store_output) and after the wgmma wrappers that wgmma.py
 // generates (struct Wgmma<N>: one m64nNk16 bf16 MMA with A from registers and B from shared
 // memory, accumulating in float32).
@@ -136,7 +137,7 @@ __global__ void __launch_bounds__(128 * KB * RG + 32) w12_gemm_wg(
     const bf16_t* __restrict__ bias, const unsigned char* __restrict__ xi,
     float* __restrict__ ws, int* __restrict__ counters, int M, int n_rows, int ntiles,
     int nchunks, int ldx) {
-  static_assert(N % 16 == 0 && N >= 16 && N <= 64, "N: 16, 32, 48 or 64 activation rows");
+  static_assert(N % 16 == 0 && N >= 16 && N <= 128, "N: 16, 32, 48, 64 or 128 activation rows");
   static_assert(R == 4 || R == 6 || R == 8, "R: 4, 6 or 8 stages");
   static_assert(S == 1 || S == 2 || S == 4, "S: 1, 2 or 4 accumulator sets");
   static_assert(RG == 1 || RG == 2, "RG: 1 or 2 row groups");

@@ -4,7 +4,9 @@ Up to ``SMALL_M_MAX`` rows the decode-GEMM runs straight from the chunks (CUDA C
 CuPy can compile them, the Triton kernels otherwise), with one configuration per weight shape.
 With the CUDA kernels, up to ``SMALL_PASSES * SMALL_M_MAX`` rows run as consecutive passes of
 at most ``SMALL_M_MAX`` rows, so every row's bits are those it gets alone (batch invariance up
-to 128 rows, which verifying a draft tree of up to 128 nodes needs), at 0.29-0.40x of cuBLAS;
+to 128 rows, which verifying a draft tree of up to 128 nodes needs), at 0.29-0.40x of cuBLAS,
+or as one pass of the warpgroup-MMA kernel with the same bits where the table has a schedule
+for it (``SmallConfig.one_pass``);
 inside ``invariant_rows(64)`` (the engine's prefill, where no row has to match another call's)
 65..128 rows take the large-M table instead (the warpgroup kernel: 0.56-0.89x at 128 rows on
 the H200, docs/PERF_GEMM.md #37). Above that (above ``SMALL_M_MAX`` with
@@ -98,13 +100,23 @@ def small_rows_limit() -> int:
 def _small_passes(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k, cfg):
     """The CUDA small-M kernel over consecutive blocks of at most ``SMALL_M_MAX`` rows: the
     mma.sync kernel, or where the table's layout names one (``Layout.wg``) and the GPU has it,
-    the warpgroup-MMA kernel with the same K split (the same bits)."""
+    the warpgroup-MMA kernel with the same K split (the same bits). More rows than that take
+    one pass of the warpgroup-MMA kernel with 128-row blocks where the table names a schedule
+    for it (``SmallConfig.one_pass``): the same bits again, the weight read once."""
     m = x.shape[0]
+    if m > cfgs.SMALL_M_MAX and cfg.one_pass is not None and _wg_fits(cfg.kw, cfg.one_pass,
+                                                                       ONE_PASS_ROWS):
+        from w12_kernels.gemm import wgmma
+
+        depth, warpgroups, row_groups, split = cfg.one_pass
+        return wgmma.gemm_wg(x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias, n, k,
+                             kw=cfg.kw, depth=depth, n_block=ONE_PASS_ROWS,
+                             warpgroups=warpgroups, row_groups=row_groups, split=split)
     out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
     for start in range(0, m, cfgs.SMALL_M_MAX):
         part = x[start : start + cfgs.SMALL_M_MAX]
         lay = cfg.layout(part.shape[0])
-        if lay.wg is not None and _wg_fits(cfg.kw, lay.wg):
+        if lay.wg is not None and _wg_fits(cfg.kw, lay.wg, cfgs.SMALL_M_MAX):
             from w12_kernels.gemm import wgmma
 
             depth, warpgroups, row_groups, split = lay.wg
@@ -137,22 +149,25 @@ def _has_triton() -> bool:
     return True
 
 
+ONE_PASS_ROWS = 2 * cfgs.SMALL_M_MAX  # the block rows of ``SmallConfig.one_pass``
+
+
 @functools.cache
-def _wg_fits(kw: int, wg: tuple[int, int, int, int]) -> bool:
+def _wg_fits(kw: int, wg: tuple[int, int, int, int], rows: int) -> bool:
     """Whether this GPU has the warpgroup-MMA kernel and it has the table's schedule for this
-    kw, within the shared memory a block may have at up to 64 rows (otherwise the mma.sync
-    kernel runs: the same bits)."""
+    kw with blocks of ``rows`` activation rows (at most: the largest block up to 64), within
+    the shared memory a block may have (otherwise the mma.sync kernel runs: the same bits)."""
     from w12_kernels.gemm import wgmma
 
     if not wgmma.available():
         return False
     depth, warpgroups, row_groups, split = wg
     try:
-        wgmma.check(kw, depth, 16, warpgroups, row_groups, split)
+        wgmma.check(kw, depth, rows, warpgroups, row_groups, split)
     except ValueError:
         return False
     limit = cuda.shared_memory_limit(torch.cuda.current_device())
-    return wgmma.shared_bytes(max(wgmma.N_BLOCKS), warpgroups, depth, row_groups) <= limit
+    return wgmma.shared_bytes(rows, warpgroups, depth, row_groups) <= limit
 
 
 @functools.cache

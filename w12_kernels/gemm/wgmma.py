@@ -9,7 +9,9 @@ arrive by bulk copies, and no MMA warp waits on a global load. ``w12_linear`` ru
 table's layout for the shape and class of M names a schedule (``config.Layout.wg``, written by
 ``benchmarks/wgmma_probe.py --write-table``): on the H200 that is the 33-64-row class of eight
 large layers, where it runs 1.04-1.4x faster than the mma.sync kernel (docs/PERF_GEMM.md #38);
-at 1-32 rows the mma.sync kernel stays faster or as fast. Compute capability 9.0
+at 1-32 rows the mma.sync kernel stays faster or as fast. With 128-row blocks it takes 65..128
+rows in one pass over the weight with the bits of two 64-row passes (``SmallConfig.one_pass``,
+docs/PERF_GEMM.md #67). Compute capability 9.0
 (``sm_90a``) only.
 """
 
@@ -24,7 +26,8 @@ import torch
 from w12_kernels.gemm import cuda
 
 SOURCE_PATH = Path(__file__).with_name("kernels_wgmma.cu")
-N_BLOCKS = (16, 32, 48, 64)  # activation rows per block (wgmma N)
+N_BLOCKS = (16, 32, 48, 64, 128)  # activation rows per block (wgmma N; 128: 65..128 rows in
+# one pass, with at most two accumulator sets: four spill)
 WARPGROUPS = (1, 2, 4)  # warpgroups per block
 SETS = (1, 2, 4)  # accumulator sets per warpgroup (kw / warpgroups)
 DEPTHS = (4, 6, 8)  # stages (columns of weights and activations) per warpgroup
@@ -94,6 +97,7 @@ def check(kw: int, depth: int, n_block: int, warpgroups: int, row_groups: int = 
     per_block = warpgroups * split
     sets = kw // per_block if kw % per_block == 0 else 0
     if (sets not in SETS or depth not in DEPTHS or n_block not in N_BLOCKS
+            or (n_block == 128 and sets > 2)
             or warpgroups not in WARPGROUPS or row_groups not in ROW_GROUPS
             or split not in SPLITS or warpgroups * row_groups > 4):
         raise ValueError(f"gemm_wg: bad configuration kw={kw} depth={depth} "
@@ -139,7 +143,8 @@ def gemm_wg(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
             n_block: int | None = None, warpgroups: int | None = None, row_groups: int = 1,
             split: int = 1, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]``, any M (each block of ``n_block`` rows, by
-    default M rounded up to 16 and at most 64, reads the whole weight): blocks of
+    default M rounded up to 16 and at most 64, reads the whole weight; 128 takes 65..128 rows in
+    one pass): blocks of
     ``64 row_groups`` weight rows, ``warpgroups`` MMA warpgroups per row group (default
     ``min(kw, 4)``) and ``split`` blocks per row range (grid z), the chunk columns split into
     ``kw`` partial sums as ``gemm_small``'s warps split them and added in the same order (in
@@ -152,7 +157,7 @@ def gemm_wg(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     if m == 0 or n == 0:
         return out
     if n_block is None:
-        n_block = min(max(N_BLOCKS), 16 * math.ceil(m / 16))
+        n_block = min(64, 16 * math.ceil(m / 16))
     if warpgroups is None:
         warpgroups = default_warpgroups(kw)
     ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
