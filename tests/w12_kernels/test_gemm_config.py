@@ -629,6 +629,15 @@ def test_sweep_candidates_are_distinct_and_named_as_the_kernels_they_compile():
     assert gemm_bench.sweep_candidates(4096, 192, 16, gemm_bench.SWEEP_KW) == []
 
 
+def test_128_row_blocks_keep_the_accumulators_in_registers():
+    assert wgmma.check(2, 4, 128, 2, 2, 1) == 1  # 4 x 64 accumulator registers in 544 threads
+    assert wgmma.check(8, 4, 128, 1, 1, 4) == 2
+    for kw, depth, wgs, rg, split in ((8, 4, 2, 2, 2), (8, 4, 1, 1, 2), (8, 4, 4, 1, 1)):
+        with pytest.raises(ValueError, match="bad configuration"):
+            wgmma.check(kw, depth, 128, wgs, rg, split)  # 2 sets x 4 warpgroups; 4 sets
+    assert wgmma.check(8, 4, 64, 2, 2, 2) == 2  # at 64 rows those are fine
+
+
 def test_one_pass_schedule_comes_from_the_shape_entry():
     rule = {"warps_per_sm": 16, "min_chunks_per_warp": 2, "max_kw": 8,
             "by_nt": {c: {"depth": 2} for c in ("1", "2", "4", "8")},

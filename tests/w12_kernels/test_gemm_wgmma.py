@@ -124,9 +124,9 @@ def test_launcher_runs_the_tables_warpgroup_schedule(monkeypatch):
 
 @pytest.mark.parametrize("n,k", [(1000, 3000), (130, 72), (4096, 4096)])
 @pytest.mark.parametrize("kw,depth,wgs,rg,split", [(1, 4, 1, 1, 1), (2, 4, 2, 1, 1),
-                                                  (4, 4, 2, 1, 2), (8, 4, 2, 2, 2),
-                                                  (8, 8, 1, 1, 4), (16, 4, 2, 1, 4),
-                                                  (2, 4, 1, 1, 2)])
+                                                  (4, 4, 2, 1, 2), (2, 4, 2, 2, 1),
+                                                  (8, 4, 2, 2, 4), (8, 8, 1, 1, 4),
+                                                  (16, 4, 2, 1, 4), (2, 4, 1, 1, 2)])
 def test_one_pass_of_128_rows_gives_the_two_passes_bits(n, k, kw, depth, wgs, rg, split):
     """128-row blocks (65..128 rows in one pass over the weight): within budget, and each row
     the bits of the mma.sync kernel's 64-row passes with the same K split."""

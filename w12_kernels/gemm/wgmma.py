@@ -27,7 +27,8 @@ from w12_kernels.gemm import cuda
 
 SOURCE_PATH = Path(__file__).with_name("kernels_wgmma.cu")
 N_BLOCKS = (16, 32, 48, 64, 128)  # activation rows per block (wgmma N; 128: 65..128 rows in
-# one pass, with at most two accumulator sets: four spill)
+# one pass; a set is then 64 registers a thread: at most two sets (four spill), and sets x
+# warpgroups x row groups at most 4 (two sets in 544 threads fail to allocate, run 260))
 WARPGROUPS = (1, 2, 4)  # warpgroups per block
 SETS = (1, 2, 4)  # accumulator sets per warpgroup (kw / warpgroups)
 DEPTHS = (4, 6, 8)  # stages (columns of weights and activations) per warpgroup
@@ -97,7 +98,7 @@ def check(kw: int, depth: int, n_block: int, warpgroups: int, row_groups: int = 
     per_block = warpgroups * split
     sets = kw // per_block if kw % per_block == 0 else 0
     if (sets not in SETS or depth not in DEPTHS or n_block not in N_BLOCKS
-            or (n_block == 128 and sets > 2)
+            or (n_block == 128 and (sets > 2 or sets * warpgroups * row_groups > 4))
             or warpgroups not in WARPGROUPS or row_groups not in ROW_GROUPS
             or split not in SPLITS or warpgroups * row_groups > 4):
         raise ValueError(f"gemm_wg: bad configuration kw={kw} depth={depth} "
