@@ -581,13 +581,9 @@ WGMMA_CANDIDATES = ((256, 2, 4, 3, 1, 0), (256, 2, 4, 3, 2, 0), (256, 2, 4, 3, 4
                     # of #65 with half the activation bytes per MMA, and the two-warpgroup ones
                     (256, 1, 5, 8, 1, 3, 0, 0, 1), (256, 1, 5, 8, 2, 3, 0, 0, 1),
                     (256, 1, 5, 6, 2, 3, 0, 0, 1), (256, 1, 5, 8, 3, 3, 0, 0, 1),
-                    (256, 2, 5, 5, 1, 2, 0, 0, 1), (256, 2, 5, 5, 2, 2, 0, 0, 1),
-                    # cuBLAS's tiling of the one-wave layers (128 weight rows x 64 tokens, no K
-                    # split: 128 blocks for 4096x4096 at 256 rows, no fix-up), each weight
-                    # decoded once per 64 tokens (#68); the 4 x 4 ones two blocks a
-                    # multiprocessor
-                    (64, 2, 6, 8, 1, 1), (64, 2, 8, 12, 1, 1), (64, 2, 6, 8, 2, 1),
-                    (64, 2, 4, 4, 1, 1))
+                    (256, 2, 5, 5, 1, 2, 0, 0, 1), (256, 2, 5, 5, 2, 2, 0, 0, 1))
+# (not candidates: cuBLAS's tiling of the one-wave layers, 128 weight rows x 64 tokens with the
+# whole K, 0.33-0.52x at 256 rows against 0.71-0.89x for the table's entries, run 261, #68)
 WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs", "persist",
               "tail", "mcast")
 

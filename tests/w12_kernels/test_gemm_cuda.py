@@ -260,8 +260,8 @@ WGMMA_CONFIGS = [(256, 2, 4, 3, 1, 0), (256, 2, 3, 5, 2, 0), (128, 2, 4, 8, 2, 0
                  # two MMA warpgroups on one 64-row group, every other column each
                  (256, 1, 5, 8, 1, 3), (256, 1, 5, 8, 2, 3), (256, 1, 5, 6, 3, 3),
                  (128, 1, 4, 5, 4, 3), (64, 1, 3, 2, 1, 3),
-                 # 64 tokens, two warpgroups of 64 rows, the register operand
-                 (64, 2, 6, 8, 1, 1), (64, 2, 4, 4, 1, 1), (64, 2, 6, 8, 2, 1)]
+                 # 64 tokens, two warpgroups of 64 rows, the register operand (#68)
+                 (64, 2, 4, 4, 1, 1)]
 
 
 @pytest.mark.parametrize("block_m,warpgroups,x_stages,w_stages,splits,a_regs", WGMMA_CONFIGS,
