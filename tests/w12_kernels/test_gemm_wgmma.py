@@ -91,18 +91,13 @@ def test_nan_and_inf_escapes_reach_the_output():
     assert torch.equal(y.view(torch.int16), _small(x, pw, None, 2).view(torch.int16))
 
 
-def test_launcher_runs_the_tables_warpgroup_schedule(monkeypatch):
-    """A layout with a warpgroup schedule (``Layout.wg``) sends its rows to the warpgroup
-    kernel, whose bits are the mma.sync kernel's: so every row still gets the bits it gets
-    alone (batch invariance)."""
-    from w12_kernels.gemm import config as cfgs
+def _launcher_with(monkeypatch, cfg, seed):
+    """``launcher.linear`` on a 700x2048 weight with the small-M configuration ``cfg``, and the
+    keyword arguments of every warpgroup-kernel call it makes."""
     from w12_kernels.gemm import launcher
 
-    t = make_weight(700, 2048, seed=4, device="cuda")
+    t = make_weight(700, 2048, seed=seed, device="cuda")
     pw = prepare_weight(encoded(t))
-    plain = cfgs.Layout(depth=1)
-    cfg = cfgs.SmallConfig(kw=4, by_nt=((1, plain), (2, plain), (4, cfgs.Layout(wg=(4, 1, 1, 4))),
-                                        (8, cfgs.Layout(wg=(4, 2, 1, 1)))))
     monkeypatch.setattr(launcher, "small_config", lambda n, k, device: cfg)
     calls = []
     real = wgmma.gemm_wg
@@ -113,6 +108,19 @@ def test_launcher_runs_the_tables_warpgroup_schedule(monkeypatch):
                                pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order, None, pw.n,
                                pw.k)
 
+    return linear, calls
+
+
+def test_launcher_runs_the_tables_warpgroup_schedule(monkeypatch):
+    """A layout with a warpgroup schedule (``Layout.wg``) sends its rows to the warpgroup
+    kernel, whose bits are the mma.sync kernel's: so every row still gets the bits it gets
+    alone (batch invariance)."""
+    from w12_kernels.gemm import config as cfgs
+
+    plain = cfgs.Layout(depth=1)
+    cfg = cfgs.SmallConfig(kw=4, by_nt=((1, plain), (2, plain), (4, cfgs.Layout(wg=(4, 1, 1, 4))),
+                                        (8, cfgs.Layout(wg=(4, 2, 1, 1)))))
+    linear, calls = _launcher_with(monkeypatch, cfg, seed=4)
     x = torch.randn(100, 2048, device="cuda").to(torch.bfloat16)
     alone = torch.cat([linear(x[r : r + 1]) for r in range(100)]).view(torch.int16)
     assert not calls  # one row: the mma.sync kernel
@@ -150,23 +158,12 @@ def test_launcher_runs_65_to_128_rows_in_one_pass(monkeypatch):
     128-row blocks, and every row still gets the bits it gets alone; inside
     ``invariant_rows(64)`` they leave the small-M path as before."""
     from w12_kernels.gemm import config as cfgs
-    from w12_kernels.gemm import invariant_rows, launcher
+    from w12_kernels.gemm import invariant_rows
 
-    t = make_weight(700, 2048, seed=6, device="cuda")
-    pw = prepare_weight(encoded(t))
     plain = cfgs.Layout(depth=1)
     cfg = cfgs.SmallConfig(kw=4, by_nt=tuple((c, plain) for c in cfgs.NT_CLASSES),
                            one_pass=(4, 2, 1, 1))
-    monkeypatch.setattr(launcher, "small_config", lambda n, k, device: cfg)
-    calls = []
-    real = wgmma.gemm_wg
-    monkeypatch.setattr(wgmma, "gemm_wg", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
-
-    def linear(x):
-        return launcher.linear(x, pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row,
-                               pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order, None, pw.n,
-                               pw.k)
-
+    linear, calls = _launcher_with(monkeypatch, cfg, seed=6)
     x = torch.randn(128, 2048, device="cuda").to(torch.bfloat16)
     alone = torch.cat([linear(x[r : r + 1]) for r in range(128)]).view(torch.int16)
     assert not calls
