@@ -4,7 +4,7 @@ Up to ``SMALL_M_MAX`` rows the decode-GEMM runs straight from the chunks (CUDA C
 CuPy can compile them, the Triton kernels otherwise), with one configuration per weight shape.
 With the CUDA kernels, up to ``SMALL_PASSES * SMALL_M_MAX`` rows run as consecutive passes of
 at most ``SMALL_M_MAX`` rows, so every row's bits are those it gets alone (batch invariance up
-to 128 rows, which verifying a draft tree of up to 128 nodes needs), at 0.29-0.40x of cuBLAS,
+to 128 rows, which verifying a draft tree of up to 128 nodes needs), at 0.36-0.49x of cuBLAS,
 or as one pass of the warpgroup-MMA kernel with the same bits where the table has a schedule
 for it (``SmallConfig.one_pass``);
 inside ``invariant_rows(64)`` (the engine's prefill, where no row has to match another call's)
@@ -82,7 +82,7 @@ def check_invariant_rows(rows: int, where: str = "invariant_rows") -> None:
 @contextlib.contextmanager
 def invariant_rows(rows: int):
     """Within: calls of up to ``rows`` rows (64 or 128; 128 outside) keep batch invariance
-    with the CUDA kernels. At 64, 65..128 rows run the large-M table (about twice as fast on
+    with the CUDA kernels. At 64, 65..128 rows run the large-M table (~1.5x as fast on
     the H200) and their bits depend on the row count: for prefill, not for verification."""
     check_invariant_rows(rows)
     token = _INVARIANT_ROWS.set(rows)
