@@ -4,7 +4,8 @@ Up to ``SMALL_M_MAX`` rows the decode-GEMM runs straight from the chunks (CUDA C
 CuPy can compile them, the Triton kernels otherwise), with one configuration per weight shape.
 With the CUDA kernels, up to ``SMALL_PASSES * SMALL_M_MAX`` rows run as consecutive passes of
 at most ``SMALL_M_MAX`` rows, so every row's bits are those it gets alone (batch invariance up
-to 128 rows, which verifying a draft tree of up to 128 nodes needs), at 0.36-0.49x of cuBLAS,
+to 128 rows, which verifying a draft tree of up to 128 nodes needs), at 0.36-0.49x of cuBLAS
+(run 263),
 or as one pass of the warpgroup-MMA kernel with the same bits where the table has a schedule
 for it (``SmallConfig.one_pass``);
 inside ``invariant_rows(64)`` (the engine's prefill, where no row has to match another call's)
