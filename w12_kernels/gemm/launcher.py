@@ -5,12 +5,11 @@ CuPy can compile them, the Triton kernels otherwise), with one configuration per
 With the CUDA kernels, up to ``SMALL_PASSES * SMALL_M_MAX`` rows run as consecutive passes of
 at most ``SMALL_M_MAX`` rows, so every row's bits are those it gets alone (batch invariance up
 to 128 rows, which verifying a draft tree of up to 128 nodes needs), at 0.36-0.49x of cuBLAS
-(run 263),
-or as one pass of the warpgroup-MMA kernel with the same bits where the table has a schedule
-for it (``SmallConfig.one_pass``);
-inside ``invariant_rows(64)`` (the engine's prefill, where no row has to match another call's)
-65..128 rows take the large-M table instead (the warpgroup kernel: 0.56-0.89x at 128 rows on
-the H200, docs/PERF_GEMM.md #37). Above that (above ``SMALL_M_MAX`` with
+(run 263), or as one pass of the warpgroup-MMA kernel with the same bits where the table has a
+schedule for it (``SmallConfig.one_pass``); inside ``invariant_rows(64)`` (the engine's
+prefill, where no row has to match another call's) 65..128 rows take the large-M table instead
+(the warpgroup kernel: 0.56-0.89x at 128 rows on the H200, docs/PERF_GEMM.md #37). Above that
+(above ``SMALL_M_MAX`` with
 the Triton kernels) the tuned table (``config.large_config``) picks, per weight shape and M,
 the warpgroup-MMA kernel of ``kernels_large.cu`` (Hopper, CUDA backend), the fused Triton
 kernel of ``kernel_large.py`` or decode to BF16 + cuBLAS; where the chosen kernel cannot run,
