@@ -9,11 +9,10 @@ to 128 rows, which verifying a draft tree of up to 128 nodes needs), at 0.36-0.4
 schedule for it (``SmallConfig.one_pass``); inside ``invariant_rows(64)`` (the engine's
 prefill, where no row has to match another call's) 65..128 rows take the large-M table instead
 (the warpgroup kernel: 0.56-0.89x at 128 rows on the H200, docs/PERF_GEMM.md #37). Above that
-(above ``SMALL_M_MAX`` with
-the Triton kernels) the tuned table (``config.large_config``) picks, per weight shape and M,
-the warpgroup-MMA kernel of ``kernels_large.cu`` (Hopper, CUDA backend), the fused Triton
-kernel of ``kernel_large.py`` or decode to BF16 + cuBLAS; where the chosen kernel cannot run,
-decode + cuBLAS.
+(above ``SMALL_M_MAX`` with the Triton kernels) the tuned table (``config.large_config``) picks,
+per weight shape and M, the warpgroup-MMA kernel of ``kernels_large.cu`` (Hopper, CUDA
+backend), the fused Triton kernel of ``kernel_large.py`` or decode to BF16 + cuBLAS; where the
+chosen kernel cannot run, decode + cuBLAS.
 """
 
 from __future__ import annotations
