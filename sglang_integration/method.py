@@ -234,8 +234,8 @@ class W12LinearMethod(LinearMethodBase):
     def apply(self, layer: torch.nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
         # Nothing under SGLang needs a row's bits to match another batch size's (its BF16
-        # GEMMs do not either), so 65..128 rows take the large-M path: 0.68-0.70x of cuBLAS on
-        # the H200 (run 129) against 0.44x for the batch-invariant passes (run 263, docs/PERF.md)
+        # GEMMs do not either), so 65..128 rows take the large-M path: 0.75-0.78x of cuBLAS on
+        # the H200 against 0.44-0.56x for the batch-invariant passes (run 265, docs/PERF.md)
         return w12_linear(x, layer.w12_weight, bias, invariant_rows=SMALL_M_MAX)
 
 

@@ -71,7 +71,7 @@ def test_apply_equals_reference_linear(rank_pair, name):
 
 def test_apply_keeps_batch_invariance_only_up_to_64_rows(rank_pair, monkeypatch):
     """Under SGLang no row has to match another batch size's bits, so ``apply`` lets 65..128
-    rows take the large-M path (``invariant_rows=64``; on an H200 ~1.5x as fast)."""
+    rows take the large-M path (``invariant_rows=64``; on an H200 1.4-1.7x as fast)."""
     from sglang_integration import method
 
     seen = []

@@ -14,7 +14,7 @@ configuration for every such M (batch invariant): CUDA C kernels compiled with N
 is installed, Triton kernels otherwise. With the CUDA kernels 65..128 rows run as two passes of
 at most 64 (still batch invariant; on Hopper one pass with the same bits where the table says it
 is faster), or, inside ``invariant_rows(64)`` (prefill) or with ``invariant_rows=64``, the
-large-M path below, ~1.5x as fast. Above that (above 64 rows with Triton) the tuned table
+large-M path below, 1.4-1.7x as fast. Above that (above 64 rows with Triton) the tuned table
 picks per shape and row count the fastest of: the warpgroup-MMA kernel (Hopper, CUDA backend,
 ``kernels_large.cu``), a Triton tensor-core kernel that decodes the weight tile by tile into
 ``tl.dot`` (``kernel_large.py``), or the weight decoded to BF16 and multiplied by cuBLAS.

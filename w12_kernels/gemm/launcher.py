@@ -81,8 +81,8 @@ def check_invariant_rows(rows: int, where: str = "invariant_rows") -> None:
 @contextlib.contextmanager
 def invariant_rows(rows: int):
     """Within: calls of up to ``rows`` rows (64 or 128; 128 outside) keep batch invariance
-    with the CUDA kernels. At 64, 65..128 rows run the large-M table (~1.5x as fast on
-    the H200) and their bits depend on the row count: for prefill, not for verification."""
+    with the CUDA kernels. At 64, 65..128 rows run the large-M table (1.4-1.7x as fast on
+    the H200, run 265) and their bits depend on the row count: for prefill, not for verification."""
     check_invariant_rows(rows)
     token = _INVARIANT_ROWS.set(rows)
     try:
