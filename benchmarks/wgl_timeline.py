@@ -1,0 +1,215 @@
+"""Where a large-M call's fixed costs go, per block: the warpgroup-MMA kernel
+(``kernels_large.cu``) and its image pass with ``%globaltimer`` stamps, at 256 rows, on the
+one-wave layers and one layer of several waves, with the large-M table's configuration.
+
+A patched copy of the kernel source (the shipped file is not touched) stamps, per block:
+its entry (thread 0), the producer's first activation copy issued (after ``griddepcontrol.wait``
+returned, i.e. once the image pass is done), the end of the main loop (thread 0, after its
+last MMAs), the partial tile stored and met (the block or cluster barrier), the K split's inbox
+landed (two K ranges; otherwise the same as the barrier) and the end of the stores (the
+consumer threads met at a named barrier, then thread 0). The image pass stamps each block's
+entry and end. The call is replayed in a CUDA graph over rotating weight copies (as
+``benchmarks/gemm.py`` times it) and the stamps of the graph's last call are read back, in µs
+from the image pass's first block entry. The stamps cost a few stores and the end's barrier;
+the call's time with and without them is printed beside (same graphs, medians).
+
+    python3 benchmarks/wgl_timeline.py                       # GPU, compute capability 9.0
+    python3 benchmarks/wgl_timeline.py --shapes 4096x4096 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import gemm as G  # noqa: E402
+from w12_kernels.gemm import config as cfgs  # noqa: E402
+from w12_kernels.gemm import cuda  # noqa: E402
+from w12_kernels.gemm import cuda_large as cl  # noqa: E402
+
+SHAPES = ((4096, 4096), (6144, 4096), (10240, 5120), (5120, 8192), (4096, 14336),
+          (28672, 4096))
+MAX_BLOCKS = 4096  # stamp slots (blocks of the GEMM grid, of the image pass)
+STAMPS = ("entry", "first_x_issued", "loop_end", "partial_met", "inbox", "stores_end")
+
+_DEFS = (
+    "__device__ unsigned long long w12_tl[%d * 8];\n"
+    "__device__ unsigned long long w12_tl_img[%d * 2];\n"
+    "__device__ __forceinline__ unsigned long long w12_now() {\n"
+    "  unsigned long long t;\n"
+    "  asm volatile(\"mov.u64 %%0, %%%%globaltimer;\" : \"=l\"(t));\n"
+    "  return t;\n}\n"
+    "#define W12_BLOCK (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z))\n"
+    "#define W12_STAMP(k) (w12_tl[W12_BLOCK * 8 + (k)] = w12_now())\n"
+) % (MAX_BLOCKS, MAX_BLOCKS)
+
+# (old, new): each ``old`` must occur exactly once in kernels_large.cu
+PATCHES = [
+    # the image pass: each block's entry and end
+    ('extern "C" __global__ void __launch_bounds__(256)\nw12_permute_x(',
+     _DEFS + 'extern "C" __global__ void __launch_bounds__(256)\nw12_permute_x('),
+    ('  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");\n  const int c = blockIdx.x;\n',
+     '  if (threadIdx.x == 0) w12_tl_img[W12_BLOCK * 2] = w12_now();\n'
+     '  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");\n  const int c = blockIdx.x;\n'),
+    ("  image[s] = make_uint4(v[0], v[1], v[2], v[3]);\n}\n",
+     "  image[s] = make_uint4(v[0], v[1], v[2], v[3]);\n  __syncthreads();\n"
+     "  if (threadIdx.x == 0) w12_tl_img[W12_BLOCK * 2 + 1] = w12_now();\n}\n"),
+    # the GEMM
+    ("  const int tid = threadIdx.x;\n  const int wg = tid >> 7;\n",
+     "  const int tid = threadIdx.x;\n  if (tid == 0) W12_STAMP(0);\n  const int wg = tid >> 7;\n"),
+    ("      if (col >= SX) mbar_wait(xempty + col % SX, (u32)(col / SX - 1) & 1u);\n"
+     "      if (lane == 0) issue_x(col % SX, col);\n    }\n",
+     "      if (col >= SX) mbar_wait(xempty + col % SX, (u32)(col / SX - 1) & 1u);\n"
+     "      if (lane == 0) issue_x(col % SX, col);\n"
+     "      if (col == 0 && lane == 0) W12_STAMP(1);\n    }\n"),
+    ("  if (!producer) wgmma_wait<0>();\n",
+     "  if (!producer) wgmma_wait<0>();\n  if (tid == 0) W12_STAMP(2);\n"),
+    ("  if (PUSH) asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");  // for the copies\n"
+     "  if (CL) cluster_sync_all(); else __syncthreads();\n",
+     "  if (PUSH) asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");  // for the copies\n"
+     "  if (CL) cluster_sync_all(); else __syncthreads();\n  if (tid == 0) W12_STAMP(3);\n"),
+    ("    mbar_wait(inbar, 0u);  // the other ranks' sums of this share have landed\n",
+     "    mbar_wait(inbar, 0u);  // the other ranks' sums of this share have landed\n"
+     "    if (tid == 0) W12_STAMP(4);\n"),
+    ("  // no block leaves while another reads its memory (MC: or arrives on its barriers)\n"
+     "  if (CL) cluster_sync_all();\n}",
+     "  if (!producer) {\n    asm volatile(\"bar.sync 5, %0;\" :: \"n\"(THREADS) : \"memory\");\n"
+     "    if (tid == 0) W12_STAMP(5);\n  }\n"
+     "  // no block leaves while another reads its memory (MC: or arrives on its barriers)\n"
+     "  if (CL) cluster_sync_all();\n}"),
+]
+
+
+def patched(shipped: Path) -> str:
+    text = shipped.read_text()
+    for old, new in PATCHES:
+        if text.count(old) != 1:
+            raise SystemExit("wgl_timeline: a patch no longer matches kernels_large.cu: "
+                             f"{old[:60]!r}...")
+        text = text.replace(old, new)
+    return text
+
+
+def table_config(n: int, k: int) -> dict:
+    """The large-M table's configuration at 256 rows for this shape (``gemm_wgl``'s keywords)."""
+    e = cfgs.large_config(n, k, 256)
+    if e.kind != "wgmma":
+        raise SystemExit(f"wgl_timeline: the table has no warpgroup entry for {n}x{k}")
+    if e.persist or e.tail:
+        raise SystemExit(f"wgl_timeline: {n}x{k}: stream-K and tail launches are not stamped")
+    return dict(block_m=e.block_m, warpgroups=e.tiles // 4, x_stages=e.num_stages,
+                w_stages=e.w_stages, splits=e.splits, a_regs=e.a_regs, mcast=e.mcast)
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
+
+
+def probe(n: int, k: int, scratch: Path) -> dict:
+    import cupy
+
+    kw = table_config(n, k)
+    config = (kw["block_m"], kw["warpgroups"], kw["x_stages"], kw["w_stages"], kw["splits"],
+              kw["a_regs"], 0, kw["mcast"])
+    shipped = cl.SOURCE_PATH
+    path = scratch / "kernels_large_timeline.cu"
+    path.write_text(patched(shipped))
+    cl.SOURCE_PATH = path
+    try:
+        code = cl.source(*config)
+    finally:
+        cl.SOURCE_PATH = shipped
+    major, minor = torch.cuda.get_device_capability()
+    mod = cupy.RawModule(code=code, options=("--std=c++17",
+                                             f"--gpu-architecture=sm_{major}{minor}a"))
+    gemm_fn = mod.get_function(cl.kernel_name(*config))
+    cuda.allow_shared_memory(gemm_fn, cl.shared_bytes(*config[:4], *config[5:7],
+                                                      splits=config[4]))
+    image_fn = mod.get_function("w12_permute_x")
+    layer = G.Layer(n, k, seed=n + k)
+    x = torch.randn(256, k, device="cuda").to(torch.bfloat16)
+    order = [i % layer.copies for i in range(layer.copies * 4)]
+    stamped = [False]
+    shipped_function = cl._function
+
+    def function(dev, conf):
+        if not stamped[0]:
+            return shipped_function(dev, conf)
+        return image_fn if conf is None else gemm_fn
+
+    def call(i, stamp):
+        def run():
+            stamped[0] = stamp
+            w = layer.w12[i]
+            return cl.gemm_wgl(x, w.chunks, w.scale, w.esc_rowptr, w.esc_row, w.esc_col,
+                               w.esc_val, w.esc_delta, w.esc_order, None, n, k, **kw)
+        return run
+
+    cl._function = function
+    try:
+        t_plain, t_stamped, t_ref = G.time_graphs(
+            [[call(i, False) for i in order], [call(i, True) for i in order],
+             [lambda w=layer.bf16[i]: torch.nn.functional.linear(x, w) for i in order]])
+        tl = cupy.ndarray((MAX_BLOCKS * 8,), dtype=cupy.uint64,
+                          memptr=mod.get_global("w12_tl"))
+        img = cupy.ndarray((MAX_BLOCKS * 2,), dtype=cupy.uint64,
+                           memptr=mod.get_global("w12_tl_img"))
+        tl.fill(0)
+        img.fill(0)
+        graph = G._capture([call(i, True) for i in order])
+        tl.fill(0)
+        img.fill(0)
+        graph.replay()
+        torch.cuda.synchronize()
+        stamps = tl.get().reshape(MAX_BLOCKS, 8).astype("int64")
+        image = img.get().reshape(MAX_BLOCKS, 2).astype("int64")
+    finally:
+        cl._function = shipped_function
+    used = stamps[:, 0] > 0
+    blocks = int(used.sum())
+    image = image[image[:, 0] > 0]
+    t0 = int(image[:, 0].min())
+    rows = {name: [(v - t0) / 1e3 for v in stamps[used, j] if v > 0]
+            for j, name in enumerate(STAMPS)}
+    out = {"shape": f"{n}x{k}", "config": cl.kernel_name(*config), "blocks": blocks,
+           "us_plain": t_plain, "us_stamped": t_stamped, "us_cublas": t_ref,
+           "image_first_end": (image[:, 1].min() - t0) / 1e3,
+           "image_last_end": (image[:, 1].max() - t0) / 1e3,
+           "phases": {name: {"min": _pct(v, 0), "median": _pct(v, 0.5), "max": _pct(v, 1)}
+                      for name, v in rows.items() if v}}
+    print(f"{n}x{k} {out['config']}: {blocks} blocks; call {t_plain:.2f} us "
+          f"(stamped {t_stamped:.2f}), cuBLAS {t_ref:.2f} us; image pass ends "
+          f"{out['image_first_end']:.2f}..{out['image_last_end']:.2f}", flush=True)
+    for name, p in out["phases"].items():
+        print(f"    {name:15s} min {p['min']:7.2f}  median {p['median']:7.2f}  "
+              f"max {p['max']:7.2f} us", flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
+    parser.add_argument("--json", help="write the stamps' summary here")
+    args = parser.parse_args()
+    if not cl.available():
+        raise SystemExit("wgl_timeline: needs a compute-capability 9.0 GPU and CuPy")
+    shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
+    results = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for n, k in shapes:
+            results.append(probe(n, k, Path(scratch)))
+            torch.cuda.empty_cache()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
