@@ -40,50 +40,51 @@ MAX_BLOCKS = 4096  # stamp slots (blocks of the GEMM grid, of the image pass)
 STAMPS = ("entry", "first_x_issued", "loop_end", "partial_met", "inbox", "stores_end")
 
 _DEFS = (
-    "__device__ unsigned long long w12_tl[%d * 8];\n"
-    "__device__ unsigned long long w12_tl_img[%d * 2];\n"
+    f"__device__ unsigned long long w12_tl[{MAX_BLOCKS} * 8];\n"
+    f"__device__ unsigned long long w12_tl_img[{MAX_BLOCKS} * 2];\n"
     "__device__ __forceinline__ unsigned long long w12_now() {\n"
     "  unsigned long long t;\n"
-    "  asm volatile(\"mov.u64 %%0, %%%%globaltimer;\" : \"=l\"(t));\n"
+    "  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t));\n"
     "  return t;\n}\n"
     "#define W12_BLOCK (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z))\n"
     "#define W12_STAMP(k) (w12_tl[W12_BLOCK * 8 + (k)] = w12_now())\n"
-) % (MAX_BLOCKS, MAX_BLOCKS)
+)
+_ENTRY = 'extern "C" __global__ void __launch_bounds__(256)\nw12_permute_x('
+_IMG_START = '  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");\n'
+_IMG_END = "  image[s] = make_uint4(v[0], v[1], v[2], v[3]);\n"
+_FIRST_X = "      if (lane == 0) issue_x(col % SX, col);\n    }\n"
+_MET = ("  if (CL) cluster_sync_all(); else __syncthreads();\n"
+        "  if constexpr (PUSH) {\n")
+_INBOX = "    mbar_wait(inbar, 0u);  // the other ranks' sums of this share have landed\n"
+_END = "  // no block leaves while another reads its memory (MC: or arrives on its barriers)\n"
+
+
+def _before(anchor: str, text: str) -> tuple[str, str]:
+    return anchor, text + anchor
+
+
+def _after(anchor: str, text: str) -> tuple[str, str]:
+    return anchor, anchor + text
+
 
 # (old, new): each ``old`` must occur exactly once in kernels_large.cu
 PATCHES = [
     # the image pass: each block's entry and end
-    ('extern "C" __global__ void __launch_bounds__(256)\nw12_permute_x(',
-     _DEFS + 'extern "C" __global__ void __launch_bounds__(256)\nw12_permute_x('),
-    ('  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");\n  const int c = blockIdx.x;\n',
-     '  if (threadIdx.x == 0) w12_tl_img[W12_BLOCK * 2] = w12_now();\n'
-     '  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");\n  const int c = blockIdx.x;\n'),
-    ("  image[s] = make_uint4(v[0], v[1], v[2], v[3]);\n}\n",
-     "  image[s] = make_uint4(v[0], v[1], v[2], v[3]);\n  __syncthreads();\n"
-     "  if (threadIdx.x == 0) w12_tl_img[W12_BLOCK * 2 + 1] = w12_now();\n}\n"),
-    # the GEMM
-    ("  const int tid = threadIdx.x;\n  const int wg = tid >> 7;\n",
-     "  const int tid = threadIdx.x;\n  if (tid == 0) W12_STAMP(0);\n  const int wg = tid >> 7;\n"),
-    ("      if (col >= SX) mbar_wait(xempty + col % SX, (u32)(col / SX - 1) & 1u);\n"
-     "      if (lane == 0) issue_x(col % SX, col);\n    }\n",
-     "      if (col >= SX) mbar_wait(xempty + col % SX, (u32)(col / SX - 1) & 1u);\n"
-     "      if (lane == 0) issue_x(col % SX, col);\n"
-     "      if (col == 0 && lane == 0) W12_STAMP(1);\n    }\n"),
-    ("  if (!producer) wgmma_wait<0>();\n",
-     "  if (!producer) wgmma_wait<0>();\n  if (tid == 0) W12_STAMP(2);\n"),
-    ("  if (PUSH) asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");  // for the copies\n"
-     "  if (CL) cluster_sync_all(); else __syncthreads();\n",
-     "  if (PUSH) asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");  // for the copies\n"
-     "  if (CL) cluster_sync_all(); else __syncthreads();\n  if (tid == 0) W12_STAMP(3);\n"),
-    ("    mbar_wait(inbar, 0u);  // the other ranks' sums of this share have landed\n",
-     "    mbar_wait(inbar, 0u);  // the other ranks' sums of this share have landed\n"
-     "    if (tid == 0) W12_STAMP(4);\n"),
-    ("  // no block leaves while another reads its memory (MC: or arrives on its barriers)\n"
-     "  if (CL) cluster_sync_all();\n}",
-     "  if (!producer) {\n    asm volatile(\"bar.sync 5, %0;\" :: \"n\"(THREADS) : \"memory\");\n"
-     "    if (tid == 0) W12_STAMP(5);\n  }\n"
-     "  // no block leaves while another reads its memory (MC: or arrives on its barriers)\n"
-     "  if (CL) cluster_sync_all();\n}"),
+    _before(_ENTRY, _DEFS),
+    _before(_IMG_START, "  if (threadIdx.x == 0) w12_tl_img[W12_BLOCK * 2] = w12_now();\n"),
+    _after(_IMG_END, "  __syncthreads();\n"
+                     "  if (threadIdx.x == 0) w12_tl_img[W12_BLOCK * 2 + 1] = w12_now();\n"),
+    # the GEMM: entry, first activation copy issued, loop end, partial tile met, inbox, stores
+    _after("  const int tid = threadIdx.x;\n  const int wg = tid >> 7;\n",
+           "  if (tid == 0) W12_STAMP(0);\n"),
+    (_FIRST_X,
+     _FIRST_X.replace("\n    }", "\n      if (col == 0 && lane == 0) W12_STAMP(1);\n    }")),
+    _after("  if (!producer) wgmma_wait<0>();\n", "  if (tid == 0) W12_STAMP(2);\n"),
+    (_MET, _MET.replace("\n  if constexpr", "\n  if (tid == 0) W12_STAMP(3);\n  if constexpr")),
+    _after(_INBOX, "    if (tid == 0) W12_STAMP(4);\n"),
+    _before(_END, "  if (!producer) {\n"
+                  "    asm volatile(\"bar.sync 5, %0;\" :: \"n\"(THREADS) : \"memory\");\n"
+                  "    if (tid == 0) W12_STAMP(5);\n  }\n"),
 ]
 
 
@@ -111,6 +112,22 @@ def table_config(n: int, k: int) -> dict:
 def _pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
+
+
+def summarize(stamps, image) -> dict:
+    """The per-block stamps ([blocks, 8] and the image pass's [blocks, 2], ns; unused slots 0)
+    as µs from the image pass's first block entry: each phase's min, median and max over the
+    blocks that stamped it, and when the image pass's blocks ended (first, last)."""
+    used = stamps[:, 0] > 0
+    image = image[image[:, 0] > 0]
+    t0 = int(image[:, 0].min())
+    rows = {name: [(int(v) - t0) / 1e3 for v in stamps[used, j] if v > 0]
+            for j, name in enumerate(STAMPS)}
+    return {"blocks": int(used.sum()),
+            "image_first_end": (int(image[:, 1].min()) - t0) / 1e3,
+            "image_last_end": (int(image[:, 1].max()) - t0) / 1e3,
+            "phases": {name: {"min": _pct(v, 0), "median": _pct(v, 0.5), "max": _pct(v, 1)}
+                       for name, v in rows.items() if v}}
 
 
 def probe(n: int, k: int, scratch: Path) -> dict:
@@ -173,19 +190,9 @@ def probe(n: int, k: int, scratch: Path) -> dict:
         image = img.get().reshape(MAX_BLOCKS, 2).astype("int64")
     finally:
         cl._function = shipped_function
-    used = stamps[:, 0] > 0
-    blocks = int(used.sum())
-    image = image[image[:, 0] > 0]
-    t0 = int(image[:, 0].min())
-    rows = {name: [(v - t0) / 1e3 for v in stamps[used, j] if v > 0]
-            for j, name in enumerate(STAMPS)}
-    out = {"shape": f"{n}x{k}", "config": cl.kernel_name(*config), "blocks": blocks,
-           "us_plain": t_plain, "us_stamped": t_stamped, "us_cublas": t_ref,
-           "image_first_end": (image[:, 1].min() - t0) / 1e3,
-           "image_last_end": (image[:, 1].max() - t0) / 1e3,
-           "phases": {name: {"min": _pct(v, 0), "median": _pct(v, 0.5), "max": _pct(v, 1)}
-                      for name, v in rows.items() if v}}
-    print(f"{n}x{k} {out['config']}: {blocks} blocks; call {t_plain:.2f} us "
+    out = {"shape": f"{n}x{k}", "config": cl.kernel_name(*config), "us_plain": t_plain,
+           "us_stamped": t_stamped, "us_cublas": t_ref, **summarize(stamps, image)}
+    print(f"{n}x{k} {out['config']}: {out['blocks']} blocks; call {t_plain:.2f} us "
           f"(stamped {t_stamped:.2f}), cuBLAS {t_ref:.2f} us; image pass ends "
           f"{out['image_first_end']:.2f}..{out['image_last_end']:.2f}", flush=True)
     for name, p in out["phases"].items():
@@ -194,13 +201,14 @@ def probe(n: int, k: int, scratch: Path) -> dict:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     parser.add_argument("--json", help="write the stamps' summary here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not cl.available():
-        raise SystemExit("wgl_timeline: needs a compute-capability 9.0 GPU and CuPy")
+        print("wgl_timeline: needs a compute-capability 9.0 GPU and CuPy", file=sys.stderr)
+        return 2
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     results = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -209,7 +217,8 @@ def main() -> None:
             torch.cuda.empty_cache()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
