@@ -2,15 +2,16 @@
 (``kernels_large.cu``) and its image pass with ``%globaltimer`` stamps, at 256 rows, on the
 one-wave layers and one layer of several waves, with the large-M table's configuration.
 
-A patched copy of the kernel source (the shipped file is not touched) stamps, per block:
-its entry (thread 0), the producer's first activation copy issued (after ``griddepcontrol.wait``
-returned, i.e. once the image pass is done), the end of the main loop (thread 0, after its
-last MMAs), the partial tile stored and met (the block or cluster barrier), the K split's inbox
-landed (two K ranges; otherwise the same as the barrier) and the end of the stores (the
-consumer threads met at a named barrier, then thread 0). The image pass stamps each block's
-entry and end. The call is replayed in a CUDA graph over rotating weight copies (as
-``benchmarks/gemm.py`` times it) and the stamps of the graph's last call are read back, in µs
-from the image pass's first block entry. The stamps cost a few stores and the end's barrier;
+A patched copy of the kernel source (the shipped file is not touched) stamps, per block: its
+entry (thread 0), the producer's first activation copy issued (after ``griddepcontrol.wait``
+returned, i.e. once the image pass is done), thread 0's first escape batch landed (the
+consumers' start: their main loop needs it for column 0), the end of the main loop (thread 0,
+after its last MMAs), the partial tile stored and met (the block or cluster barrier), the K
+split's inbox landed (two K ranges; otherwise the same as the barrier) and the end of the
+stores (the consumer threads met at a named barrier, then thread 0). The image pass stamps
+each block's entry and end. The call is replayed in a CUDA graph over rotating weight copies
+(as ``benchmarks/gemm.py`` times it) and the stamps of the graph's last call are read back, in
+µs from the image pass's first block entry. The stamps cost a few stores and the end's barrier;
 the call's time with and without them is printed beside (same graphs, medians).
 
     python3 benchmarks/wgl_timeline.py                       # GPU, compute capability 9.0
@@ -37,7 +38,8 @@ from w12_kernels.gemm import cuda_large as cl  # noqa: E402
 SHAPES = ((4096, 4096), (6144, 4096), (10240, 5120), (5120, 8192), (4096, 14336),
           (28672, 4096))
 MAX_BLOCKS = 4096  # stamp slots (blocks of the GEMM grid, of the image pass)
-STAMPS = ("entry", "first_x_issued", "loop_end", "partial_met", "inbox", "stores_end")
+STAMPS = ("entry", "first_x_issued", "loop_end", "partial_met", "inbox", "stores_end",
+          "escapes_ready")
 
 _DEFS = (
     f"__device__ unsigned long long w12_tl[{MAX_BLOCKS} * 8];\n"
@@ -56,6 +58,7 @@ _FIRST_X = "      if (lane == 0) issue_x(col % SX, col);\n    }\n"
 _MET = ("  if (CL) cluster_sync_all(); else __syncthreads();\n"
         "  if constexpr (PUSH) {\n")
 _INBOX = "    mbar_wait(inbar, 0u);  // the other ranks' sums of this share have landed\n"
+_ESC_READY = "\n  if (ebase < eend) load_escape();\n"
 _END = "  // no block leaves while another reads its memory (MC: or arrives on its barriers)\n"
 
 
@@ -79,6 +82,12 @@ PATCHES = [
            "  if (tid == 0) W12_STAMP(0);\n"),
     (_FIRST_X,
      _FIRST_X.replace("\n    }", "\n      if (col == 0 && lane == 0) W12_STAMP(1);\n    }")),
+    # thread 0's first escape batch landed (the timer read waits on it): the consumers' start
+    _after(_ESC_READY, "  if (tid == 0 && !producer) {\n    u32 z;\n"
+                       "    asm volatile(\"and.b32 %0, %1, 0;\" : \"=r\"(z) : \"r\"(ecol));\n"
+                       "    unsigned long long t;\n"
+                       "    asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t) : \"r\"(z));\n"
+                       "    w12_tl[W12_BLOCK * 8 + 6] = t + z;\n  }\n"),
     _after("  if (!producer) wgmma_wait<0>();\n", "  if (tid == 0) W12_STAMP(2);\n"),
     (_MET, _MET.replace("\n  if constexpr", "\n  if (tid == 0) W12_STAMP(3);\n  if constexpr")),
     _after(_INBOX, "    if (tid == 0) W12_STAMP(4);\n"),
