@@ -334,7 +334,7 @@ def test_escape_entries_are_what_the_kernel_used_to_compute():
     pw = prepare_weight(encoded(w))
     ok, bits = stage_image.patchable(pw)
     order = pw.esc_order.numpy()
-    rows, cols = pw.esc_row.numpy(), pw.esc_col.numpy()
+    cols = pw.esc_col.numpy()
     slots = escape_slot(pw.esc_row, pw.esc_col).numpy()
     entry = pw.esc_entry.numpy().view(np.uint32)
     assert entry.shape == (pw.num_escapes, 2) and pw.num_escapes > 100
@@ -357,3 +357,25 @@ def test_escape_entries_of_a_weight_without_escapes():
     if pw.num_escapes == 0:
         assert pw.esc_entry.shape == (0, 2)
     assert (pw.esc_fix == pw.esc_rowptr[1:]).all() or pw.num_escapes > 0
+
+
+def test_patch_rule_in_integers_is_the_float32_rule_on_every_bf16_value():
+    """``layout.patchable`` (integer arithmetic) against the kernels' float32 rule without
+    flushing subnormals (NumPy's IEEE float32: ``v * (1 / 2^k)`` rounded to BF16, a zero or
+    normal, times ``2^k`` equal to ``v``), for all 65,536 BF16 values and scales 2^k from
+    2^-112 to 2^127 (every ``e0``)."""
+    from w12_kernels.gemm.layout import patchable
+
+    v = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    vf = stage_image._bits_f32(v)
+    for k in range(-112, 128, 3):
+        sc = np.float32(2.0) ** np.float32(k)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            a = stage_image.f32_to_bf16_bits(vf * (np.float32(1.0) / sc))
+            back = stage_image._bits_f32(a) * sc
+        mag, expo = a & 0x7FFF, a & 0x7F80
+        want = ((mag == 0) | ((expo != 0) & (expo != 0x7F80))) & (back == vf)
+        ok, bits = patchable(torch.from_numpy(v.view(np.int16).copy()), torch.full((65536,), k))
+        assert np.array_equal(ok.numpy(), want), k
+        assert np.array_equal(bits.numpy()[want], a[want].astype(np.int32)), k
+        assert (bits.numpy()[~want] == 0).all()
