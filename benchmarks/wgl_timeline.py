@@ -37,7 +37,8 @@ from w12_kernels.gemm import cuda_large as cl  # noqa: E402
 
 SHAPES = ((4096, 4096), (6144, 4096), (10240, 5120), (5120, 8192), (4096, 14336),
           (28672, 4096))
-MAX_BLOCKS = 4096  # stamp slots (blocks of the GEMM grid, of the image pass)
+MAX_BLOCKS = 4096  # stamp slots (blocks of the GEMM grid, of the image pass; blocks past
+# them stamp nothing, so a grid of more blocks is read in part, never written out of bounds)
 STAMPS = ("entry", "first_x_issued", "loop_end", "partial_met", "inbox", "stores_end",
           "escapes_ready")
 
@@ -49,7 +50,8 @@ _DEFS = (
     "  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t));\n"
     "  return t;\n}\n"
     "#define W12_BLOCK (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z))\n"
-    "#define W12_STAMP(k) (w12_tl[W12_BLOCK * 8 + (k)] = w12_now())\n"
+    f"#define W12_SLOT (W12_BLOCK < {MAX_BLOCKS})\n"
+    "#define W12_STAMP(k) (W12_SLOT ? (void)(w12_tl[W12_BLOCK * 8 + (k)] = w12_now()) : (void)0)\n"
 )
 _ENTRY = 'extern "C" __global__ void __launch_bounds__(256)\nw12_permute_x('
 _IMG_START = '  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");\n'
@@ -74,9 +76,10 @@ def _after(anchor: str, text: str) -> tuple[str, str]:
 PATCHES = [
     # the image pass: each block's entry and end
     _before(_ENTRY, _DEFS),
-    _before(_IMG_START, "  if (threadIdx.x == 0) w12_tl_img[W12_BLOCK * 2] = w12_now();\n"),
-    _after(_IMG_END, "  __syncthreads();\n"
-                     "  if (threadIdx.x == 0) w12_tl_img[W12_BLOCK * 2 + 1] = w12_now();\n"),
+    _before(_IMG_START,
+            "  if (threadIdx.x == 0 && W12_SLOT) w12_tl_img[W12_BLOCK * 2] = w12_now();\n"),
+    _after(_IMG_END, "  __syncthreads();\n  if (threadIdx.x == 0 && W12_SLOT)\n"
+                     "    w12_tl_img[W12_BLOCK * 2 + 1] = w12_now();\n"),
     # the GEMM: entry, first activation copy issued, loop end, partial tile met, inbox, stores
     _after("  const int tid = threadIdx.x;\n  const int wg = tid >> 7;\n",
            "  if (tid == 0) W12_STAMP(0);\n"),
@@ -87,7 +90,7 @@ PATCHES = [
                        "    asm volatile(\"and.b32 %0, %1, 0;\" : \"=r\"(z) : \"r\"(ecol));\n"
                        "    unsigned long long t;\n"
                        "    asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t) : \"r\"(z));\n"
-                       "    w12_tl[W12_BLOCK * 8 + 6] = t + z;\n  }\n"),
+                       "    if (W12_SLOT) w12_tl[W12_BLOCK * 8 + 6] = t + z;\n  }\n"),
     _after("  if (!producer) wgmma_wait<0>();\n", "  if (tid == 0) W12_STAMP(2);\n"),
     (_MET, _MET.replace("\n  if constexpr", "\n  if (tid == 0) W12_STAMP(3);\n  if constexpr")),
     _after(_INBOX, "    if (tid == 0) W12_STAMP(4);\n"),

@@ -14,6 +14,9 @@ def test_every_patch_matches_the_shipped_kernel_once():
         assert f"W12_STAMP({stamp})" in text
     assert "w12_tl[W12_BLOCK * 8 + 6]" in text  # (the escape batch's stamp waits on it)
     assert text.count("w12_tl_img[W12_BLOCK * 2") == 2
+    # blocks past the stamp slots stamp nothing (any --shapes, no write out of bounds)
+    assert f"#define W12_SLOT (W12_BLOCK < {tl.MAX_BLOCKS})" in text
+    assert text.count("W12_SLOT") == 5  # the define, W12_STAMP's guard and three stamps by hand
     # the shipped file itself is not touched
     assert "W12_STAMP" not in cl.SOURCE_PATH.read_text()
 
