@@ -163,7 +163,8 @@ def check(layer: Layer, m: int, run_w12) -> float:
 
 def default_run(x: torch.Tensor, pw: PackedW12) -> torch.Tensor:
     return launcher.linear(x, pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row,
-                           pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order, None, pw.n, pw.k)
+                           pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
+                           pw.esc_entry, pw.esc_fix, None, pw.n, pw.k)
 
 
 def run_benchmark(models, m_values, ceiling: float) -> list[dict]:
@@ -623,6 +624,7 @@ def _large_runner(cand: tuple | None):
 
             return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
                                        pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
+                                       pw.esc_entry, pw.esc_fix,
                                        None, pw.n, pw.k,
                                        **dict(zip(WGMMA_KEYS, _wgmma_args(cand), strict=True)))
         cfg = dict(zip(LARGE_KEYS, cand, strict=True))

@@ -53,7 +53,8 @@ def main() -> None:
     for m in (int(v) for v in args.m.split(",")):
         x = torch.randn(m, 512, device="cuda").to(torch.bfloat16)
         op_args = (x, pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row, pw.esc_col,
-                   pw.esc_val, pw.esc_delta, pw.esc_order, None, pw.n, pw.k)
+                   pw.esc_val, pw.esc_delta, pw.esc_order,
+                   pw.esc_entry, pw.esc_fix, None, pw.n, pw.k)
         line = {
             "F.linear": per_call_us(lambda x=x: torch.nn.functional.linear(x, wb), args.calls),
             "w12_linear": per_call_us(lambda x=x: w12_linear(x, pw), args.calls),

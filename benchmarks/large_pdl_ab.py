@@ -35,7 +35,8 @@ def time_shape(n: int, k: int, m: int, cfg: cfgs.LargeConfig) -> tuple[float, fl
 
     def call(pw, pdl):
         return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
-                                   pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order, None,
+                                   pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
+                                   pw.esc_entry, pw.esc_fix, None,
                                    pw.n, pw.k, pdl=pdl, **kw)
 
     def calls(pdl):

@@ -78,8 +78,7 @@ _STORE8 = ("          if (col < last)\n"
            "            *reinterpret_cast<uint4*>(yrow + (size_t)col * n_rows) =\n"
            "                make_uint4(w[0], w[1], w[2], w[3]);\n")
 _NOSTART = [("\n  if (ebase < eend) load_escape();\n", "\n"),
-            ("    e_first = first_correction(esc_val, e_first, e_last, out_sc);\n",
-             "    e_first = e_last;\n")]
+            ("    e_first = esc_fix[row_out];", "    e_first = 0x7FFFFFFF;")]
 _FLOOR = [(_MMA, _NO_MMA), (_DECODE, _NO_DECODE), (_ESC, _NO_ESC)]
 PATCHES = {"full": [],
            "nodecode_noesc": [(_DECODE, _NO_DECODE), (_ESC, _NO_ESC)],
@@ -195,7 +194,8 @@ def _call(x, w, n, k, kw, variant, current, shipped_map=cl.WEIGHT_MAP):
         current[0] = variant  # the kernel this call launches (and a graph captures)
         cl.WEIGHT_MAP = variant not in BULK and shipped_map
         return cl.gemm_wgl(x, w.chunks, w.scale, w.esc_rowptr, w.esc_row, w.esc_col,
-                           w.esc_val, w.esc_delta, w.esc_order, None, n, k, **kw)
+                           w.esc_val, w.esc_delta, w.esc_order,
+                           w.esc_entry, w.esc_fix, None, n, k, **kw)
     return run
 
 

@@ -45,7 +45,8 @@ def max_active_clusters(cfg: tuple, grid: tuple) -> int | str:
 
 def call(x: torch.Tensor, w, n: int, k: int, kw: dict):
     return lambda: cl.gemm_wgl(x, w.chunks, w.scale, w.esc_rowptr, w.esc_row, w.esc_col,
-                               w.esc_val, w.esc_delta, w.esc_order, None, n, k, **kw)
+                               w.esc_val, w.esc_delta, w.esc_order,
+                               w.esc_entry, w.esc_fix, None, n, k, **kw)
 
 
 def main() -> None:

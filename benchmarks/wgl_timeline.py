@@ -179,7 +179,8 @@ def probe(n: int, k: int, scratch: Path) -> dict:
             stamped[0] = stamp
             w = layer.w12[i]
             return cl.gemm_wgl(x, w.chunks, w.scale, w.esc_rowptr, w.esc_row, w.esc_col,
-                               w.esc_val, w.esc_delta, w.esc_order, None, n, k, **kw)
+                               w.esc_val, w.esc_delta, w.esc_order,
+                               w.esc_entry, w.esc_fix, None, n, k, **kw)
         return run
 
     cl._function = function

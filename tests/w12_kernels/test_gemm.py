@@ -61,7 +61,7 @@ def test_op_registration_and_compile():
     pw = prepare_weight(encoded(t))
     x = torch.randn(5, 72).to(torch.bfloat16)
     args = (x, pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row, pw.esc_col, pw.esc_val,
-            pw.esc_delta, pw.esc_order, None, pw.n, pw.k)
+            pw.esc_delta, pw.esc_order, pw.esc_entry, pw.esc_fix, None, pw.n, pw.k)
     torch.library.opcheck(torch.ops.w12.linear.default, args)
     torch.library.opcheck(torch.ops.w12.linear.default, (*args, 64))  # rows kept: 64
     compiled = torch.compile(lambda a: w12_linear(a, pw), backend="aot_eager", fullgraph=True)
@@ -136,7 +136,7 @@ def test_cuda_path_runs_up_to_128_rows_as_passes_of_64(monkeypatch):
                         lambda n, k, device: launcher.cfgs.small_config(n, k, 132))
     monkeypatch.setattr(cuda, "gemm_small", fake_small)
     args = (pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row, pw.esc_col, pw.esc_val,
-            pw.esc_delta, pw.esc_order, None, 40, 130)
+            pw.esc_delta, pw.esc_order, pw.esc_entry, pw.esc_fix, None, 40, 130)
     for m, parts in ((1, [1]), (64, [64]), (65, [64, 1]), (128, [64, 64])):
         calls.clear()
         x = torch.randn(m, 130, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)

@@ -467,14 +467,14 @@ def test_invariant_rows_of_one_call_override_the_scope(monkeypatch):
     x = torch.randn(100, 64).to(torch.bfloat16)
 
     def run(rows_kept):
-        out = launcher.linear(x, *([None] * 10), 8, 64, rows_kept)
+        out = launcher.linear(x, *([None] * 12), 8, 64, rows_kept)
         return out if isinstance(out, str) else "large path"
 
     assert run(0) == "small passes" and run(128) == "small passes"
     assert run(64) == "large path"
     with invariant_rows(64):
         assert run(0) == "large path" and run(128) == "small passes"
-    assert launcher.linear(x[:64], *([None] * 10), 8, 64, 64) == "small passes"
+    assert launcher.linear(x[:64], *([None] * 12), 8, 64, 64) == "small passes"
 
 
 def test_w12_linear_checks_invariant_rows():
@@ -674,8 +674,8 @@ def test_one_pass_dispatch(monkeypatch):
         cfg = cfgs.SmallConfig(kw=8, by_nt=plain, one_pass=one_pass)
         monkeypatch.setattr(launcher, "small_config", lambda n, k, device, c=cfg: c)
         calls.clear()
-        launcher.linear(x, *([None] * 10), 8, 64)
+        launcher.linear(x, *([None] * 12), 8, 64)
         assert calls == want
     calls.clear()
-    launcher.linear(x[:64], *([None] * 10), 8, 64)
+    launcher.linear(x[:64], *([None] * 12), 8, 64)
     assert calls == [("pass", 64)]

@@ -277,7 +277,8 @@ def test_wgmma_large_kernel(block_m, warpgroups, x_stages, w_stages, splits, a_r
         pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
     def run(x, pw, bias, out):
         cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row, pw.esc_col,
-                            pw.esc_val, pw.esc_delta, pw.esc_order, bias, pw.n, pw.k,
+                            pw.esc_val, pw.esc_delta, pw.esc_order,
+                            pw.esc_entry, pw.esc_fix, bias, pw.n, pw.k,
                             block_m=block_m, warpgroups=warpgroups,
                             x_stages=x_stages, w_stages=w_stages, splits=splits,
                             a_regs=a_regs, out=out)
@@ -305,7 +306,8 @@ def test_wgmma_large_kernel_multicast_pairs(cfg):
 
     def run(x, pw, bias, mcast):
         return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
-                                   pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order, bias,
+                                   pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
+                                   pw.esc_entry, pw.esc_fix, bias,
                                    pw.n, pw.k, block_m=block_m, warpgroups=warpgroups,
                                    x_stages=x_stages, w_stages=w_stages, splits=splits,
                                    a_regs=a_regs, mcast=mcast)
@@ -351,7 +353,8 @@ def test_wgmma_large_kernel_with_programmatic_dependent_launch(cfg):
 
     def run(x, pw, bias, pdl):
         return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
-                                   pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order, bias,
+                                   pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
+                                   pw.esc_entry, pw.esc_fix, bias,
                                    pw.n, pw.k, block_m=block_m, warpgroups=warpgroups,
                                    x_stages=x_stages, w_stages=w_stages, splits=splits,
                                    a_regs=a_regs, pdl=pdl)
@@ -399,7 +402,8 @@ def test_wgmma_large_kernel_weight_map(monkeypatch, cfg):
 
     def run(x, pw, bias):
         return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
-                                   pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order, bias,
+                                   pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
+                                   pw.esc_entry, pw.esc_fix, bias,
                                    pw.n, pw.k, **kw)
 
     for n, k, m in ((300, 1001, 129), (4096, 4096, 300), (130, 72, 1000), (1, 64, 70)):
@@ -454,7 +458,8 @@ def test_wgmma_large_kernel_row_group_stores(cfg):
             out = buf[off:off + m * n].view(m, n)
             for b in (bias, None):
                 cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
-                                    pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order, b,
+                                    pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
+                                    pw.esc_entry, pw.esc_fix, b,
                                     pw.n, pw.k, out=out, **kw)
                 outs.append(out.view(torch.int16).clone())
                 assert_within_budget(out, x, t, _ref(x, t, b), b)
@@ -494,7 +499,8 @@ def test_wgmma_large_kernel_tail(cfg, tail):
 
         def run(x, tail=tail, splits=1, pw=pw, bias=bias, wave=wave):
             return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
-                                       pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order, bias,
+                                       pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
+                                       pw.esc_entry, pw.esc_fix, bias,
                                        pw.n, pw.k, **{**kw, "splits": splits}, tail=tail,
                                        wave=wave)
 
@@ -543,6 +549,7 @@ def test_wgmma_large_kernel_stream_k(x_stages, w_stages, grid_cap):
         def run(x, pw, bias, out):
             return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
                                        pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
+                                       pw.esc_entry, pw.esc_fix,
                                        bias, pw.n, pw.k, block_m=256, warpgroups=2,
                                        x_stages=x_stages, w_stages=w_stages, splits=1,
                                        a_regs=2, persist=persist, grid_cap=cap, out=out)

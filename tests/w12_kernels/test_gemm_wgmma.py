@@ -105,7 +105,8 @@ def _launcher_with(monkeypatch, cfg, seed):
 
     def linear(x):
         return launcher.linear(x, pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row,
-                               pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order, None, pw.n,
+                               pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
+                               pw.esc_entry, pw.esc_fix, None, pw.n,
                                pw.k)
 
     return linear, calls

@@ -220,7 +220,7 @@ def test_multicast_pairs_configuration(monkeypatch):
     cuda_large.check_config(256, 2, 5, 5, 4, 2, 0, 1)  # a cluster of 8
     with pytest.raises(ValueError, match="tail"):
         cuda_large.gemm_wgl(torch.zeros(1, 64), torch.zeros(1, 1, 384, dtype=torch.int32),
-                            *([None] * 7), None, 16, 64, block_m=256, warpgroups=2, x_stages=5,
+                            *([None] * 9), None, 16, 64, block_m=256, warpgroups=2, x_stages=5,
                             w_stages=5, a_regs=2, tail=2, mcast=1)
     bench = gemm_benchmark()
     cand = ("wgmma", 256, 1, 5, 8, 2, 3, 0, 0, 1)
@@ -244,7 +244,7 @@ def test_multicast_pairs_configuration(monkeypatch):
     for mcast, tiles in ((1, 4), (0, 3)):
         launched.clear()
         cuda_large.gemm_wgl(torch.zeros(300, 64), torch.zeros(24, 1, 384, dtype=torch.int32),
-                            *([None] * 7), None, 384, 64, block_m=256, warpgroups=2,
+                            *([None] * 9), None, 384, 64, block_m=256, warpgroups=2,
                             x_stages=5, w_stages=5, a_regs=2, mcast=mcast)
         assert launched == [((256, 2, 5, 5, 1, 2, 0, mcast), (tiles, 2, 1), (384,))]
 
@@ -302,3 +302,80 @@ def test_persistent_configuration_and_its_table_entry():
     assert cfgs.large_config(8192, 8192, 256, rule).persist == 0
     assert cfgs.large_config(4096, 4096, 256, rule).persist == 1  # (its own, as written)
     assert cfgs.large_config(5120, 5120, 256, rule).persist == 1  # the default itself
+
+
+def test_escape_slot_follows_the_chunk_layout():
+    """``layout.escape_slot``: the lane, register and half that hold weight (row, col) of a
+    16-row tile, from the layout's own statement (lane 4 g + t holds, for step j, weight i at
+    row g + 8 ((i >> 1) & 1), column 16 t + 4 j + 2 (i >> 2) + (i & 1); register r of a step is
+    weights 2 r and 2 r + 1)."""
+    from w12_kernels.gemm.layout import escape_slot
+
+    rows, cols, want = [], [], []
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        for j in range(4):
+            for i in range(8):
+                rows.append(16 * 3 + g + 8 * ((i >> 1) & 1))  # (any tile: only row % 16 counts)
+                cols.append(64 * 5 + 16 * t + 4 * j + 2 * (i >> 2) + (i & 1))
+                want.append(lane << 8 | (4 * j + (i >> 1)) << 1 | (i & 1))
+    got = escape_slot(torch.tensor(rows), torch.tensor(cols))
+    assert got.tolist() == want
+    assert len(set(want)) == 32 * 32  # each of a tile column's 1024 weights has its own slot
+
+
+def test_escape_entries_are_what_the_kernel_used_to_compute():
+    """``esc_entry`` (per place of ``esc_order``: chunk column, patch flag, register slot,
+    patched value) and ``esc_fix`` (each row's first escape the tiles cannot hold) against the
+    NumPy reference of the kernels' patch rule, on a weight with every kind of escape."""
+    from w12_kernels.gemm.layout import escape_slot
+
+    w = make_weight(50, 300, seed=5)
+    pw = prepare_weight(encoded(w))
+    ok, bits = stage_image.patchable(pw)
+    order = pw.esc_order.numpy()
+    cols = pw.esc_col.numpy()
+    slots = escape_slot(pw.esc_row, pw.esc_col).numpy()
+    entry = pw.esc_entry.numpy().view(np.uint32)
+    assert entry.shape == (pw.num_escapes, 2) and pw.num_escapes > 100
+    assert not ok.all() and ok.any()  # both kinds present
+    for i, o in enumerate(order):
+        assert entry[i, 0] == cols[o] >> 6
+        value = int(bits[o]) & 0xFFFF if ok[o] else 0
+        assert entry[i, 1] == (int(ok[o]) << 31 | int(slots[o]) << 16 | value)
+    rowptr = pw.esc_rowptr.numpy()
+    np_ = int(pw.chunks.shape[0]) * 16
+    assert pw.esc_fix.shape == (np_,)
+    for r in range(np_):
+        a, b = rowptr[r], rowptr[r + 1]
+        bad = [e for e in range(a, b) if not ok[e]]
+        assert pw.esc_fix[r] == (bad[0] if bad else b)
+
+
+def test_escape_entries_of_a_weight_without_escapes():
+    pw = prepare_weight(encoded(make_weight(20, 70, seed=2, escapes=False)))
+    if pw.num_escapes == 0:
+        assert pw.esc_entry.shape == (0, 2)
+    assert (pw.esc_fix == pw.esc_rowptr[1:]).all() or pw.num_escapes > 0
+
+
+def test_patch_rule_in_integers_is_the_float32_rule_on_every_bf16_value():
+    """``layout.patchable`` (integer arithmetic) against the kernels' float32 rule without
+    flushing subnormals (NumPy's IEEE float32: ``v * (1 / 2^k)`` rounded to BF16, a zero or
+    normal, times ``2^k`` equal to ``v``), for all 65,536 BF16 values and scales 2^k from
+    2^-112 to 2^127 (every ``e0``)."""
+    from w12_kernels.gemm.layout import patchable
+
+    v = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    vf = stage_image._bits_f32(v)
+    for k in range(-112, 128, 3):
+        sc = np.float32(2.0) ** np.float32(k)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            a = stage_image.f32_to_bf16_bits(vf * (np.float32(1.0) / sc))
+            back = stage_image._bits_f32(a) * sc
+        mag, expo = a & 0x7FFF, a & 0x7F80
+        want = ((mag == 0) | ((expo != 0) & (expo != 0x7F80))) & (back == vf)
+        ok, bits = patchable(torch.from_numpy(v.view(np.int16).copy()), torch.full((65536,), k))
+        assert np.array_equal(ok.numpy(), want), k
+        assert np.array_equal(bits.numpy()[want], a[want].astype(np.int32)), k
+        assert (bits.numpy()[~want] == 0).all()

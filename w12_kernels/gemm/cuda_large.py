@@ -148,14 +148,15 @@ def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
         "    const float* __restrict__ scale, const int* __restrict__ rowptr,\n"
         "    const int* __restrict__ esc_row, const int* __restrict__ esc_col,\n"
         "    const bf16_t* __restrict__ esc_val, const float* __restrict__ esc_delta,\n"
-        "    const int* __restrict__ esc_order, const bf16_t* __restrict__ bias, int M,\n"
+        "    const int* __restrict__ esc_order, const uint2* __restrict__ esc_entry,\n"
+        "    const int* __restrict__ esc_fix, const bf16_t* __restrict__ bias, int M,\n"
         "    int n_rows, int ntiles, int nchunks, float* __restrict__ work,\n"
         "    unsigned* __restrict__ flags, const __grid_constant__ TensorMap wmap,\n"
         "    int wmap_on, int tile_base) {\n"
         f"  wgl_body<{block_m}, {warpgroups}, {x_stages}, {w_stages}, {splits}, "
         f"{int(a_regs)}, {int(persist)}, {pair}>(\n"
         "      chunks, xp, x, ldx, y, scale, rowptr, esc_row, esc_col, esc_val, esc_delta,\n"
-        "      esc_order, bias, M, n_rows, ntiles, nchunks, work, flags,\n"
+        "      esc_order, esc_entry, esc_fix, bias, M, n_rows, ntiles, nchunks, work, flags,\n"
         "      wmap_on ? (const void*)&wmap : nullptr, tile_base);\n}\n")
 
 
@@ -313,6 +314,7 @@ def _stream_k_memory(device: torch.device, blocks: int,
 def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
              esc_rowptr: torch.Tensor, esc_row: torch.Tensor, esc_col: torch.Tensor,
              esc_val: torch.Tensor, esc_delta: torch.Tensor, esc_order: torch.Tensor,
+             esc_entry: torch.Tensor, esc_fix: torch.Tensor,
              bias: torch.Tensor | None, n: int, k: int, *, block_m: int = 128,
              warpgroups: int = 2, x_stages: int = 4, w_stages: int = 6, splits: int = 1,
              a_regs: int = 0, persist: int = 0, tail: int = 0, mcast: int = 0,
@@ -363,6 +365,7 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     args = (cuda._ptr(chunks), cuda._ptr(xp), cuda._ptr(x), x.stride(0),
             cuda._ptr(out), cuda._ptr(scale), cuda._ptr(esc_rowptr), cuda._ptr(esc_row),
             cuda._ptr(esc_col), cuda._ptr(esc_val), cuda._ptr(esc_delta), cuda._ptr(esc_order),
+            cuda._ptr(esc_entry), cuda._ptr(esc_fix),
             cuda._ptr(bias), m, n, ntiles, nchunks)
     extra = (0, 0)  # stream-K's work and flags (persist)
     tile_blocks, token_blocks = math.ceil(ntiles / (4 * warpgroups)), math.ceil(m / block_m)

@@ -44,7 +44,11 @@
 // exact weight (a times the power of two the epilogue applies). The epilogue is store_output's
 // arithmetic (scale, escape corrections in list order, bias, BF16), with the corrections of
 // the patched escapes left out: only escapes that cannot be patched (inf, NaN, values whose
-// scaled form would be subnormal or out of range) still cost activation loads there.
+// scaled form would be subnormal or out of range) still cost activation loads there. With the
+// decoded weights in registers (AREG) a lane reads its escape's chunk column, patch, register
+// slot and value as one entry computed at load time (esc_entry, layout.py), and every kernel
+// reads each row's first escape to correct there too (esc_fix): one load where a chain of
+// dependent loads used to hold the start of the main loop (docs/PERF_GEMM.md #70).
 //
 // What shaped it (docs/PERF_GEMM.md, #19, #20): with the A operand in registers, ptxas reused
 // the fragment registers of the MMAs still in flight for the next column's decode (wrong
@@ -163,23 +167,6 @@ __device__ __forceinline__ void keep_regs(u32 (&a)[4][4]) {
     for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[j][r])::"memory");
 }
 
-// The first of a row's escapes f .. l - 1 that the decoded tiles cannot hold (patch_value
-// fails: inf, NaN, out of range), which the epilogue corrects; l when there is none.
-__device__ __forceinline__ int first_correction(const bf16_t* __restrict__ esc_val, int f,
-                                                int l, float sc) {
-  bf16_t unused;
-  while (f < l && patch_value(esc_val[f], sc, unused)) ++f;
-  return f;
-}
-
-// With the decoded weights in registers (AREG), where the escape at (row, col) of a warp's tile
-// goes: 256 x the lane that holds it, plus 2 x its register 4 j + r, plus its half.
-__device__ __forceinline__ int areg_epos(int row, int col) {
-  const int cc = col & 63;
-  return ((4 * (row & 7) + (cc >> 4)) << 8) |
-         ((4 * ((cc & 15) >> 2) + ((row >> 3) & 1) + 2 * ((cc >> 1) & 1)) << 1) | (cc & 1);
-}
-
 // Waits (the whole warp) until the 32-bit flag at p is set by another block (stream-K's
 // pieces): lane 0 polls with relaxed loads, then one acquire fence orders the reads after it.
 __device__ __forceinline__ void wait_flag(const unsigned* p) {
@@ -198,7 +185,8 @@ __device__ __forceinline__ void wgl_body(
     const float* __restrict__ scale, const int* __restrict__ rowptr,
     const int* __restrict__ esc_row, const int* __restrict__ esc_col,
     const bf16_t* __restrict__ esc_val, const float* __restrict__ esc_delta,
-    const int* __restrict__ esc_order, const bf16_t* __restrict__ bias, int M, int n_rows,
+    const int* __restrict__ esc_order, const uint2* __restrict__ esc_entry,
+    const int* __restrict__ esc_fix, const bf16_t* __restrict__ bias, int M, int n_rows,
     int ntiles, int nchunks, float* __restrict__ work, unsigned* __restrict__ flags,
     const void* __restrict__ wmap, int tile_base) {
   static_assert(BN % 64 == 0 && BN <= 256, "BN: 64, 128, 192 or 256 activation rows");
@@ -394,9 +382,8 @@ __device__ __forceinline__ void wgl_body(
   if (out_live) {
     out_sc = scale[row_out];
     out_b = bias != nullptr ? bf16_to_float(bias[row_out]) : 0.0f;
-    e_first = rowptr[row_out];
+    e_first = esc_fix[row_out];  // (computed at load time: the first that needs a correction)
     e_last = rowptr[row_out + 1];
-    e_first = first_correction(esc_val, e_first, e_last, out_sc);
   }
   // the extra warp only starts the copies (broadcast from lane 0, so that ptxas sees a
   // warp-uniform branch and does not serialize the MMAs)
@@ -450,16 +437,8 @@ __device__ __forceinline__ void wgl_body(
         const int tile = min(tile0 + (e >> 5), ntiles - 1);
         const int b0 = rowptr[16 * tile], b1 = rowptr[16 * tile + 16];
         if ((e & 31) == 0) escwarp[e >> 5] = make_int2(b0, b1);
-        uint2 v = make_uint2(0x7FFFFFFFu, 0u);
-        if (b0 + (e & 31) < b1) {
-          const int o = esc_order[b0 + (e & 31)];
-          const int row = esc_row[o], col = esc_col[o];
-          bf16_t a;
-          const bool ok = patch_value(esc_val[o], scale[row], a);
-          v = make_uint2((u32)(col >> 6),
-                         ((u32)ok << 31) | ((u32)areg_epos(row, col) << 16) | (u32)a);
-        }
-        escring[e] = v;
+        escring[e] = b0 + (e & 31) < b1 ? esc_entry[b0 + (e & 31)]
+                                        : make_uint2(0x7FFFFFFFu, 0u);
       }
     }
     asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];"
@@ -476,7 +455,7 @@ __device__ __forceinline__ void wgl_body(
         const float sc = scale[row];
         const float b = bias != nullptr ? bf16_to_float(bias[row]) : 0.0f;
         const int l = rowptr[row + 1];
-        const int f = first_correction(esc_val, rowptr[row], l, sc);
+        const int f = esc_fix[row];
         rowring[r] = make_float4(sc, b, __int_as_float(f), __int_as_float(l));
       }
     }
@@ -531,7 +510,7 @@ __device__ __forceinline__ void wgl_body(
   // This warp's tile's escapes, in chunk order, 32 at a time: lane l holds entry ebase + l as
   // its chunk column (ecol; INT_MAX past the end), where it goes (epos: its byte in the A
   // buffer; with AREG the lane that holds it in registers, 256 x, plus 2 x its register
-  // 4 j + r and its half) and its value.
+  // 4 j + r and its half: layout.escape_slot) and its value.
   int mytile = min(tile0 + wrow * 4 + warp, ntiles - 1);
   // (PERS: the segments' batches come from segment_data)
   int eend = producer || PERS != 0 ? 0 : rowptr[16 * mytile + 16];
@@ -543,7 +522,13 @@ __device__ __forceinline__ void wgl_body(
     ecol = 0x7FFFFFFF;
     eok = false;
     const int idx = ebase + lane;
-    if (idx < eend) {
+    if (AREG != 0 && idx < eend) {  // (the entry computed at load time, layout.py)
+      const uint2 en = esc_entry[idx];
+      ecol = (int)en.x;
+      eok = (en.y >> 31) != 0u;
+      epos = (int)((en.y >> 16) & 0x7FFFu);
+      eval = (bf16_t)(en.y & 0xFFFFu);
+    } else if (idx < eend) {
       const int o = esc_order[idx];
       const int row = esc_row[o], col = esc_col[o];
       ecol = col >> 6;
@@ -551,10 +536,7 @@ __device__ __forceinline__ void wgl_body(
       const int r = 16 * warp + (row & 15);  // row within the warpgroup's A buffer
       const int cc = col & 63;               // unit 2 j + h, element 2 t + b (see the top)
       const int unit = 2 * ((cc & 15) >> 2) + ((cc >> 1) & 1);
-      if (AREG != 0)
-        epos = areg_epos(row, col);
-      else
-        epos = wg * ABUF + r * 128 + ((unit ^ (r & 7)) << 4) + 4 * (cc >> 4) + 2 * (cc & 1);
+      epos = wg * ABUF + r * 128 + ((unit ^ (r & 7)) << 4) + 4 * (cc >> 4) + 2 * (cc & 1);
     }
   };
   if (ebase < eend) load_escape();

@@ -177,7 +177,7 @@ def _has_wgmma() -> bool:
 
 
 def linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delta, esc_order,
-           bias, n, k, rows_kept=0):
+           esc_entry, esc_fix, bias, n, k, rows_kept=0):
     """``x @ W.T (+ bias)`` for a CUDA ``x`` [M, K] (see module docstring); ``rows_kept``
     (64 or 128) overrides ``invariant_rows`` for this call (0: the context's)."""
     m = x.shape[0]
@@ -196,7 +196,7 @@ def linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delt
         from w12_kernels.gemm import cuda_large
 
         return cuda_large.gemm_wgl(x, chunks, scale, esc_rowptr, esc_row, esc_col, esc_val,
-                                   esc_delta, esc_order, bias, n, k,
+                                   esc_delta, esc_order, esc_entry, esc_fix, bias, n, k,
                                    block_m=large.block_m, warpgroups=large.tiles // 4,
                                    x_stages=large.num_stages, w_stages=large.w_stages,
                                    splits=large.splits, a_regs=large.a_regs,

@@ -74,7 +74,17 @@ class PackedW12:
     ``esc_row``/``esc_col``: int32 [E]; ``esc_val``: int16 [E] (BF16 bits);
     ``esc_delta``: float32 [E]; ``esc_order``: int32 [E], the escape indices of each 16-row
     tile (the range ``esc_rowptr[16 T] .. esc_rowptr[16 T + 16]``) reordered by 64-column
-    chunk (stable), the order in which the large-M kernel writes them into its decoded tiles.
+    chunk (stable), the order in which the large-M kernel writes them into its decoded tiles;
+    ``esc_entry``: int32 [E, 2], for each place ``i`` of ``esc_order`` what the large-M kernel
+    with the decoded weights in registers needs of escape ``esc_order[i]``: its chunk column
+    (word 0) and, in word 1, bit 31 whether its value divided by the row's scale is a BF16 zero
+    or normal number that gives it back (the kernel then writes it into the decoded tile),
+    bits 30..16 the register slot that holds it (``escape_slot``) and bits 15..0 that BF16
+    value (0 where there is none); ``esc_fix``: int32 [Np], each row's first escape that the
+    tiles cannot hold (inf, NaN, out of range: the epilogue corrects it and those after it),
+    ``esc_rowptr[row + 1]`` where there is none. Both are computed once here, so that a block
+    of the large-M kernel reads them in one step where it used to follow a chain of dependent
+    loads (docs/PERF_GEMM.md #70).
     """
 
     n: int
@@ -88,6 +98,8 @@ class PackedW12:
     esc_val: torch.Tensor
     esc_delta: torch.Tensor
     esc_order: torch.Tensor
+    esc_entry: torch.Tensor
+    esc_fix: torch.Tensor
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -194,6 +206,49 @@ def _escape_arrays(w: W12Tensor, np_: int):
     return rowptr, rows, cols, delta, order
 
 
+def patchable(esc_val: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per escape (BF16 bits ``esc_val``; ``k``: log2 of its row's scale, ``e0 - DECODE_BIAS``):
+    whether ``v / 2^k`` is a BF16 zero or normal number that gives ``v`` back exactly, and that
+    number's bits (int32; 0 where it is not). The kernels decide this in float32 without
+    flushing subnormals (``patch_value``); here it is integer arithmetic, so that the answer does
+    not depend on the device or on a flush-to-zero mode (torch's float kernels on a GPU gave a
+    subnormal escape another answer than the kernel, docs/PERF_GEMM.md #70)."""
+    v = esc_val.to(torch.int64) & 0xFFFF
+    sign, e, m = v & 0x8000, (v >> 7) & 0xFF, v & 0x7F
+    top = torch.tensor([-1] + [i.bit_length() - 1 for i in range(1, 128)], device=v.device)
+    p = top[m]  # a subnormal's leading bit: its value is 2^(p - 133) x 1.f
+    exp = torch.where(e > 0, e, p - 6)  # the biased exponent of the value, normalised
+    mant = torch.where(e > 0, m, (m << (7 - p).clamp(min=0)) & 0x7F)
+    new = exp - k.to(torch.int64)
+    zero = (e == 0) & (m == 0)
+    ok = zero | ((e < 255) & (new >= 1) & (new <= 254))
+    bits = torch.where(zero, sign, sign | (new.clamp(0, 255) << 7) | mant)
+    return ok, torch.where(ok, bits, 0).to(torch.int32)
+
+
+def escape_slot(row: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+    """Where the escape at (row, col) sits in the A-fragment registers of the warp that
+    decodes its 16-row tile: 256 x the lane that holds it, plus 2 x its register 4 j + r, plus
+    which half of that register (layout at the top of this module)."""
+    cc = col & 63
+    lane = 4 * (row & 7) + (cc >> 4)
+    reg = 4 * ((cc & 15) >> 2) + ((row >> 3) & 1) + 2 * ((cc >> 1) & 1)
+    return (lane << 8) | (reg << 1) | (cc & 1)
+
+
+def _escape_entries(e0, esc_val, rowptr, rows, cols, order, np_):
+    """``esc_entry`` and ``esc_fix`` (PackedW12) of the escapes (rows, cols, esc_val) in list
+    order, ``order`` their tile-chunk order; ``e0`` the rows' window bases (int32)."""
+    ok, bits = patchable(esc_val, e0[rows.long()] - DECODE_BIAS)
+    word1 = (ok.to(torch.int64) << 31) | (escape_slot(rows, cols).to(torch.int64) << 16) | bits
+    entry = torch.stack((cols >> 6, _to_int32(word1)), dim=1)[order.long()].contiguous()
+    fix = rowptr[1:].clone()
+    bad = (~ok).nonzero().flatten()
+    if bad.numel():
+        fix.scatter_reduce_(0, rows[bad].long(), bad.to(torch.int32), "amin")
+    return entry.to(torch.int32), fix[:np_].contiguous()
+
+
 def prepare_weight(w: W12Tensor, *, device: torch.device | str | None = None) -> PackedW12:
     """Repack a ``W12Tensor`` for :func:`w12_linear` (once, at load time).
 
@@ -211,6 +266,7 @@ def prepare_weight(w: W12Tensor, *, device: torch.device | str | None = None) ->
     scale = torch.ones(np_, dtype=torch.float32, device=w.device)
     scale[:n] = torch.exp2((e0 - DECODE_BIAS).to(torch.float32))
     rowptr, rows, cols, delta, order = _escape_arrays(w, np_)
+    entry, fix = _escape_entries(e0, w.esc_val, rowptr, rows, cols, order, np_)
     return PackedW12(
         n=n,
         k=k,
@@ -223,6 +279,8 @@ def prepare_weight(w: W12Tensor, *, device: torch.device | str | None = None) ->
         esc_val=w.esc_val.clone(),
         esc_delta=delta,
         esc_order=order,
+        esc_entry=entry,
+        esc_fix=fix,
     )
 
 

@@ -28,6 +28,8 @@ def _linear_impl(
     esc_val: torch.Tensor,
     esc_delta: torch.Tensor,
     esc_order: torch.Tensor,
+    esc_entry: torch.Tensor,
+    esc_fix: torch.Tensor,
     bias: torch.Tensor | None,
     n: int,
     k: int,
@@ -37,7 +39,8 @@ def _linear_impl(
         from w12_kernels.gemm import launcher
 
         return launcher.linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val,
-                               esc_delta, esc_order, bias, n, k, rows_kept)
+                               esc_delta, esc_order, esc_entry, esc_fix, bias, n, k,
+                               rows_kept)
     if chunks.device.type == "cpu":
         from w12_kernels.gemm.cpu_decode import decode_packed_cpu
 
@@ -52,7 +55,7 @@ _linear_op = torch.library.custom_op("w12::linear", mutates_args=())(_linear_imp
 
 @_linear_op.register_fake
 def _linear_fake(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delta,
-                 esc_order, bias, n, k, rows_kept=0):
+                 esc_order, esc_entry, esc_fix, bias, n, k, rows_kept=0):
     return x.new_empty((x.shape[0], n))
 
 
@@ -103,5 +106,5 @@ def w12_linear(
     op = _linear_op if torch.compiler.is_compiling() or type(rows) is not torch.Tensor \
         else _linear_impl
     y = op(rows, w.chunks, w.scale, w.e0, w.esc_rowptr, w.esc_row, w.esc_col, w.esc_val,
-           w.esc_delta, w.esc_order, bias, w.n, w.k, invariant_rows or 0)
+           w.esc_delta, w.esc_order, w.esc_entry, w.esc_fix, bias, w.n, w.k, invariant_rows or 0)
     return y.reshape(*x.shape[:-1], w.n)
