@@ -60,17 +60,31 @@ def grid_of(cfg: tuple[int, ...], n: int, m: int) -> tuple[int, int, int]:
 
 
 def max_active_clusters(cfg: tuple[int, ...], grid: tuple[int, int, int]) -> int:
-    """The driver's answer for this kernel (its cluster shape is compiled in)."""
+    """The driver's answer for this kernel (its cluster shape is compiled in); a kernel without
+    a cluster (one K range, no pairs), which that query does not take: its blocks a
+    multiprocessor holds (``cuOccupancyMaxActiveBlocksPerMultiprocessor``) times the
+    multiprocessors."""
     func = cuda_large._function(0, cfg)
     fptr = cuda._function_ptr(func, 0)
     smem = cuda_large.shared_bytes(*cfg[:4], *cfg[5:7], splits=cfg[4])
-    launch = cuda._LaunchConfig(grid, (cuda_large.threads(cfg[1], cfg[5]), 1, 1), smem, None,
-                                None, 0)
+    threads = cuda_large.threads(cfg[1], cfg[5])
+    count = ctypes.c_int(0)
+    if cfg[4] * (2 if cfg[7] else 1) == 1:
+        fn = cuda.driver().cuOccupancyMaxActiveBlocksPerMultiprocessor
+        fn.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_int,
+                       ctypes.c_size_t]
+        fn.restype = ctypes.c_int
+        err = fn(ctypes.byref(count), fptr, threads, smem)
+        if err != 0:
+            raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed: {err}")
+        import torch
+
+        return count.value * torch.cuda.get_device_properties(0).multi_processor_count
+    launch = cuda._LaunchConfig(grid, (threads, 1, 1), smem, None, None, 0)
     fn = cuda.driver().cuOccupancyMaxActiveClusters
     fn.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
                    ctypes.POINTER(cuda._LaunchConfig)]
     fn.restype = ctypes.c_int
-    count = ctypes.c_int(0)
     err = fn(ctypes.byref(count), fptr, ctypes.byref(launch))
     if err != 0:
         raise RuntimeError(f"cuOccupancyMaxActiveClusters failed with CUresult {err}")
