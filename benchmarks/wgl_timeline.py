@@ -9,7 +9,10 @@ consumers' start: their main loop needs it for column 0), the end of the main lo
 after its last MMAs), the partial tile stored and met (the block or cluster barrier), the K
 split's inbox landed (two K ranges; otherwise the same as the barrier) and the end of the
 stores (the consumer threads met at a named barrier, then thread 0). The image pass stamps
-each block's entry and end. The call is replayed in a CUDA graph over rotating weight copies
+each block's entry and end. Stream-K entries (``persist``) stamp instead, per block, its first
+segment's loop end and end (a piece written and flagged, or its unit stored) and its last
+segment's loop end, the owner's pieces added and the stores' end, with the block's segment
+count (``stream_k_durations``). The call is replayed in a CUDA graph over rotating weight copies
 (as ``benchmarks/gemm.py`` times it) and the stamps of the graph's last call are read back, in
 µs from the image pass's first block entry. The stamps cost a few stores and the end's barrier;
 the call's time with and without them is printed beside (same graphs, medians).
@@ -41,6 +44,10 @@ MAX_BLOCKS = 4096  # stamp slots (blocks of the GEMM grid, of the image pass; bl
 # them stamp nothing, so a grid of more blocks is read in part, never written out of bounds)
 STAMPS = ("entry", "first_x_issued", "loop_end", "partial_met", "inbox", "stores_end",
           "escapes_ready")
+# stream-K (``persist``): a block's first segment and its last (its only one where it has one);
+# slot 7 holds the block's segment count
+STREAM_K_STAMPS = ("entry", "seg0_loop_end", "seg0_end", "last_loop_end", "last_pieces_added",
+                   "last_end")
 
 _DEFS = (
     f"__device__ unsigned long long w12_tl[{MAX_BLOCKS} * 8];\n"
@@ -100,6 +107,29 @@ PATCHES = [
 ]
 
 
+_SK_LOOP = ("        wgmma_wait<0>();  // (the last column's stage is released by the next one's "
+            "MMAs)\n")
+_SK_PIECE = ("          mbar_wait(rowfull, (u32)sg & 1u);\n          arrive_if(true, rowempty);\n"
+             "          continue;\n")
+_SK_ADDED = "          } while (T * (bb + 1) / gridDim.x < uend);\n"
+_SK_STORED = ("            yb[(size_t)tk * n_rows + (hi ? gr1 : gr0)] = float_to_bf16(o);\n"
+              "        }\n")
+# (thread 0 of the block; threadIdx.x read where needed, as the kernel keeps no thread index in
+# a register through the main loop)
+PATCHES += [
+    _after(_SK_LOOP, "        if (threadIdx.x == 0) {\n          if (sg == 0) W12_STAMP(1);\n"
+                     "          if (sg > 0 && sg == nseg - 1) W12_STAMP(3);\n        }\n"),
+    (_SK_PIECE, _SK_PIECE.replace("          continue;",
+                                  "          if (threadIdx.x == 0) W12_STAMP(2);\n"
+                                  "          continue;")),
+    _after(_SK_ADDED, "          if (threadIdx.x == 0) W12_STAMP(4);\n"),
+    _after(_SK_STORED, "        if (threadIdx.x == 0) {\n          if (sg == 0) W12_STAMP(2);\n"
+                       "          if (sg == nseg - 1) {\n            W12_STAMP(5);\n"
+                       "            if (W12_SLOT) w12_tl[W12_BLOCK * 8 + 7] = (unsigned long long)nseg;\n"
+                       "          }\n        }\n"),
+]
+
+
 def patched(shipped: Path) -> str:
     text = shipped.read_text()
     for old, new in PATCHES:
@@ -115,10 +145,11 @@ def table_config(n: int, k: int) -> dict:
     e = cfgs.large_config(n, k, 256)
     if e.kind != "wgmma":
         raise SystemExit(f"wgl_timeline: the table has no warpgroup entry for {n}x{k}")
-    if e.persist or e.tail:
-        raise SystemExit(f"wgl_timeline: {n}x{k}: stream-K and tail launches are not stamped")
+    if e.tail:
+        raise SystemExit(f"wgl_timeline: {n}x{k}: tail launches are not stamped")
     return dict(block_m=e.block_m, warpgroups=e.tiles // 4, x_stages=e.num_stages,
-                w_stages=e.w_stages, splits=e.splits, a_regs=e.a_regs, mcast=e.mcast)
+                w_stages=e.w_stages, splits=e.splits, a_regs=e.a_regs, persist=e.persist,
+                mcast=e.mcast)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -126,7 +157,7 @@ def _pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
 
 
-def summarize(stamps, image) -> dict:
+def summarize(stamps, image, names: tuple[str, ...] = STAMPS) -> dict:
     """The per-block stamps ([blocks, 8] and the image pass's [blocks, 2], ns; unused slots 0)
     as µs from the image pass's first block entry: each phase's min, median and max over the
     blocks that stamped it, and when the image pass's blocks ended (first, last)."""
@@ -134,7 +165,7 @@ def summarize(stamps, image) -> dict:
     image = image[image[:, 0] > 0]
     t0 = int(image[:, 0].min())
     rows = {name: [(int(v) - t0) / 1e3 for v in stamps[used, j] if v > 0]
-            for j, name in enumerate(STAMPS)}
+            for j, name in enumerate(names)}
     return {"blocks": int(used.sum()),
             "image_first_end": (int(image[:, 1].min()) - t0) / 1e3,
             "image_last_end": (int(image[:, 1].max()) - t0) / 1e3,
@@ -142,12 +173,42 @@ def summarize(stamps, image) -> dict:
                        for name, v in rows.items() if v}}
 
 
+def stream_k_durations(stamps) -> dict:
+    """Stream-K's per-block phases in µs (STREAM_K_STAMPS, slot 7 the segment count): the first
+    segment's start and main loop (entry to its loop's end), its epilogue (a piece's sums
+    written and flagged, or its unit stored), and for blocks of more than one segment the last
+    one's main loop, the owner's wait for and adding of its unit's pieces, and its stores; each
+    as min, median and max over the blocks that have it, with how many do."""
+    used = stamps[:, 0] > 0
+    st = stamps[used].astype("int64")
+    multi = st[:, 7] > 1
+    owner = multi & (st[:, 4] > 0)
+
+    def span(rows, a, b):
+        return [(int(r[b]) - int(r[a])) / 1e3 for r in rows]
+
+    phases = {
+        "seg0_start_and_loop": span(st, 0, 1),
+        "seg0_epilogue": span(st, 1, 2),
+        "last_loop": span(st[multi], 2, 3),
+        "owner_wait_and_add": span(st[owner], 3, 4),
+        "owner_stores": span(st[owner], 4, 5),
+        "last_stores_unowned": span(st[multi & ~owner], 3, 5),
+    }
+    out = {"segments": {int(v): int((st[:, 7] == v).sum()) for v in sorted(set(st[:, 7]))}}
+    for name, v in phases.items():
+        if v:
+            out[name] = {"blocks": len(v), "min": _pct(v, 0), "median": _pct(v, 0.5),
+                         "max": _pct(v, 1)}
+    return out
+
+
 def probe(n: int, k: int, scratch: Path) -> dict:
     import cupy
 
     kw = table_config(n, k)
     config = (kw["block_m"], kw["warpgroups"], kw["x_stages"], kw["w_stages"], kw["splits"],
-              kw["a_regs"], 0, kw["mcast"])
+              kw["a_regs"], kw["persist"], kw["mcast"])
     shipped = cl.SOURCE_PATH
     path = scratch / "kernels_large_timeline.cu"
     path.write_text(patched(shipped))
@@ -204,13 +265,22 @@ def probe(n: int, k: int, scratch: Path) -> dict:
     finally:
         cl._function = shipped_function
     out = {"shape": f"{n}x{k}", "config": cl.kernel_name(*config), "us_plain": t_plain,
-           "us_stamped": t_stamped, "us_cublas": t_ref, **summarize(stamps, image)}
+           "us_stamped": t_stamped, "us_cublas": t_ref,
+           **summarize(stamps, image, STREAM_K_STAMPS if kw["persist"] else STAMPS)}
+    if kw["persist"]:
+        out["stream_k"] = stream_k_durations(stamps)
     print(f"{n}x{k} {out['config']}: {out['blocks']} blocks; call {t_plain:.2f} us "
           f"(stamped {t_stamped:.2f}), cuBLAS {t_ref:.2f} us; image pass ends "
           f"{out['image_first_end']:.2f}..{out['image_last_end']:.2f}", flush=True)
     for name, p in out["phases"].items():
         print(f"    {name:15s} min {p['min']:7.2f}  median {p['median']:7.2f}  "
               f"max {p['max']:7.2f} us", flush=True)
+    if "stream_k" in out:
+        print(f"    stream-K segments a block: {out['stream_k']['segments']}; durations:")
+        for name, p in out["stream_k"].items():
+            if name != "segments":
+                print(f"    {name:22s} ({p['blocks']:3d} blocks) min {p['min']:7.2f}  "
+                      f"median {p['median']:7.2f}  max {p['max']:7.2f} us", flush=True)
     return out
 
 

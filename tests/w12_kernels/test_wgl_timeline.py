@@ -16,7 +16,12 @@ def test_every_patch_matches_the_shipped_kernel_once():
     assert text.count("w12_tl_img[W12_BLOCK * 2") == 2
     # blocks past the stamp slots stamp nothing (any --shapes, no write out of bounds)
     assert f"#define W12_SLOT (W12_BLOCK < {tl.MAX_BLOCKS})" in text
-    assert text.count("W12_SLOT") == 5  # the define, W12_STAMP's guard and three stamps by hand
+    # the define, W12_STAMP's guard and four stamps by hand (stream-K's segment count one)
+    assert text.count("W12_SLOT") == 6
+    # stream-K: each segment stamp once in the patched text
+    for stamp in ("W12_STAMP(1)", "W12_STAMP(3)", "W12_STAMP(4)"):
+        assert text.count(stamp) == 2  # (the non-persistent path's and stream-K's)
+    assert "w12_tl[W12_BLOCK * 8 + 7] = (unsigned long long)nseg" in text
     # the shipped file itself is not touched
     assert "W12_STAMP" not in cl.SOURCE_PATH.read_text()
 
@@ -54,3 +59,23 @@ def test_without_a_gpu_it_says_so(capsys, monkeypatch):
     monkeypatch.setattr(tl.cl, "available", lambda: False)
     assert tl.main(["--shapes", "4096x4096"]) == 2
     assert "needs a compute-capability 9.0 GPU" in capsys.readouterr().err
+
+
+def test_stream_k_durations_of_made_up_stamps():
+    """Three blocks: one segment (a whole unit), a piece then an owner's unit, a piece then a
+    unit of its own (not cut): each duration from the right pair of stamps."""
+    tl = benchmark_module("wgl_timeline")
+    stamps = np.zeros((4, 8), dtype=np.int64)
+    us = 1000
+    # entry, seg0 loop end, seg0 end, last loop end, pieces added, last end, (6), segments
+    stamps[0] = [1 * us, 20 * us, 23 * us, 0, 0, 23 * us, 0, 1]
+    stamps[1] = [1 * us, 10 * us, 11 * us, 25 * us, 29 * us, 31 * us, 0, 2]
+    stamps[2] = [2 * us, 12 * us, 13 * us, 27 * us, 0, 30 * us, 0, 2]
+    d = tl.stream_k_durations(stamps)
+    assert d["segments"] == {1: 1, 2: 2}
+    assert d["seg0_start_and_loop"] == {"blocks": 3, "min": 9.0, "median": 10.0, "max": 19.0}
+    assert d["seg0_epilogue"]["max"] == 3.0 and d["seg0_epilogue"]["min"] == 1.0
+    assert d["last_loop"] == {"blocks": 2, "min": 14.0, "median": 14.0, "max": 14.0}
+    assert d["owner_wait_and_add"] == {"blocks": 1, "min": 4.0, "median": 4.0, "max": 4.0}
+    assert d["owner_stores"]["median"] == 2.0
+    assert d["last_stores_unowned"] == {"blocks": 1, "min": 3.0, "median": 3.0, "max": 3.0}
