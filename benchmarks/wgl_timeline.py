@@ -11,11 +11,12 @@ split's inbox landed (two K ranges; otherwise the same as the barrier) and the e
 stores (the consumer threads met at a named barrier, then thread 0). The image pass stamps
 each block's entry and end. Stream-K entries (``persist``) stamp instead, per block, its first
 segment's loop end and end (a piece written and flagged, or its unit stored) and its last
-segment's loop end, the owner's pieces added and the stores' end, with the block's segment
-count (``stream_k_durations``). The call is replayed in a CUDA graph over rotating weight copies
-(as ``benchmarks/gemm.py`` times it) and the stamps of the graph's last call are read back, in
-µs from the image pass's first block entry. The stamps cost a few stores and the end's barrier;
-the call's time with and without them is printed beside (same graphs, medians).
+segment's loop end, the owner's pieces added and the stores' end (either store path), with the
+block's segment count (``stream_k_durations``). The call is replayed in a CUDA graph over
+rotating weight copies (as ``benchmarks/gemm.py`` times it) and the stamps of the graph's last
+call are read back, in µs from the image pass's first block entry. The stamps cost a few
+stores and the end's barrier; the call's time with and without them is printed beside (same
+graphs, medians).
 
     python3 benchmarks/wgl_timeline.py                       # GPU, compute capability 9.0
     python3 benchmarks/wgl_timeline.py --shapes 4096x4096 --json out.json
@@ -114,6 +115,12 @@ _SK_PIECE = ("          mbar_wait(rowfull, (u32)sg & 1u);\n          arrive_if(t
 _SK_ADDED = "          } while (T * (bb + 1) / gridDim.x < uend);\n"
 _SK_STORED = ("            yb[(size_t)tk * n_rows + (hi ? gr1 : gr0)] = float_to_bf16(o);\n"
               "        }\n")
+_SK_STAGED = ("            if (live) *reinterpret_cast<uint4*>(yo + (size_t)tk * n_rows) = v;\n"
+              "          }\n")
+_SK_END = ("        if (threadIdx.x == 0) {\n          if (sg == 0) W12_STAMP(2);\n"
+           "          if (sg == nseg - 1) {\n            W12_STAMP(5);\n"
+           "            if (W12_SLOT) w12_tl[W12_BLOCK * 8 + 7] = (unsigned long long)nseg;\n"
+           "          }\n        }\n")
 # (thread 0 of the block; threadIdx.x read where needed, as the kernel keeps no thread index in
 # a register through the main loop)
 PATCHES += [
@@ -123,10 +130,8 @@ PATCHES += [
                                   "          if (threadIdx.x == 0) W12_STAMP(2);\n"
                                   "          continue;")),
     _after(_SK_ADDED, "          if (threadIdx.x == 0) W12_STAMP(4);\n"),
-    _after(_SK_STORED, "        if (threadIdx.x == 0) {\n          if (sg == 0) W12_STAMP(2);\n"
-                       "          if (sg == nseg - 1) {\n            W12_STAMP(5);\n"
-                       "            if (W12_SLOT) w12_tl[W12_BLOCK * 8 + 7] = (unsigned long long)nseg;\n"
-                       "          }\n        }\n"),
+    _after(_SK_STORED, _SK_END),
+    _after(_SK_STAGED, _SK_END),  # (the last segment's staged stores: PERS_STAGE)
 ]
 
 

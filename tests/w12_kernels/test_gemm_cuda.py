@@ -529,6 +529,44 @@ def test_wgmma_large_kernel_tail(cfg, tail):
     assert ran, "no shape of the test has a tail at this configuration"
 
 
+@pytest.mark.parametrize("x_stages,w_stages,grid_cap", [(5, 5, None), (4, 6, 5), (5, 5, 1)])
+def test_wgmma_large_kernel_stream_k_staged_stores(x_stages, w_stages, grid_cap):
+    """``staged``: stream-K's last segment storing its outputs through a BF16 staging tile gives
+    the bits of the stores from the accumulators: weights with and without escapes (NaN/inf
+    rows corrected in the accumulators first), with and without bias, tokens past M and rows
+    past the last tile, an output one element off alignment and N not a multiple of 8 (both
+    taking the stores from the accumulators), one block walking every unit (grid_cap 1)."""
+    from w12_kernels.gemm import cuda_large
+
+    if not cuda_large.available():
+        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
+
+    def run(x, pw, bias, out, staged):
+        cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row, pw.esc_col,
+                            pw.esc_val, pw.esc_delta, pw.esc_order, pw.esc_entry, pw.esc_fix,
+                            bias, pw.n, pw.k, block_m=256, warpgroups=2, x_stages=x_stages,
+                            w_stages=w_stages, splits=1, a_regs=2, persist=1,
+                            grid_cap=grid_cap, out=out, staged=staged)
+
+    for n, k, m, esc in ((4096, 4096, 300, True), (2000, 200, 513, False),
+                         (1000, 1001, 129, True), (300, 256, 256, False)):
+        t = make_weight(n, k, seed=n + k + m, escapes=esc, device="cuda")
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        pw = prepare_weight(encoded(t))
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        for off in (0, 1):  # aligned, then one element off
+            for b in (bias, None):
+                outs = []
+                for staged in (False, True):
+                    buf = torch.full((m * n + 8,), float("nan"), device="cuda",
+                                     dtype=torch.bfloat16)
+                    out = buf[off:off + m * n].view(m, n)
+                    run(x, pw, b, out, staged)
+                    outs.append(out.view(torch.int16).clone())
+                assert torch.equal(outs[0], outs[1]), f"{n}x{k} M={m} off={off}"
+                assert_within_budget(out, x, t, _ref(x, t, b), b)
+
+
 @pytest.mark.parametrize("x_stages,w_stages,grid_cap", [(5, 5, None), (4, 6, None), (5, 5, 3),
                                                       (4, 6, 7), (5, 5, 1)])
 def test_wgmma_large_kernel_stream_k(x_stages, w_stages, grid_cap):

@@ -56,6 +56,12 @@ SPLITS = (1, 2, 3, 4)  # K ranges, one per block of a cluster
 # (docs/PERF_GEMM.md #59); False restores the plain launch.
 PDL = True
 
+# Whether stream-K (``persist``) stores its last segment's outputs through a BF16 staging tile in
+# the stages' memory (16-byte stores of whole row segments) rather than straight from the
+# accumulators (docs/PERF_GEMM.md #76); False restores the stores from the accumulators. The
+# same bits either way.
+PERS_STAGE = True
+
 # Whether gemm_wgl copies a block's chunk words of a column by one tensor copy (a tensor map
 # over the chunks, ``_weight_map``) rather than one bulk copy a tile (docs/PERF_GEMM.md #63);
 # False restores the bulk copies. The same bits either way.
@@ -161,11 +167,14 @@ def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
 
 
 def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
-           a_regs: int = 0, persist: int = 0, mcast: int = 0) -> str:
+           a_regs: int = 0, persist: int = 0, mcast: int = 0,
+           staged: bool | None = None) -> str:
     """kernels.cu, the wgmma wrappers for ``block_m``, kernels_large.cu and the entry point of
-    one configuration."""
-    return (_base_source(wgmma.wrapper(block_m, "WgmmaSS", a_shared=True)
-                         + wgmma.wrapper(block_m, "WgmmaRS"))
+    one configuration (``staged``: stream-K's staged stores, default ``PERS_STAGE``)."""
+    staged = PERS_STAGE if staged is None else staged
+    return (("#define W12_PERS_STAGE 1\n" if staged else "")
+            + _base_source(wgmma.wrapper(block_m, "WgmmaSS", a_shared=True)
+                           + wgmma.wrapper(block_m, "WgmmaRS"))
             + _entry(block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist, mcast))
 
 
@@ -177,12 +186,12 @@ def _base_source(wrappers: str = "") -> str:
 
 
 @functools.cache
-def _module(device_index: int, config: tuple[int, ...] | None):
+def _module(device_index: int, config: tuple[int, ...] | None, staged: bool = False):
     """One configuration's module, or (``None``) the module of w12_permute_x alone."""
     import cupy
 
     major, minor = torch.cuda.get_device_capability(device_index)
-    code = _base_source() if config is None else source(*config)
+    code = _base_source() if config is None else source(*config, staged=staged)
     with cupy.cuda.Device(device_index):
         return cupy.RawModule(code=code,
                               options=("--std=c++17", f"--gpu-architecture=sm_{major}{minor}a"))
@@ -206,15 +215,21 @@ def permute_x(x: torch.Tensor, nchunks: int, block_m: int) -> torch.Tensor:
     return out
 
 
-@functools.cache
 def _function(device_index: int, config: tuple[int, ...] | None):
     """The kernel of a configuration (``None``: w12_permute_x) on GPU ``device_index``, with the
-    shared memory it launches with allowed once."""
+    shared memory it launches with allowed once (stream-K's stores as ``PERS_STAGE`` says
+    now)."""
+    return _function_of(device_index, config,
+                        bool(PERS_STAGE) and config is not None and bool(config[6]))
+
+
+@functools.cache
+def _function_of(device_index: int, config: tuple[int, ...] | None, staged: bool):
     import cupy
 
     if config is None:
         return _module(device_index, None).get_function("w12_permute_x")
-    func = _module(device_index, config).get_function(kernel_name(*config))
+    func = _module(device_index, config, staged).get_function(kernel_name(*config))
     with cupy.cuda.Device(device_index):
         cuda.allow_shared_memory(func, shared_bytes(*config[:4], *config[5:7],
                                                      splits=config[4]))
@@ -319,7 +334,8 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
              warpgroups: int = 2, x_stages: int = 4, w_stages: int = 6, splits: int = 1,
              a_regs: int = 0, persist: int = 0, tail: int = 0, mcast: int = 0,
              out: torch.Tensor | None = None, pdl: bool | None = None,
-             grid_cap: int | None = None, wave: int | None = None) -> torch.Tensor:
+             grid_cap: int | None = None, wave: int | None = None,
+             staged: bool | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]``, any M: blocks of ``64 * warpgroups`` weight
     rows x ``block_m`` activation rows, ``x_stages`` activation and ``w_stages`` chunk-word
     stages in shared memory, ``splits`` K ranges per cluster, the decoded weights as the MMA's
@@ -343,7 +359,9 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     ``mcast`` 1 (with ``a_regs`` 2 or 3, not stream-K, no tail): the blocks of neighbouring
     tile blocks in pairs, each block copying half of every activation stage into both
     (multicast), so that a multiprocessor receives half the activation bytes per MMA; the same
-    bits as without (an odd last tile block gets a partner that stores nothing)."""
+    bits as without (an odd last tile block gets a partner that stores nothing).
+    ``staged`` (default ``PERS_STAGE``; stream-K launches only): a block's last segment stores
+    its outputs through a BF16 staging tile in shared memory; the same bits either way."""
     config = (block_m, warpgroups, x_stages, w_stages, splits, int(a_regs), int(persist),
               int(mcast))
     check_config(*config)
@@ -393,7 +411,9 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
         launches = [(config, (first, token_blocks, 1), 0, extra),
                     (tail_cfg, rest, first, tail_extra)]
     for cfg, grd, base, ext in launches:
-        func = _function(cuda._index(x.device), cfg)
+        index = cuda._index(x.device)
+        func = (_function(index, cfg) if staged is None
+                else _function_of(index, cfg, bool(staged) and bool(cfg[6])))
         smem = shared_bytes(*cfg[:4], *cfg[5:7], splits=cfg[4])
         cuda.launch(func, grd, (threads(warpgroups, a_regs),), args + ext + wmap + (base,),
                     x.device, smem, pdl=pdl)

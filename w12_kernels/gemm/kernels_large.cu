@@ -745,6 +745,51 @@ __device__ __forceinline__ void wgl_body(
           if (f0 < l0) { correct(0, f0, l0, m0); m0 = 1.0f; }
           if (f1 < l1) { correct(1, f1, l1, m1); m1 = 1.0f; }
         }
+#ifdef W12_PERS_STAGE
+        // The block's last segment (nothing is copied into the stages after it): its outputs
+        // go through a token-major BF16 staging tile in the stages' memory (stmatrix.trans,
+        // rows padded by 16 bytes) and out in 16-byte stores of whole 256-byte row segments,
+        // where the stores straight from the accumulators write 16 bytes of four lines each
+        // (~5 us a unit, docs/PERF_GEMM.md #75-#76). The same arithmetic, so the same bits.
+        if (sge == nseg - 1 && (n_rows & 7) == 0 && (reinterpret_cast<size_t>(y) & 15) == 0) {
+          constexpr int STRIDE = 2 * R + 16;  // bytes of a token's row in the staging tile
+          // (both warpgroups' MMAs are done with the stages)
+          asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
+          const int ln = me & 31;
+#pragma unroll
+          for (int c = 0; c < BN / 8; c += 2) {
+            u32 w[4];
+#pragma unroll
+            for (int mm = 0; mm < 4; ++mm) {
+              const int i = 4 * (c + (mm >> 1)) + 2 * (mm & 1);
+              float o0 = acc[i] * ((mm & 1) ? m1 : m0), o1 = acc[i + 1] * ((mm & 1) ? m1 : m0);
+              if (bias != nullptr) {
+                o0 += (mm & 1) ? d1.y : d0.y;
+                o1 += (mm & 1) ? d1.y : d0.y;
+              }
+              w[mm] = (u32)float_to_bf16(o0) | ((u32)float_to_bf16(o1) << 16);
+            }
+            const int q = ln >> 3;
+            const u32 addr = smem_addr(smem + (8 * (c + (q >> 1)) + (ln & 7)) * STRIDE +
+                                       ((rloc & ~7) + 8 * (q & 1)) * 2);
+            asm volatile(
+                "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
+                :: "r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+          }
+          asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
+          constexpr int CH = R / 8;  // 16-byte pieces of a token's row
+          const int c8 = (int)me % CH;
+          const bool live = tile0 * 16 + 8 * c8 < n_rows;
+          bf16_t* yo = y + (size_t)tok0 * n_rows + tile0 * 16 + 8 * c8;
+          const int hi = min(BN, M - tok0) * CH;
+          for (int u = (int)me; u < hi; u += THREADS) {  // (THREADS a multiple of CH)
+            const int tk = u / CH;
+            const uint4 v = *reinterpret_cast<const uint4*>(smem + tk * STRIDE + 16 * c8);
+            if (live) *reinterpret_cast<uint4*>(yo + (size_t)tk * n_rows) = v;
+          }
+          continue;
+        }
+#endif
         bf16_t* yb = y + (size_t)(tok0 + 2 * t) * n_rows;
         const bool live0 = gr0 < n_rows, live1 = gr1 < n_rows;
 #pragma unroll

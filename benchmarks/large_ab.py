@@ -1,11 +1,13 @@
-"""The large-M kernel with and without programmatic dependent launch after its image pass, in
-the same CUDA graphs (on the GPU): µs per call of each, cuBLAS's in the same rounds, the bits
-compared, and the geometric-mean speedup over cuBLAS of both (docs/PERF_GEMM.md #59).
+"""The large-M kernel with one launch option off and on, in the same CUDA graphs (on the GPU):
+µs per call of each, cuBLAS's in the same rounds, the bits compared, and the geometric-mean
+speedup over cuBLAS of both. ``--toggle pdl``: programmatic dependent launch after the image
+pass (docs/PERF_GEMM.md #59); ``--toggle staged``: stream-K's last segment storing its outputs
+through a BF16 staging tile (#76; the same launch for the other entries).
 
 Each shape runs the large-M table's configuration for ``--m`` rows; the calls cycle through
 weight copies past the L2, as in ``gemm.py``. Exit status 1 where the two launches' bits differ.
 
-    python benchmarks/large_pdl_ab.py --m 256
+    python benchmarks/large_ab.py --toggle staged --m 256
 """
 
 from __future__ import annotations
@@ -26,21 +28,23 @@ from w12_kernels.gemm import cuda_large  # noqa: E402
 CALLS = 20  # calls per graph
 
 
-def time_shape(n: int, k: int, m: int, cfg: cfgs.LargeConfig) -> tuple[float, float, float, bool]:
-    """µs per call with the plain launch, with PDL and of cuBLAS, and whether the bits agree."""
+def time_shape(n: int, k: int, m: int, cfg: cfgs.LargeConfig,
+               toggle: str = "pdl") -> tuple[float, float, float, bool]:
+    """µs per call with ``toggle`` off, on and of cuBLAS, and whether the bits agree."""
     layer = Layer(n, k, seed=n + k)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     kw = dict(block_m=cfg.block_m, warpgroups=cfg.tiles // 4, x_stages=cfg.num_stages,
-              w_stages=cfg.w_stages, splits=cfg.splits, a_regs=cfg.a_regs)
+              w_stages=cfg.w_stages, splits=cfg.splits, a_regs=cfg.a_regs,
+              persist=cfg.persist, tail=cfg.tail, mcast=cfg.mcast)
 
-    def call(pw, pdl):
+    def call(pw, on):
         return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
                                    pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
                                    pw.esc_entry, pw.esc_fix, None,
-                                   pw.n, pw.k, pdl=pdl, **kw)
+                                   pw.n, pw.k, **{toggle: on}, **kw)
 
-    def calls(pdl):
-        return [lambda pw=layer.w12[i % layer.copies]: call(pw, pdl) for i in range(CALLS)]
+    def calls(on):
+        return [lambda pw=layer.w12[i % layer.copies]: call(pw, on) for i in range(CALLS)]
 
     same = torch.equal(call(layer.w12[0], False).view(torch.int16),
                        call(layer.w12[0], True).view(torch.int16))
@@ -54,19 +58,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--m", type=int, default=256, help="activation rows (> 64)")
     parser.add_argument("--shapes", default=None, help="NxK,... (default: the benchmark's)")
+    parser.add_argument("--toggle", choices=("pdl", "staged"), default="pdl",
+                        help="the gemm_wgl option timed off and on")
     args = parser.parse_args()
     if not cuda_large.available():
-        raise SystemExit("large_pdl_ab: needs a compute-capability 9.0 GPU and CuPy")
+        raise SystemExit("large_ab: needs a compute-capability 9.0 GPU and CuPy")
     shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
               if args.shapes else SWEEP_SHAPES)
     rows, differ = [], []
-    print("shape | plain us | pdl us | pdl/plain | cublas us | bits", flush=True)
+    t = args.toggle
+    print(f"shape | {t} off us | {t} on us | on/off | cublas us | bits", flush=True)
     for n, k in shapes:
         cfg = cfgs.large_config(n, k, args.m)
         if cfg.kind != "wgmma":
             print(f"{n}x{k} | the table's choice at {args.m} rows is {cfg.kind}: skipped")
             continue
-        plain, pdl, ref, same = time_shape(n, k, args.m, cfg)
+        plain, pdl, ref, same = time_shape(n, k, args.m, cfg, args.toggle)
         torch.cuda.empty_cache()  # (the shape's weights went with time_shape's frame)
         rows.append((plain, pdl, ref))
         if not same:
@@ -76,10 +83,10 @@ def main() -> None:
     if rows:
         g_plain = math.exp(sum(math.log(r / p) for p, _, r in rows) / len(rows))
         g_pdl = math.exp(sum(math.log(r / q) for _, q, r in rows) / len(rows))
-        print(f"geomean vs cuBLAS at M={args.m} ({len(rows)} shapes): plain x{g_plain:.3f}, "
-              f"pdl x{g_pdl:.3f}")
+        print(f"geomean vs cuBLAS at M={args.m} ({len(rows)} shapes): {t} off x{g_plain:.3f}, "
+              f"{t} on x{g_pdl:.3f}")
     if differ:
-        raise SystemExit(f"large_pdl_ab: the bits differ on {', '.join(differ)}")
+        raise SystemExit(f"large_ab: the bits differ on {', '.join(differ)}")
 
 
 if __name__ == "__main__":
