@@ -28,6 +28,8 @@ pass (``PDL``), so that its blocks' start overlaps that pass: 0.741 -> 0.748 at 
 ``persist`` 1 is stream-K: one block per multiprocessor, each an equal share of all (unit,
 column) steps, the units cut between blocks added in a fixed order through a float32 workspace
 (``_stream_k_memory``); the table takes it where it wins (layers of 2-4 waves, #60). A block's
+last segment stores its outputs through a BF16 staging tile in the stages' memory
+(``PERS_STAGE``, #76). A block's
 chunk words of a column come in by one tensor copy (``WEIGHT_MAP``: a tensor map over the
 chunks, passed by value; #63, ~6% on the layers of two waves and more), and with one or two K
 ranges the epilogue stores 8 rows of one token a thread in 16 bytes (two ranges: each block
