@@ -50,8 +50,8 @@ def time_shape(n: int, k: int, m: int, cfg: cfgs.LargeConfig,
                        call(layer.w12[0], True).view(torch.int16))
     cublas = [lambda w=layer.bf16[i % layer.copies]: torch.nn.functional.linear(x, w)
               for i in range(CALLS)]
-    plain, pdl, ref = time_graphs([calls(False), calls(True), cublas])
-    return plain, pdl, ref, same
+    off, on, ref = time_graphs([calls(False), calls(True), cublas])
+    return off, on, ref, same
 
 
 def main() -> None:
@@ -73,18 +73,18 @@ def main() -> None:
         if cfg.kind != "wgmma":
             print(f"{n}x{k} | the table's choice at {args.m} rows is {cfg.kind}: skipped")
             continue
-        plain, pdl, ref, same = time_shape(n, k, args.m, cfg, args.toggle)
+        off, on, ref, same = time_shape(n, k, args.m, cfg, args.toggle)
         torch.cuda.empty_cache()  # (the shape's weights went with time_shape's frame)
-        rows.append((plain, pdl, ref))
+        rows.append((off, on, ref))
         if not same:
             differ.append(f"{n}x{k}")
-        print(f"{n}x{k} | {plain:.2f} | {pdl:.2f} | {pdl / plain:.3f} | {ref:.2f} | "
+        print(f"{n}x{k} | {off:.2f} | {on:.2f} | {on / off:.3f} | {ref:.2f} | "
               f"{'same' if same else 'DIFFER'}", flush=True)
     if rows:
-        g_plain = math.exp(sum(math.log(r / p) for p, _, r in rows) / len(rows))
-        g_pdl = math.exp(sum(math.log(r / q) for _, q, r in rows) / len(rows))
-        print(f"geomean vs cuBLAS at M={args.m} ({len(rows)} shapes): {t} off x{g_plain:.3f}, "
-              f"{t} on x{g_pdl:.3f}")
+        g_off = math.exp(sum(math.log(r / p) for p, _, r in rows) / len(rows))
+        g_on = math.exp(sum(math.log(r / q) for _, q, r in rows) / len(rows))
+        print(f"geomean vs cuBLAS at M={args.m} ({len(rows)} shapes): {t} off x{g_off:.3f}, "
+              f"{t} on x{g_on:.3f}")
     if differ:
         raise SystemExit(f"large_ab: the bits differ on {', '.join(differ)}")
 

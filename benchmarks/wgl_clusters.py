@@ -19,6 +19,8 @@ import math
 import sys
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gemm import SWEEP_SHAPES  # noqa: E402
@@ -77,8 +79,6 @@ def max_active_clusters(cfg: tuple[int, ...], grid: tuple[int, int, int]) -> int
         err = fn(ctypes.byref(count), fptr, threads, smem)
         if err != 0:
             raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed: {err}")
-        import torch
-
         return count.value * torch.cuda.get_device_properties(0).multi_processor_count
     launch = cuda._LaunchConfig(grid, (threads, 1, 1), smem, None, None, 0)
     fn = cuda.driver().cuOccupancyMaxActiveClusters
