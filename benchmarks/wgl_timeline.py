@@ -112,7 +112,7 @@ _SK_LOOP = ("        wgmma_wait<0>();  // (the last column's stage is released b
             "MMAs)\n")
 _SK_PIECE = ("          mbar_wait(rowfull, (u32)sg & 1u);\n          arrive_if(true, rowempty);\n"
              "          continue;\n")
-_SK_ADDED = "          } while (T * (bb + 1) / gridDim.x < uend);\n"
+_SK_ADDED = "          } while (cuts[bb + 1] < uend);\n"
 _SK_STORED = ("            yb[(size_t)tk * n_rows + (hi ? gr1 : gr0)] = float_to_bf16(o);\n"
               "        }\n")
 _SK_STAGED = ("            if (live) *reinterpret_cast<uint4*>(yo + (size_t)tk * n_rows) = v;\n"
@@ -208,10 +208,13 @@ def stream_k_durations(stamps) -> dict:
     return out
 
 
-def probe(n: int, k: int, scratch: Path) -> dict:
+def probe(n: int, k: int, scratch: Path, raw: bool = False,
+          weighted: bool | None = None) -> dict:
     import cupy
 
     kw = table_config(n, k)
+    if kw["persist"]:
+        kw["weighted"] = weighted
     config = (kw["block_m"], kw["warpgroups"], kw["x_stages"], kw["w_stages"], kw["splits"],
               kw["a_regs"], kw["persist"], kw["mcast"])
     shipped = cl.SOURCE_PATH
@@ -274,6 +277,14 @@ def probe(n: int, k: int, scratch: Path) -> dict:
            **summarize(stamps, image, STREAM_K_STAMPS if kw["persist"] else STAMPS)}
     if kw["persist"]:
         out["stream_k"] = stream_k_durations(stamps)
+        tiles = -(-n // 16)
+        steps = -(-tiles // (4 * kw["warpgroups"])) * -(-k // 64)  # 256 rows: one token block
+        out["cuts"] = list(cl.stream_k_cuts(steps, -(-k // 64), out["blocks"], weighted))
+    if raw:  # every block's stamps, µs from the image pass's first block entry (0: none)
+        t0 = int(image[image[:, 0] > 0][:, 0].min())
+        out["per_block"] = [[round((int(v) - t0) / 1e3, 3) if v > 0 and j < 7 else int(v)
+                             for j, v in enumerate(row)]
+                            for row in stamps[stamps[:, 0] > 0]]
     print(f"{n}x{k} {out['config']}: {out['blocks']} blocks; call {t_plain:.2f} us "
           f"(stamped {t_stamped:.2f}), cuBLAS {t_ref:.2f} us; image pass ends "
           f"{out['image_first_end']:.2f}..{out['image_last_end']:.2f}", flush=True)
@@ -293,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     parser.add_argument("--json", help="write the stamps' summary here")
+    parser.add_argument("--raw", action="store_true",
+                        help="with --json: also every block's stamps")
+    parser.add_argument("--equal", action="store_true",
+                        help="stream-K entries: equal shares (not the model's cuts)")
     args = parser.parse_args(argv)
     if not cl.available():
         print("wgl_timeline: needs a compute-capability 9.0 GPU and CuPy", file=sys.stderr)
@@ -301,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory() as scratch:
         for n, k in shapes:
-            results.append(probe(n, k, Path(scratch)))
+            results.append(probe(n, k, Path(scratch), args.raw, False if args.equal else None))
             torch.cuda.empty_cache()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

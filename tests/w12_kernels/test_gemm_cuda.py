@@ -4,6 +4,7 @@ the decode kernel, determinism, batch invariance, torch.compile and CUDA graphs.
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
@@ -620,6 +621,47 @@ def test_wgmma_large_kernel_stream_k(x_stages, w_stages, grid_cap):
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(y.view(torch.int16), eager), f"{n}x{k} M={m} replay {i}"
+
+
+@pytest.mark.parametrize("blocks", [2, 9, 40])
+def test_wgmma_large_kernel_stream_k_any_cuts(blocks):
+    """Stream-K with the blocks' steps cut anywhere (``cuts``: random increasing cuts, blocks
+    of one step, units cut into many pieces): within budget at awkward sizes, bit-identical
+    when run again; the equal cuts passed as ``cuts`` give the bits of ``weighted`` False, and
+    the model's weighted cuts (the default) are within budget too. Bad cuts raise."""
+    from w12_kernels.gemm import cuda_large
+
+    if not cuda_large.available():
+        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
+    gen = random.Random(blocks)
+
+    def run_with(**kw):
+        def run(x, pw, bias, out):
+            return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
+                                       pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
+                                       pw.esc_entry, pw.esc_fix, bias, pw.n, pw.k,
+                                       block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                       splits=1, a_regs=2, persist=1, grid_cap=blocks,
+                                       out=out, **kw)
+        return run
+
+    for n, k, m in ((300, 1001, 129), (2000, 200, 513), (1000, 4096, 256)):
+        steps = -(-n // 128) * -(-m // 256) * -(-k // 64)
+        if steps < blocks:
+            continue
+        cuts = (0, *sorted(gen.sample(range(1, steps), blocks - 1)), steps)
+        _check_large_kernel(run_with(cuts=cuts), [(n, k, m)])
+        _check_large_kernel(run_with(), [(n, k, m)])
+        t, x = _inputs(n, k, m, seed=n + m)
+        pw = prepare_weight(encoded(t))
+        equal = tuple(steps * b // blocks for b in range(blocks + 1))
+        a = run_with(cuts=equal)(x, pw, None, None).view(torch.int16)
+        b = run_with(weighted=False)(x, pw, None, None).view(torch.int16)
+        assert torch.equal(a, b), f"{n}x{k} M={m}: equal cuts given differ from equal shares"
+        with pytest.raises(ValueError, match="do not cut"):
+            run_with(cuts=(0, *equal[2:]))(x, pw, None, None)
+        with pytest.raises(ValueError, match="do not cut"):
+            run_with(cuts=(0, *equal[1:-1], steps + 1))(x, pw, None, None)
 
 
 def test_prefill_rows_through_the_large_table():

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 from pathlib import Path
 
 import torch
@@ -63,6 +64,20 @@ PDL = True
 # accumulators (docs/PERF_GEMM.md #76); False restores the stores from the accumulators. The
 # same bits either way.
 PERS_STAGE = True
+
+# Whether stream-K's blocks take steps cut by ``stream_k_cuts``'s model of their epilogues
+# (docs/PERF_GEMM.md #78) rather than equal shares; False restores the equal shares. The sums
+# of a unit cut elsewhere are added in another grouping, so the bits differ between the two
+# (each deterministic).
+STREAM_K_WEIGHTED = True
+
+# ``stream_k_cuts``'s costs, in main-loop steps (one chunk column of one unit: ~0.6 us at 256
+# tokens on an H200): a piece's sums written and flagged, an owner's read and add of one piece,
+# a unit's stores through the staging tile (a block's last segment) and straight from the
+# accumulators (its other segments), and a block's switch from one segment to the next.
+# From the stamps of docs/PERF_GEMM.md #75-#78.
+STREAM_K_COST = {"piece": 5.3, "read": 3.0, "staged_store": 3.7, "store": 8.8, "switch": 2.0}
+MAX_STREAM_K_BLOCKS = 256  # StreamKCuts in kernels_large.cu
 
 # Whether gemm_wgl copies a block's chunk words of a column by one tensor copy (a tensor map
 # over the chunks, ``_weight_map``) rather than one bulk copy a tile (docs/PERF_GEMM.md #63);
@@ -160,12 +175,14 @@ def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
         "    const int* __restrict__ esc_fix, const bf16_t* __restrict__ bias, int M,\n"
         "    int n_rows, int ntiles, int nchunks, float* __restrict__ work,\n"
         "    unsigned* __restrict__ flags, const __grid_constant__ TensorMap wmap,\n"
-        "    int wmap_on, int tile_base) {\n"
+        "    int wmap_on, int tile_base"
+        + (", const __grid_constant__ StreamKCuts cuts" if persist else "") + ") {\n"
         f"  wgl_body<{block_m}, {warpgroups}, {x_stages}, {w_stages}, {splits}, "
         f"{int(a_regs)}, {int(persist)}, {pair}>(\n"
         "      chunks, xp, x, ldx, y, scale, rowptr, esc_row, esc_col, esc_val, esc_delta,\n"
         "      esc_order, esc_entry, esc_fix, bias, M, n_rows, ntiles, nchunks, work, flags,\n"
-        "      wmap_on ? (const void*)&wmap : nullptr, tile_base);\n}\n")
+        "      wmap_on ? (const void*)&wmap : nullptr, tile_base, "
+        + ("cuts.q" if persist else "nullptr") + ");\n}\n")
 
 
 def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
@@ -308,6 +325,120 @@ def tail_start(ntiles: int, m: int, block_m: int, warpgroups: int, x_stages: int
     return tail_plan(math.ceil(ntiles / (4 * warpgroups)), math.ceil(m / block_m), wave, tail)
 
 
+def _segment_ends(b: int, cuts: list[int], nchunks: int, ready: list[float],
+                  cost: dict, staged: bool) -> tuple[float, float | None]:
+    """The model's end of stream-K block ``b`` (steps ``cuts[b]`` .. ``cuts[b + 1]`` - 1, the
+    kernel's segments: a piece, whole units, an owner's unit) in steps from its start, and when
+    its piece is ready (None: it has none). An owner reads its unit's pieces (blocks b + 1 ..,
+    whose ``ready`` is known) in block order, each once ready."""
+    q0, q1 = cuts[b], cuts[b + 1]
+    u0, ul = q0 // nchunks, (q1 - 1) // nchunks
+    t, ready_at = 0.0, None
+    for u in range(u0, ul + 1):
+        lo = q0 - u * nchunks if u == u0 else 0
+        hi = q1 - u * nchunks if u == ul else nchunks
+        t += (cost["switch"] if u > u0 else 0.0) + (hi - lo)
+        if lo > 0:  # a piece (only ever the first segment)
+            t += cost["piece"]
+            ready_at = t
+        elif hi < nchunks:  # the owner of a unit cut after this block (the last segment)
+            bb = b
+            while True:
+                bb += 1
+                t = max(t, ready[bb]) + cost["read"]
+                if cuts[bb + 1] >= (u + 1) * nchunks:
+                    break
+            t += cost["staged_store"] if staged else cost["store"]
+        else:  # a whole unit
+            t += cost["staged_store"] if (u == ul and staged) else cost["store"]
+    return t, ready_at
+
+
+def stream_k_model(cuts: list[int] | tuple[int, ...], nchunks: int, cost: dict | None = None,
+                   staged: bool = True) -> list[float]:
+    """The modelled end, in main-loop steps from the start, of each block of a stream-K launch
+    cut at ``cuts`` (``stream_k_cuts``'s model; ``cost``: default ``STREAM_K_COST``)."""
+    cost = STREAM_K_COST if cost is None else cost
+    cuts = list(cuts)
+    blocks = len(cuts) - 1
+    ready, ends = [0.0] * (blocks + 1), [0.0] * blocks
+    for b in range(blocks - 1, -1, -1):
+        ends[b], r = _segment_ends(b, cuts, nchunks, ready, cost, staged)
+        ready[b] = 0.0 if r is None else r
+    return ends
+
+
+def _cuts_within(limit: float, steps: int, nchunks: int, blocks: int, cost: dict,
+                 staged: bool) -> list[int] | None:
+    """Cuts under which every block ends by ``limit`` in the model, or None: from the last
+    block back, each takes the most steps that keep it, and the owner that will read its piece
+    (its later pieces of the unit read after it), within the limit."""
+    cuts = [0] * (blocks + 1)
+    cuts[blocks] = steps
+    ready = [0.0] * (blocks + 1)
+    for b in range(blocks - 1, -1, -1):
+        q1 = cuts[b + 1]
+        first = 0 if b == 0 else max(b, q1 - int(limit))  # (blocks before it: a step each)
+        last = 0 if b == 0 else q1 - 1
+        for q0 in range(first, last + 1):
+            cuts[b] = q0
+            end, r = _segment_ends(b, cuts, nchunks, ready, cost, staged)
+            if r is not None:  # its unit's owner reads it, then the later pieces, then stores
+                uend = (q0 // nchunks + 1) * nchunks
+                later = next((j for j in range(b + 1, blocks) if cuts[j] >= uend), blocks) - b - 1
+                end = max(end, r + cost["read"] * (1 + later)
+                          + (cost["staged_store"] if staged else cost["store"]))
+            if end <= limit:
+                ready[b] = 0.0 if r is None else r
+                break
+        else:
+            return None
+    return cuts
+
+
+@functools.cache
+def _stream_k_cuts(steps: int, nchunks: int, blocks: int, weighted: bool, staged: bool,
+                   cost: tuple) -> tuple[int, ...]:
+    equal = [steps * b // blocks for b in range(blocks + 1)]
+    if not weighted:
+        return tuple(equal)
+    costs = dict(cost)
+    lo, hi = steps / blocks, max(stream_k_model(equal, nchunks, costs, staged))
+    best = None
+    while hi - lo > 0.05:  # the least limit that the backward pass meets
+        mid = (lo + hi) / 2
+        cuts = _cuts_within(mid, steps, nchunks, blocks, costs, staged)
+        if cuts is None:
+            lo = mid
+        else:
+            hi, best = mid, cuts
+    return tuple(equal if best is None else best)
+
+
+def stream_k_cuts(steps: int, nchunks: int, blocks: int, weighted: bool | None = None,
+                  staged: bool | None = None, cost: dict | None = None) -> tuple[int, ...]:
+    """Where a stream-K launch of ``blocks`` blocks cuts its ``steps`` (unit, chunk column)
+    steps, units of ``nchunks``: block b takes ``cuts[b]`` .. ``cuts[b + 1]`` - 1. Equal shares
+    (``weighted`` False), or (default ``STREAM_K_WEIGHTED``) the cuts that minimise the latest
+    block's end in ``stream_k_model``, found by bisecting on that end: a block whose epilogue
+    owns a unit (waits for and adds its pieces, then stores) takes fewer steps than one that
+    only leaves a piece. Increasing, every block at least one step; cached."""
+    if not 1 <= blocks <= min(steps, MAX_STREAM_K_BLOCKS):
+        raise ValueError(f"stream_k_cuts: {blocks} blocks for {steps} steps (1 .. "
+                         f"min(steps, {MAX_STREAM_K_BLOCKS}))")
+    weighted = STREAM_K_WEIGHTED if weighted is None else weighted
+    staged = PERS_STAGE if staged is None else staged
+    cost = STREAM_K_COST if cost is None else cost
+    return _stream_k_cuts(steps, nchunks, blocks, bool(weighted), bool(staged),
+                          tuple(sorted(cost.items())))
+
+
+def _cuts_param(cuts: tuple[int, ...]) -> bytes:
+    """``cuts`` as the kernel's StreamKCuts (int32, padded to MAX_STREAM_K_BLOCKS + 1)."""
+    return struct.pack(f"<{MAX_STREAM_K_BLOCKS + 1}i",
+                       *cuts, *([0] * (MAX_STREAM_K_BLOCKS + 1 - len(cuts))))
+
+
 # (device index, stream, blocks, floats a block) -> stream-K's work memory and flags; kept for
 # the process's life, as a CUDA graph that captured a call holds their addresses
 _STREAM_K: dict[tuple[int, int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -337,7 +468,8 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
              a_regs: int = 0, persist: int = 0, tail: int = 0, mcast: int = 0,
              out: torch.Tensor | None = None, pdl: bool | None = None,
              grid_cap: int | None = None, wave: int | None = None,
-             staged: bool | None = None) -> torch.Tensor:
+             staged: bool | None = None, weighted: bool | None = None,
+             cuts: tuple[int, ...] | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]``, any M: blocks of ``64 * warpgroups`` weight
     rows x ``block_m`` activation rows, ``x_stages`` activation and ``w_stages`` chunk-word
     stages in shared memory, ``splits`` K ranges per cluster, the decoded weights as the MMA's
@@ -363,7 +495,11 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     (multicast), so that a multiprocessor receives half the activation bytes per MMA; the same
     bits as without (an odd last tile block gets a partner that stores nothing).
     ``staged`` (default ``PERS_STAGE``; stream-K launches only): a block's last segment stores
-    its outputs through a BF16 staging tile in shared memory; the same bits either way."""
+    its outputs through a BF16 staging tile in shared memory; the same bits either way.
+    ``weighted`` (default ``STREAM_K_WEIGHTED``; stream-K launches only): the blocks' shares
+    from ``stream_k_cuts``'s model rather than equal; ``cuts`` (tests): the first stream-K
+    launch's cuts as given (increasing from 0 to all its steps, one entry a block and one
+    more)."""
     config = (block_m, warpgroups, x_stages, w_stages, splits, int(a_regs), int(persist),
               int(mcast))
     check_config(*config)
@@ -392,8 +528,22 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     grid = (tile_blocks + (tile_blocks % 2 if mcast else 0), token_blocks, splits)
     sms = (torch.cuda.get_device_properties(x.device).multi_processor_count
            if persist or tail else 0)
+    stores = PERS_STAGE if staged is None else bool(staged)  # (stream-K's, for the model)
+
+    def schedule(units: int, blocks: int) -> bytes:  # a stream-K launch's cuts, checked
+        steps = units * nchunks
+        given = cuts if cuts is not None and persist else None
+        sched = given if given is not None else stream_k_cuts(steps, nchunks, blocks,
+                                                              weighted, stores)
+        if (len(sched) != blocks + 1 or sched[0] != 0 or sched[-1] != steps
+                or any(b <= a for a, b in zip(sched[:-1], sched[1:], strict=True))):
+            raise ValueError(f"gemm_wgl: cuts {sched} do not cut {steps} steps for {blocks} "
+                             "blocks (increasing from 0, one step a block at least)")
+        return _cuts_param(tuple(sched))
+
     if persist:
-        grid = (min(grid[0] * grid[1] * nchunks, min(grid_cap or sms, sms)), 1, 1)
+        grid = (min(grid[0] * grid[1] * nchunks, min(grid_cap or sms, sms),
+                    MAX_STREAM_K_BLOCKS), 1, 1)
         work, flags = _stream_k_memory(x.device, grid[0], block_m * 64 * warpgroups)
         extra = (cuda._ptr(work), cuda._ptr(flags))
     wmap = (_weight_map(chunks, 4 * warpgroups), 1) if WEIGHT_MAP else (_NO_MAP, 0)
@@ -402,21 +552,24 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     if tail:
         first = tail_start(ntiles, m, block_m, warpgroups, x_stages, w_stages, a_regs, tail,
                            sms, wave)
-    launches = [(config, grid, 0, extra)]
+    launches = [(config, grid, extra + wmap + (0,)
+                 + ((schedule(tile_blocks * token_blocks, grid[0]),) if persist else ()))]
     if first is not None:
         rest = (tile_blocks - first, token_blocks, tail)
-        tail_extra = (0, 0)
+        tail_extra = (0, 0) + wmap + (first,)
         if tail == 1:  # stream-K over the units of the tile blocks from ``first`` on
-            rest = (min(rest[0] * token_blocks * nchunks, sms), 1, 1)
+            units = rest[0] * token_blocks
+            rest = (min(units * nchunks, sms, MAX_STREAM_K_BLOCKS), 1, 1)
             work, flags = _stream_k_memory(x.device, rest[0], block_m * 64 * warpgroups)
-            tail_extra = (cuda._ptr(work), cuda._ptr(flags))
-        launches = [(config, (first, token_blocks, 1), 0, extra),
-                    (tail_cfg, rest, first, tail_extra)]
-    for cfg, grd, base, ext in launches:
+            tail_extra = ((cuda._ptr(work), cuda._ptr(flags)) + wmap + (first,)
+                          + (schedule(units, rest[0]),))
+        launches = [(config, (first, token_blocks, 1), extra + wmap + (0,)),
+                    (tail_cfg, rest, tail_extra)]
+    for cfg, grd, ext in launches:
         index = cuda._index(x.device)
         func = (_function(index, cfg) if staged is None
                 else _function_of(index, cfg, bool(staged) and bool(cfg[6])))
         smem = shared_bytes(*cfg[:4], *cfg[5:7], splits=cfg[4])
-        cuda.launch(func, grd, (threads(warpgroups, a_regs),), args + ext + wmap + (base,),
-                    x.device, smem, pdl=pdl)
+        cuda.launch(func, grd, (threads(warpgroups, a_regs),), args + ext, x.device, smem,
+                    pdl=pdl)
     return out

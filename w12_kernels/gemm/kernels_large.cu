@@ -136,6 +136,12 @@ struct alignas(64) TensorMap {
   unsigned long long word[16];
 };
 
+// Stream-K's schedule (PERS), passed by value as a __grid_constant__ kernel parameter: block b
+// takes steps q[b] .. q[b + 1] - 1 (cuda_large.stream_k_cuts; at most 256 blocks).
+struct StreamKCuts {
+  int q[257];
+};
+
 // The chunk words of `tiles` consecutive 16-row tiles (the box of `map`, the generic address
 // of a __grid_constant__ TensorMap) from tile `tile` on, chunk column `col`, into dst as
 // [tiles][1536 bytes], by one tensor copy (cuda_large.py, ``_weight_map``: the chunks as a 3-D
@@ -188,7 +194,7 @@ __device__ __forceinline__ void wgl_body(
     const int* __restrict__ esc_order, const uint2* __restrict__ esc_entry,
     const int* __restrict__ esc_fix, const bf16_t* __restrict__ bias, int M, int n_rows,
     int ntiles, int nchunks, float* __restrict__ work, unsigned* __restrict__ flags,
-    const void* __restrict__ wmap, int tile_base) {
+    const void* __restrict__ wmap, int tile_base, const int* __restrict__ cuts) {
   static_assert(BN % 64 == 0 && BN <= 256, "BN: 64, 128, 192 or 256 activation rows");
   static_assert(SX >= 3 && SW >= 2 && SPLIT >= 1 && SPLIT <= 4, "config");
   static_assert(PERS == 0 || (AREG == 2 && SPLIT == 1), "stream-K: producer warpgroup, one range");
@@ -258,29 +264,31 @@ __device__ __forceinline__ void wgl_body(
 
   // PERS (stream-K): the block takes steps q0 .. q1 - 1 of all units' chunk columns (unit u =
   // tile block tile_base + u / tblocks, token block u % tblocks; step q = column q % nchunks
-  // of unit q / nchunks), an equal share of T for each of the gridDim.x blocks, in segments of one
-  // unit each: unit u0 + s for segment s, its columns clo .. chi - 1, stage counter
-  // column + qoff (counted from the block's first step). A segment from column 0 stores the
+  // of unit q / nchunks), q0 = cuts[blockIdx.x] and q1 = cuts[blockIdx.x + 1] (the host's
+  // schedule, cuda_large.stream_k_cuts: increasing, cuts[0] = 0, cuts[gridDim.x] = all the
+  // units' steps, at least one step a block), in segments of one unit each: unit u0 + s for
+  // segment s, its columns clo .. chi - 1, stage counter column + qoff (counted from the
+  // block's first step). A segment from column 0 stores the
   // outputs of its unit, after adding (in block order) the partial sums that the blocks after
   // it left in `work` for that unit's later columns; a segment starting later (only ever a
   // block's first) is such a piece: it leaves its sums in work[block] and sets flags[block].
   // Owners wait only for pieces, which wait for nothing, and every block is resident (one a
   // multiprocessor, gridDim.x at most the multiprocessors), so no block waits forever.
-  long long T = 0;
-  int q0 = 0, q1 = 0, u0 = 0, nseg = 1, clo = 0, chi = nchunks, qoff = 0;
+  int u0 = 0, nseg = 1, clo = 0, chi = nchunks, qoff = 0;
   const int tblocks = (M + BN - 1) / BN;
+  // (q0 and q1 read from the parameter where needed; that they come from a parameter moves
+  // the main loop's stage counting to the uniform datapath: 429 instructions a trip against
+  // 417 with the equal shares computed in the kernel, docs/PERF_GEMM.md #78)
+  auto cut = [&](int j) { return PERS != 0 ? cuts[blockIdx.x + j] : 0; };
   if constexpr (PERS != 0) {
-    T = (long long)((ntiles + 4 * WGS - 1) / (4 * WGS) - tile_base) * tblocks * nchunks;
-    q0 = (int)(T * blockIdx.x / gridDim.x);
-    q1 = (int)(T * (blockIdx.x + 1) / gridDim.x);
-    u0 = q0 / nchunks;
-    nseg = (q1 - 1) / nchunks - u0 + 1;
+    u0 = cut(0) / nchunks;
+    nseg = (cut(1) - 1) / nchunks - u0 + 1;
   }
   auto set_segment = [&](int sg) {
     const int u = u0 + sg;
-    clo = sg == 0 ? q0 - u * nchunks : 0;
-    chi = sg == nseg - 1 ? q1 - u * nchunks : nchunks;
-    qoff = u * nchunks - q0;
+    clo = sg == 0 ? cut(0) - u * nchunks : 0;
+    chi = sg == nseg - 1 ? cut(1) - u * nchunks : nchunks;
+    qoff = u * nchunks - cut(0);
     tile0 = (tile_base + u / tblocks) * 4 * WGS;
     tok0 = (u % tblocks) * BN;
     ximg = xp + (size_t)(u % tblocks) * nchunks * (XSTAGE / 2);
@@ -689,7 +697,7 @@ __device__ __forceinline__ void wgl_body(
           // cleared for the next call (after barrier 3: every warp has seen them). Each piece
           // is read straight into the registers it adds to: an owner that fetched its pieces
           // by bulk copies into the idle stages was not faster (docs/PERF_GEMM.md #60).
-          const long long uend = (long long)(u0 + sg + 1) * nchunks;
+          const int uend = (u0 + sg + 1) * nchunks;
           int bb = blockIdx.x;
           do {
             ++bb;
@@ -703,7 +711,7 @@ __device__ __forceinline__ void wgl_body(
               acc[4 * c + 2] += v.z;
               acc[4 * c + 3] += v.w;
             }
-          } while (T * (bb + 1) / gridDim.x < uend);
+          } while (cuts[bb + 1] < uend);
           asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
           for (int f = blockIdx.x + 1; f <= bb; ++f)
             asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n"
