@@ -558,9 +558,9 @@ WGMMA_CANDIDATES = ((256, 2, 4, 3, 1, 0), (256, 2, 4, 3, 2, 0), (256, 2, 4, 3, 4
                     # K in three ranges, clusters of 3: a 4096-row layer's 96 blocks fit one
                     # wave (run 102: the 256-row one wins the three 4096-wide layers, +3-16%)
                     (256, 2, 5, 5, 3, 2), (128, 2, 8, 8, 3, 1),
-                    # stream-K: one block a multiprocessor, each an equal share of all the
-                    # (tile, column) steps, outputs stored from the accumulators while the
-                    # next unit's columns land (#60)
+                    # stream-K: one block a multiprocessor, each a share of all the
+                    # (tile, column) steps (cuda_large.stream_k_cuts), outputs stored from the
+                    # accumulators while the next unit's columns land (#60)
                     (256, 2, 5, 5, 1, 2, 1), (256, 2, 4, 6, 1, 2, 1),
                     # one MMA warpgroup of 64 weight rows, decoded weights in registers (255
                     # registers without a producer warpgroup): twice the blocks of the same

@@ -571,7 +571,7 @@ def test_wgmma_large_kernel_stream_k_staged_stores(x_stages, w_stages, grid_cap)
 @pytest.mark.parametrize("x_stages,w_stages,grid_cap", [(5, 5, None), (4, 6, None), (5, 5, 3),
                                                       (4, 6, 7), (5, 5, 1)])
 def test_wgmma_large_kernel_stream_k(x_stages, w_stages, grid_cap):
-    """``persist`` (stream-K): blocks taking equal shares of all (unit, column) steps, units cut
+    """``persist`` (stream-K): blocks taking shares of all (unit, column) steps, units cut
     between blocks (``grid_cap`` 3 and 7 cut nearly every unit, into pieces down to one
     column, and make every block walk many units; stage counters and barrier phases running
     on across them), outputs stored from the accumulators: within budget at awkward sizes

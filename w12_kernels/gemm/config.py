@@ -149,8 +149,9 @@ class LargeConfig:
     # 2: that, with a producer warpgroup giving its registers to the MMA warpgroups; 3: that,
     # with tiles 4: two MMA warpgroups on the 64 rows, every other column each
     persist: int = 0  # wgmma with a_regs 2 and one K range: stream-K, one block a
-    # multiprocessor, each an equal share of all (unit, column) steps, outputs from the
-    # accumulators (docs/PERF_GEMM.md #60; never inherited from the default: see below)
+    # multiprocessor, each a share of all (unit, column) steps (cuda_large.stream_k_cuts),
+    # outputs from the accumulators (docs/PERF_GEMM.md #60; never inherited from the default:
+    # see below)
     tail: int = 0  # wgmma with one K range, not persistent: the tile blocks past the last
     # whole wave run in a second launch with K in this many ranges (1: as stream-K;
     # docs/PERF_GEMM.md #64; never inherited from the default either)

@@ -25,9 +25,10 @@ three 4096-wide layers at 256 rows, #65). Copying the activations into the stage
 producer warpgroup itself (4-byte cp.async, no image pass) was 3-5x slower (docs/PERF_GEMM.md
 #57) and was removed. The GEMM is launched with programmatic dependent launch after its image
 pass (``PDL``), so that its blocks' start overlaps that pass: 0.741 -> 0.748 at 256 rows (#59).
-``persist`` 1 is stream-K: one block per multiprocessor, each an equal share of all (unit,
-column) steps, the units cut between blocks added in a fixed order through a float32 workspace
-(``_stream_k_memory``); the table takes it where it wins (layers of 2-4 waves, #60). A block's
+``persist`` 1 is stream-K: one block per multiprocessor, each a share of all (unit, column)
+steps cut by a host model of the blocks' epilogues (``stream_k_cuts``, #78), the units cut
+between blocks added in a fixed order through a float32 workspace (``_stream_k_memory``); the
+table takes it where it wins (layers of 2-4 waves, #60). A block's
 last segment stores its outputs through a BF16 staging tile in the stages' memory
 (``PERS_STAGE``, #76). A block's
 chunk words of a column come in by one tensor copy (``WEIGHT_MAP``: a tensor map over the
@@ -478,7 +479,8 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     ``warpgroups`` 1): that producer warpgroup and two MMA warpgroups on the block's 64 rows,
     every other column each, their sums added in a fixed order. ``persist`` 1 (with
     ``a_regs`` 2 and one K range): stream-K, one block a multiprocessor (``grid_cap`` blocks if
-    given), each taking an equal share of all (unit, chunk column) steps, the units cut between
+    given), each taking the share of all (unit, chunk column) steps that ``stream_k_cuts`` cuts
+    (``weighted``, ``cuts`` below), the units cut between
     blocks added in a fixed order (see kernels_large.cu). ``pdl`` (default ``PDL``): the GEMM
     launched with programmatic dependent launch after its image pass, so that its start
     (barriers, escape ranges, the first weight copies) overlaps that pass; the same bits either
