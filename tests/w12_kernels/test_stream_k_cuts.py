@@ -65,6 +65,8 @@ def test_bad_schedules_raise_and_the_kernel_parameter():
         cl.stream_k_cuts(10_000, 5, cl.MAX_STREAM_K_BLOCKS + 1)
     with pytest.raises(ValueError, match="blocks"):
         cl.stream_k_cuts(10, 5, 0)
+    with pytest.raises(ValueError, match="more than"):
+        cl.stream_k_cuts(2**31, 64, 132)
     cuts = cl.stream_k_cuts(6400, 80, 132)
     raw = cl._cuts_param(cuts)
     assert len(raw) == 4 * (cl.MAX_STREAM_K_BLOCKS + 1)

@@ -427,6 +427,8 @@ def stream_k_cuts(steps: int, nchunks: int, blocks: int, weighted: bool | None =
     if not 1 <= blocks <= min(steps, MAX_STREAM_K_BLOCKS):
         raise ValueError(f"stream_k_cuts: {blocks} blocks for {steps} steps (1 .. "
                          f"min(steps, {MAX_STREAM_K_BLOCKS}))")
+    if steps >= 2**31:  # (the kernel counts steps in 32-bit integers)
+        raise ValueError(f"stream_k_cuts: {steps} steps, more than a stream-K launch counts")
     weighted = STREAM_K_WEIGHTED if weighted is None else weighted
     staged = PERS_STAGE if staged is None else staged
     cost = STREAM_K_COST if cost is None else cost

@@ -268,10 +268,10 @@ __device__ __forceinline__ void wgl_body(
   // schedule, cuda_large.stream_k_cuts: increasing, cuts[0] = 0, cuts[gridDim.x] = all the
   // units' steps, at least one step a block), in segments of one unit each: unit u0 + s for
   // segment s, its columns clo .. chi - 1, stage counter column + qoff (counted from the
-  // block's first step). A segment from column 0 stores the
-  // outputs of its unit, after adding (in block order) the partial sums that the blocks after
-  // it left in `work` for that unit's later columns; a segment starting later (only ever a
-  // block's first) is such a piece: it leaves its sums in work[block] and sets flags[block].
+  // block's first step). A segment from column 0 stores the outputs of its unit, after adding
+  // (in block order) the partial sums that the blocks after it left in `work` for that unit's
+  // later columns; a segment starting later (only ever a block's first) is such a piece: it
+  // leaves its sums in work[block] and sets flags[block].
   // Owners wait only for pieces, which wait for nothing, and every block is resident (one a
   // multiprocessor, gridDim.x at most the multiprocessors), so no block waits forever.
   int u0 = 0, nseg = 1, clo = 0, chi = nchunks, qoff = 0;
