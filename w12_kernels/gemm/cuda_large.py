@@ -421,9 +421,10 @@ def stream_k_cuts(steps: int, nchunks: int, blocks: int, weighted: bool | None =
     """Where a stream-K launch of ``blocks`` blocks cuts its ``steps`` (unit, chunk column)
     steps, units of ``nchunks``: block b takes ``cuts[b]`` .. ``cuts[b + 1]`` - 1. Equal shares
     (``weighted`` False), or (default ``STREAM_K_WEIGHTED``) the cuts that minimise the latest
-    block's end in ``stream_k_model``, found by bisecting on that end: a block whose epilogue
-    owns a unit (waits for and adds its pieces, then stores) takes fewer steps than one that
-    only leaves a piece. Increasing, every block at least one step; cached."""
+    block's end in ``stream_k_model``, found by bisecting on that end: from the last block
+    back, each takes the most steps that keep both it and the owner that will read its piece
+    (then the unit's later pieces, then its stores) within that end. Increasing, every block
+    at least one step; cached."""
     if not 1 <= blocks <= min(steps, MAX_STREAM_K_BLOCKS):
         raise ValueError(f"stream_k_cuts: {blocks} blocks for {steps} steps (1 .. "
                          f"min(steps, {MAX_STREAM_K_BLOCKS}))")
@@ -436,6 +437,7 @@ def stream_k_cuts(steps: int, nchunks: int, blocks: int, weighted: bool | None =
                           tuple(sorted(cost.items())))
 
 
+@functools.cache
 def _cuts_param(cuts: tuple[int, ...]) -> bytes:
     """``cuts`` as the kernel's StreamKCuts (int32, padded to MAX_STREAM_K_BLOCKS + 1)."""
     return struct.pack(f"<{MAX_STREAM_K_BLOCKS + 1}i",
@@ -534,16 +536,16 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
            if persist or tail else 0)
     stores = PERS_STAGE if staged is None else bool(staged)  # (stream-K's, for the model)
 
-    def schedule(units: int, blocks: int) -> bytes:  # a stream-K launch's cuts, checked
+    def schedule(units: int, blocks: int) -> bytes:  # a stream-K launch's cuts (cached)
         steps = units * nchunks
-        given = cuts if cuts is not None and persist else None
-        sched = given if given is not None else stream_k_cuts(steps, nchunks, blocks,
-                                                              weighted, stores)
+        if cuts is None or not persist:  # (stream_k_cuts' cuts are valid by construction)
+            return _cuts_param(stream_k_cuts(steps, nchunks, blocks, weighted, stores))
+        sched = tuple(cuts)
         if (len(sched) != blocks + 1 or sched[0] != 0 or sched[-1] != steps
                 or any(b <= a for a, b in zip(sched[:-1], sched[1:], strict=True))):
             raise ValueError(f"gemm_wgl: cuts {sched} do not cut {steps} steps for {blocks} "
                              "blocks (increasing from 0, one step a block at least)")
-        return _cuts_param(tuple(sched))
+        return _cuts_param(sched)
 
     if persist:
         grid = (min(grid[0] * grid[1] * nchunks, min(grid_cap or sms, sms),
