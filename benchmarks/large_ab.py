@@ -2,7 +2,9 @@
 µs per call of each, cuBLAS's in the same rounds, the bits compared, and the geometric-mean
 speedup over cuBLAS of both. ``--toggle pdl``: programmatic dependent launch after the image
 pass (docs/PERF_GEMM.md #59); ``--toggle staged``: stream-K's last segment storing its outputs
-through a BF16 staging tile (#76; the same launch for the other entries); ``--toggle weighted``:
+through a BF16 staging tile (#76; the same launch for the other entries); ``--toggle own``: the
+two-range epilogue keeping each block's own share of tokens in its accumulators (#80; the same
+launch for the entries it does not apply to); ``--toggle weighted``:
 stream-K's blocks cut by ``cuda_large.stream_k_cuts``'s model rather than in equal shares (#78;
 the sums of a unit are grouped otherwise, so the bits differ by design: both are checked against
 float64 instead). ``--cost piece=4,read=2,...`` overrides entries of ``STREAM_K_COST``.
@@ -30,7 +32,7 @@ from w12_kernels.gemm import config as cfgs  # noqa: E402
 from w12_kernels.gemm import cuda_large  # noqa: E402
 
 CALLS = 20  # calls per graph
-SAME_BITS = ("pdl", "staged")  # toggles that must not change the bits
+SAME_BITS = ("pdl", "staged", "own")  # toggles that must not change the bits
 
 
 def time_shape(n: int, k: int, m: int, cfg: cfgs.LargeConfig,
@@ -68,7 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--m", type=int, default=256, help="activation rows (> 64)")
     parser.add_argument("--shapes", default=None, help="NxK,... (default: the benchmark's)")
-    parser.add_argument("--toggle", choices=("pdl", "staged", "weighted"), default="pdl",
+    parser.add_argument("--toggle", choices=("pdl", "staged", "own", "weighted"), default="pdl",
                         help="the gemm_wgl option timed off and on")
     parser.add_argument("--cost", default="",
                         help="name=value,... overriding cuda_large.STREAM_K_COST's entries")

@@ -568,6 +568,50 @@ def test_wgmma_large_kernel_stream_k_staged_stores(x_stages, w_stages, grid_cap)
                 assert_within_budget(out, x, t, _ref(x, t, b), b)
 
 
+@pytest.mark.parametrize("block_m,warpgroups,x_stages,w_stages,a_regs",
+                         [(256, 2, 5, 5, 2), (128, 2, 8, 8, 1), (192, 2, 4, 6, 2),
+                          (128, 1, 4, 6, 0), (64, 2, 4, 4, 0)])
+def test_wgmma_large_kernel_own_share(block_m, warpgroups, x_stages, w_stages, a_regs):
+    """``own``: a block of a two-range cluster keeping its share of tokens in its accumulators
+    (the other share pushed, the partner's added in, stores through a staging tile) gives the
+    partial tile's bits: weights with and without escapes (NaN/inf rows: both take the
+    corrections path), with and without bias, tokens past M (a share with no tokens at all),
+    rows past the last tile, an odd number of chunk columns (unequal ranges), an output one
+    element off alignment and N not a multiple of 8 (both keeping the partial tile); each
+    result within the error budget and the same on a rerun."""
+    from w12_kernels.gemm import cuda_large
+
+    if not cuda_large.available():
+        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
+
+    def run(x, pw, bias, out, own):
+        cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row, pw.esc_col,
+                            pw.esc_val, pw.esc_delta, pw.esc_order, pw.esc_entry, pw.esc_fix,
+                            bias, pw.n, pw.k, block_m=block_m, warpgroups=warpgroups,
+                            x_stages=x_stages, w_stages=w_stages, splits=2, a_regs=a_regs,
+                            out=out, own=own)
+
+    for n, k, m, esc in ((4096, 4096, 300, True), (2000, 200, 513, False),
+                         (1000, 1001, 129, True), (1000, 4160, 70, False),
+                         (300, 256, 256, False)):
+        t = make_weight(n, k, seed=n + k + m, escapes=esc, device="cuda")
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        pw = prepare_weight(encoded(t))
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        for off in (0, 1):  # aligned, then one element off
+            for b in (bias, None):
+                outs = []
+                for own in (False, True, True):
+                    buf = torch.full((m * n + 8,), float("nan"), device="cuda",
+                                     dtype=torch.bfloat16)
+                    out = buf[off:off + m * n].view(m, n)
+                    run(x, pw, b, out, own)
+                    outs.append(out.view(torch.int16).clone())
+                assert torch.equal(outs[0], outs[1]), f"{n}x{k} M={m} off={off}"
+                assert torch.equal(outs[1], outs[2]), f"{n}x{k} M={m} off={off} rerun"
+                assert_within_budget(out, x, t, _ref(x, t, b), b)
+
+
 @pytest.mark.parametrize("x_stages,w_stages,grid_cap", [(5, 5, None), (4, 6, None), (5, 5, 3),
                                                       (4, 6, 7), (5, 5, 1)])
 def test_wgmma_large_kernel_stream_k(x_stages, w_stages, grid_cap):

@@ -66,6 +66,12 @@ PDL = True
 # same bits either way.
 PERS_STAGE = True
 
+# Whether a block of a two-range cluster keeps its own share of tokens in its accumulators,
+# writes only the other block's share to shared memory for the push, and stores through a BF16
+# staging tile (docs/PERF_GEMM.md #80), rather than writing its whole partial tile and reading
+# both shares back; False restores the partial tile. The same bits either way.
+OWN_SHARE = True
+
 # Whether stream-K's blocks take steps cut by ``stream_k_cuts``'s model of their epilogues
 # (docs/PERF_GEMM.md #78) rather than equal shares; False restores the equal shares. The sums
 # of a unit cut elsewhere are added in another grouping, so the bits differ between the two
@@ -188,11 +194,14 @@ def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
 
 def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
            a_regs: int = 0, persist: int = 0, mcast: int = 0,
-           staged: bool | None = None) -> str:
+           staged: bool | None = None, own: bool | None = None) -> str:
     """kernels.cu, the wgmma wrappers for ``block_m``, kernels_large.cu and the entry point of
-    one configuration (``staged``: stream-K's staged stores, default ``PERS_STAGE``)."""
+    one configuration (``staged``: stream-K's staged stores, default ``PERS_STAGE``; ``own``:
+    the two-range epilogue keeping the own share in registers, default ``OWN_SHARE``)."""
     staged = PERS_STAGE if staged is None else staged
+    own = OWN_SHARE if own is None else own
     return (("#define W12_PERS_STAGE 1\n" if staged else "")
+            + ("#define W12_OWN_SHARE 1\n" if own else "")
             + _base_source(wgmma.wrapper(block_m, "WgmmaSS", a_shared=True)
                            + wgmma.wrapper(block_m, "WgmmaRS"))
             + _entry(block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist, mcast))
@@ -206,12 +215,14 @@ def _base_source(wrappers: str = "") -> str:
 
 
 @functools.cache
-def _module(device_index: int, config: tuple[int, ...] | None, staged: bool = False):
+def _module(device_index: int, config: tuple[int, ...] | None, staged: bool = False,
+            own: bool = False):
     """One configuration's module, or (``None``) the module of w12_permute_x alone."""
     import cupy
 
     major, minor = torch.cuda.get_device_capability(device_index)
-    code = _base_source() if config is None else source(*config, staged=staged)
+    code = (_base_source() if config is None
+            else source(*config, staged=staged, own=own))
     with cupy.cuda.Device(device_index):
         return cupy.RawModule(code=code,
                               options=("--std=c++17", f"--gpu-architecture=sm_{major}{minor}a"))
@@ -238,18 +249,26 @@ def permute_x(x: torch.Tensor, nchunks: int, block_m: int) -> torch.Tensor:
 def _function(device_index: int, config: tuple[int, ...] | None):
     """The kernel of a configuration (``None``: w12_permute_x) on GPU ``device_index``, with the
     shared memory it launches with allowed once (stream-K's stores as ``PERS_STAGE`` says
-    now)."""
+    now, the two-range epilogue as ``OWN_SHARE`` does)."""
     return _function_of(device_index, config,
-                        bool(PERS_STAGE) and config is not None and bool(config[6]))
+                        bool(PERS_STAGE) and config is not None and bool(config[6]),
+                        bool(OWN_SHARE) and config is not None and _own_applies(config))
+
+
+def _own_applies(config: tuple[int, ...]) -> bool:
+    """Whether ``OWN_SHARE``'s epilogue exists for a configuration: two K ranges, not the
+    interleaved warpgroups (``a_regs`` 3), no multicast."""
+    return config[4] == 2 and config[5] != 3 and not config[7]
 
 
 @functools.cache
-def _function_of(device_index: int, config: tuple[int, ...] | None, staged: bool):
+def _function_of(device_index: int, config: tuple[int, ...] | None, staged: bool,
+                 own: bool = False):
     import cupy
 
     if config is None:
         return _module(device_index, None).get_function("w12_permute_x")
-    func = _module(device_index, config, staged).get_function(kernel_name(*config))
+    func = _module(device_index, config, staged, own).get_function(kernel_name(*config))
     with cupy.cuda.Device(device_index):
         cuda.allow_shared_memory(func, shared_bytes(*config[:4], *config[5:7],
                                                      splits=config[4]))
@@ -474,7 +493,7 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
              out: torch.Tensor | None = None, pdl: bool | None = None,
              grid_cap: int | None = None, wave: int | None = None,
              staged: bool | None = None, weighted: bool | None = None,
-             cuts: tuple[int, ...] | None = None) -> torch.Tensor:
+             cuts: tuple[int, ...] | None = None, own: bool | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]``, any M: blocks of ``64 * warpgroups`` weight
     rows x ``block_m`` activation rows, ``x_stages`` activation and ``w_stages`` chunk-word
     stages in shared memory, ``splits`` K ranges per cluster, the decoded weights as the MMA's
@@ -502,6 +521,10 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     bits as without (an odd last tile block gets a partner that stores nothing).
     ``staged`` (default ``PERS_STAGE``; stream-K launches only): a block's last segment stores
     its outputs through a BF16 staging tile in shared memory; the same bits either way.
+    ``own`` (default ``OWN_SHARE``; launches with two K ranges, not ``a_regs`` 3 or
+    ``mcast``): each block keeps its share of tokens in its accumulators and stores it through
+    a BF16 staging tile, where the partial tile is otherwise written whole and read back; the
+    same bits either way.
     ``weighted`` (default ``STREAM_K_WEIGHTED``; stream-K launches only): the blocks' shares
     from ``stream_k_cuts``'s model rather than equal; ``cuts`` (tests): the first stream-K
     launch's cuts as given (increasing from 0 to all its steps, one entry a block and one
@@ -573,8 +596,13 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                     (tail_cfg, rest, tail_extra)]
     for cfg, grd, ext in launches:
         index = cuda._index(x.device)
-        func = (_function(index, cfg) if staged is None
-                else _function_of(index, cfg, bool(staged) and bool(cfg[6])))
+        if staged is None and own is None:
+            func = _function(index, cfg)
+        else:
+            st = PERS_STAGE if staged is None else staged
+            ow = OWN_SHARE if own is None else own
+            func = _function_of(index, cfg, bool(st) and bool(cfg[6]),
+                                bool(ow) and _own_applies(cfg))
         smem = shared_bytes(*cfg[:4], *cfg[5:7], splits=cfg[4])
         cuda.launch(func, grd, (threads(warpgroups, a_regs),), args + ext, x.device, smem,
                     pdl=pdl)

@@ -907,7 +907,56 @@ __device__ __forceinline__ void wgl_body(
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(inbar)));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  if (!producer && (!KIL || wg == 0)) {
+  // OWN (W12_OWN_SHARE, two K ranges, docs/PERF_GEMM.md #80): a block keeps the sums of its
+  // own share of tokens in its accumulators and writes only the other rank's share to the
+  // partial tile (the bytes it pushes); after the push it adds the other rank's sums from its
+  // inbox into the accumulators and stores through a BF16 staging tile in the own share's
+  // part of the tile (neither pushed from nor pushed into). Rank 0's sums plus rank 1's in
+  // either order are the same float (one rounding), and the arithmetic after is the 8-row
+  // path's, so the bits are the partial tile's. Both ranks push and receive the same bytes
+  // whichever path each takes.
+#ifdef W12_OWN_SHARE
+  constexpr bool OWN = PUSH && !KIL && MC == 1;
+#else
+  constexpr bool OWN = false;
+#endif
+  const bool own = OWN && vec_ok && !corrections;  // (block-uniform)
+  // (own) this thread's rows, their scales and biases, loaded now to land during the push.
+  // (The rank and the thread index are read again here, not kept through the main loop: kept,
+  // they cost its loop 3 instructions.)
+  int orank = 0;
+  u32 me = 0;
+  if constexpr (OWN) {
+    asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(orank));
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(me));
+  }
+  const int olane = (int)(me & 31), og = olane >> 2, ot = olane & 3;
+  const int orl = (int)((me >> 7) * 64 + 16 * ((me >> 5) & 3)) + og;  // (OWN: not KIL)
+  const int orow = tblock * R + orl;
+  float osc[2] = {0.0f, 0.0f}, ob[2] = {0.0f, 0.0f};
+  if (own && !producer) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rr = min(orow + 8 * h, n_rows - 1);  // (rows past the last: not stored)
+      osc[h] = scale[rr];
+      ob[h] = bias != nullptr ? bf16_to_float(bias[rr]) : 0.0f;
+    }
+  }
+  constexpr int HALF = BN / 4;  // accumulators of one share (tokens 8 (i / 4) + 2 t + i % 2)
+  if (own && !producer) {
+    // the own share's accumulators to acc[0 .. HALF), the other's to acc[HALF ..) (selects:
+    // register indices stay constant), then the other's into the tile at its tokens' places
+#pragma unroll
+    for (int i = 0; i < HALF; ++i) {
+      const float lo = acc[i], hi = acc[i + HALF];
+      acc[i] = orank != 0 ? hi : lo;
+      acc[i + HALF] = orank != 0 ? lo : hi;
+    }
+    float* op = part + ((1 - orank) * TS + 2 * ot) * PST + orl;
+#pragma unroll
+    for (int i = 0; i < HALF; ++i)
+      op[(8 * (i >> 2) + (i & 1)) * PST + 8 * ((i & 3) >> 1)] = acc[i + HALF];
+  } else if (!producer && (!KIL || wg == 0)) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) {
       const int r = wrow * 64 + 16 * warp + g + 8 * ((i & 3) >> 1);
@@ -990,7 +1039,50 @@ __device__ __forceinline__ void wgl_body(
     v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
     v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
   };
-  if (vec_ok && !corrections) {
+  if (own) {
+    // (OWN, above) the other rank's sums of this share added in, then store_output's
+    // arithmetic (scale, bias, BF16) into a token-major staging tile (stmatrix.trans, rows
+    // padded by 16 bytes) and out in 16-byte stores of whole 256-byte row segments
+    constexpr int STRIDE = 2 * R + 16;  // bytes of a token's row in the staging tile
+    unsigned char* stg = reinterpret_cast<unsigned char*>(part + orank * TS * PST);
+    if (!producer) {
+      const float* ip = inbox + 2 * ot * PST + orl;
+#pragma unroll
+      for (int i = 0; i < HALF; ++i)
+        acc[i] += ip[(8 * (i >> 2) + (i & 1)) * PST + 8 * ((i & 3) >> 1)];
+#pragma unroll
+      for (int c = 0; c < HALF / 4; c += 2) {
+        u32 w[4];
+#pragma unroll
+        for (int mm = 0; mm < 4; ++mm) {
+          const int i = 4 * (c + (mm >> 1)) + 2 * (mm & 1);
+          float o0 = acc[i] * osc[mm & 1], o1 = acc[i + 1] * osc[mm & 1];
+          if (bias != nullptr) {
+            o0 += ob[mm & 1];
+            o1 += ob[mm & 1];
+          }
+          w[mm] = (u32)float_to_bf16(o0) | ((u32)float_to_bf16(o1) << 16);
+        }
+        const int q = olane >> 3;
+        const u32 addr = smem_addr(stg + (8 * (c + (q >> 1)) + (olane & 7)) * STRIDE +
+                                   (orl - og + 8 * (q & 1)) * 2);
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
+                     :: "r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+      }
+      asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
+      constexpr int CH = R / 8;  // 16-byte pieces of a token's row
+      const int c8 = (int)me % CH;
+      const int ofirst = orank * TS;
+      const bool live = tblock * R + 8 * c8 < n_rows;
+      bf16_t* yo = y + (size_t)(tok0 + ofirst) * n_rows + tblock * R + 8 * c8;
+      const int hi = max(0, min(TS, M - tok0 - ofirst)) * CH;
+      for (int u = (int)me; u < hi; u += THREADS) {  // (THREADS a multiple of CH)
+        const int tk = u / CH;
+        const uint4 v = *reinterpret_cast<const uint4*>(stg + tk * STRIDE + 16 * c8);
+        if (live) *reinterpret_cast<uint4*>(yo + (size_t)tk * n_rows) = v;
+      }
+    }
+  } else if (vec_ok && !corrections) {
     // Every row of the block without corrections, N a multiple of 8: thread (token, group)
     // finishes 8 consecutive rows of one token (store_output's arithmetic, as below) and
     // stores them as one 16-byte word; a warp stores whole 256-byte row segments of y
