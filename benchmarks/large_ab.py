@@ -4,14 +4,16 @@ speedup over cuBLAS of both. ``--toggle pdl``: programmatic dependent launch aft
 pass (docs/PERF_GEMM.md #59); ``--toggle staged``: stream-K's last segment storing its outputs
 through a BF16 staging tile (#76; the same launch for the other entries); ``--toggle own``: the
 two-range epilogue keeping each block's own share of tokens in its accumulators (#80; the same
-launch for the entries it does not apply to); ``--toggle weighted``:
+launch for the entries it does not apply to); ``--toggle narrow``: 24-bit partial sums between
+blocks (#81; stream-K and the own-share entries; the bits differ by design, both checked against
+float64); ``--toggle weighted``:
 stream-K's blocks cut by ``cuda_large.stream_k_cuts``'s model rather than in equal shares (#78;
 the sums of a unit are grouped otherwise, so the bits differ by design: both are checked against
 float64 instead). ``--cost piece=4,read=2,...`` overrides entries of ``STREAM_K_COST``.
 
 Each shape runs the large-M table's configuration for ``--m`` rows; the calls cycle through
 weight copies past the L2, as in ``gemm.py``. Exit status 1 where the two launches' bits differ
-(``weighted``: where either is outside the error budget).
+(``weighted``, ``narrow``: where either is outside the error budget).
 
     python benchmarks/large_ab.py --toggle staged --m 256
 """
@@ -70,7 +72,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--m", type=int, default=256, help="activation rows (> 64)")
     parser.add_argument("--shapes", default=None, help="NxK,... (default: the benchmark's)")
-    parser.add_argument("--toggle", choices=("pdl", "staged", "own", "weighted"), default="pdl",
+    parser.add_argument("--toggle", choices=("pdl", "staged", "own", "narrow", "weighted"),
+                        default="pdl",
                         help="the gemm_wgl option timed off and on")
     parser.add_argument("--cost", default="",
                         help="name=value,... overriding cuda_large.STREAM_K_COST's entries")

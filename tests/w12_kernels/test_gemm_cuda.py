@@ -296,9 +296,10 @@ MCAST_CONFIGS = [(256, 1, 5, 8, 1, 3), (256, 1, 5, 6, 2, 3), (256, 1, 5, 8, 3, 3
 @pytest.mark.parametrize("cfg", MCAST_CONFIGS, ids=lambda c: "_".join(map(str, c)))
 def test_wgmma_large_kernel_multicast_pairs(cfg):
     """``mcast``: blocks in pairs, each copying half of every activation stage into both
-    (multicast), give the bits of the unpaired kernel: odd tile-block counts (a partner that
-    stores nothing), K ranges shorter than the stages, 1-4 K ranges (clusters of 2-8), eager
-    and replayed in a CUDA graph; within budget."""
+    (multicast), give the bits of the unpaired kernel (its two-range push in float32, as the
+    pairs' is): odd tile-block counts (a partner that stores nothing), K ranges shorter than
+    the stages, 1-4 K ranges (clusters of 2-8), eager and replayed in a CUDA graph; within
+    budget."""
     from w12_kernels.gemm import cuda_large
 
     if not cuda_large.available():
@@ -311,7 +312,7 @@ def test_wgmma_large_kernel_multicast_pairs(cfg):
                                    pw.esc_entry, pw.esc_fix, bias,
                                    pw.n, pw.k, block_m=block_m, warpgroups=warpgroups,
                                    x_stages=x_stages, w_stages=w_stages, splits=splits,
-                                   a_regs=a_regs, mcast=mcast)
+                                   a_regs=a_regs, mcast=mcast, narrow=False)
 
     # (tile blocks of 64 or 128 rows: 300 -> 5 or 3, 4096 -> 64 or 32, 130 -> 3 or 2, 1 -> 1)
     for n, k, m in ((300, 1000, 129), (4096, 4096, 300), (130, 72, 1000), (1, 64, 70),
@@ -570,7 +571,8 @@ def test_wgmma_large_kernel_stream_k_staged_stores(x_stages, w_stages, grid_cap)
 
 @pytest.mark.parametrize("block_m,warpgroups,x_stages,w_stages,a_regs",
                          [(256, 2, 5, 5, 2), (128, 2, 8, 8, 1), (192, 2, 4, 6, 2),
-                          (128, 1, 4, 6, 0), (64, 2, 4, 4, 0)])
+                          (128, 1, 4, 6, 0), (64, 2, 4, 4, 0), (256, 1, 5, 8, 3),
+                          (128, 1, 5, 6, 3)])
 def test_wgmma_large_kernel_own_share(block_m, warpgroups, x_stages, w_stages, a_regs):
     """``own``: a block of a two-range cluster keeping its share of tokens in its accumulators
     (the other share pushed, the partner's added in, stores through a staging tile) gives the
@@ -589,7 +591,7 @@ def test_wgmma_large_kernel_own_share(block_m, warpgroups, x_stages, w_stages, a
                             pw.esc_val, pw.esc_delta, pw.esc_order, pw.esc_entry, pw.esc_fix,
                             bias, pw.n, pw.k, block_m=block_m, warpgroups=warpgroups,
                             x_stages=x_stages, w_stages=w_stages, splits=2, a_regs=a_regs,
-                            out=out, own=own)
+                            out=out, own=own, narrow=False)
 
     for n, k, m, esc in ((4096, 4096, 300, True), (2000, 200, 513, False),
                          (1000, 1001, 129, True), (1000, 4160, 70, False),
@@ -611,6 +613,58 @@ def test_wgmma_large_kernel_own_share(block_m, warpgroups, x_stages, w_stages, a
                 assert torch.equal(outs[1], outs[2]), f"{n}x{k} M={m} off={off} rerun"
                 assert_within_budget(out, x, t, _ref(x, t, b), b)
 
+
+@pytest.mark.parametrize("cfg", [dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=2, a_regs=2),
+                                 dict(block_m=128, warpgroups=1, x_stages=4, w_stages=6,
+                                      splits=2, a_regs=0),
+                                 dict(block_m=256, warpgroups=1, x_stages=5, w_stages=8,
+                                      splits=2, a_regs=3),
+                                 dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=1, a_regs=2, persist=1, grid_cap=7),
+                                 dict(block_m=256, warpgroups=2, x_stages=4, w_stages=6,
+                                      splits=1, a_regs=2, persist=1)])
+def test_wgmma_large_kernel_narrow_partials(cfg):
+    """``narrow``: the partial sums one block hands another (stream-K pieces, a two-range
+    block's push) as 24-bit truncated floats: within the error budget, the same on a rerun,
+    close to the float32 hand-over (a BF16 step, plus 2^-12 of an output row's scale where sums
+    cancel), non-finite where it is, and an inf or NaN activation still gives non-finite
+    outputs where float32 does."""
+    from w12_kernels.gemm import cuda_large
+
+    if not cuda_large.available():
+        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
+
+    def run(x, pw, bias, narrow):
+        return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
+                                   pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
+                                   pw.esc_entry, pw.esc_fix, bias, pw.n, pw.k, narrow=narrow,
+                                   **cfg)
+
+    for n, k, m, esc in ((4096, 4096, 300, True), (2000, 200, 513, False),
+                         (1000, 1001, 129, True), (1024, 8192, 256, False)):
+        t = make_weight(n, k, seed=n + k + m, escapes=esc, device="cuda")
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        pw = prepare_weight(encoded(t))
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        for b in (bias, None):
+            wide, y = run(x, pw, b, False), run(x, pw, b, True)
+            assert torch.equal(y.view(torch.int16), run(x, pw, b, True).view(torch.int16))
+            assert_within_budget(y, x, t, _ref(x, t, b), b)
+            # (outputs of inf/NaN escape rows non-finite alike; elsewhere within a BF16 step
+            # of the float32 hand-over's, plus 2^-12 of the output row's scale for sums that
+            # cancel)
+            fin = torch.isfinite(wide)
+            assert torch.equal(fin, torch.isfinite(y)), f"{n}x{k} M={m} non-finite"
+            w, v = wide.float().where(fin, 0.0), y.float().where(fin, 0.0)
+            tol = w.abs() * 2.0 ** -7 + w.abs().amax(dim=0, keepdim=True) * 2.0 ** -12
+            assert ((v - w).abs() <= tol).all(), f"{n}x{k} M={m}"
+        bad = x.clone()
+        bad[3, 5] = float("inf")
+        bad[7, 9] = float("nan")
+        wide, y = run(bad, pw, None, False), run(bad, pw, None, True)
+        assert torch.equal(torch.isfinite(y), torch.isfinite(wide)), f"{n}x{k} non-finite"
+        assert not torch.isfinite(y[3]).any() and not torch.isfinite(y[7]).any()
 
 @pytest.mark.parametrize("x_stages,w_stages,grid_cap", [(5, 5, None), (4, 6, None), (5, 5, 3),
                                                       (4, 6, 7), (5, 5, 1)])

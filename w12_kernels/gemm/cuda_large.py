@@ -72,6 +72,14 @@ PERS_STAGE = True
 # both shares back; False restores the partial tile. The same bits either way.
 OWN_SHARE = True
 
+# Whether what one block hands another (a stream-K piece; with ``OWN_SHARE``, a two-range
+# block's push of the other share) goes as the top 24 bits of each float32, four floats in three
+# words (docs/PERF_GEMM.md #81), rather than as float32. The sums differ from float32's by a
+# relative error below 2^-15 (the BF16 output's rounding is 2^-9), so the bits differ between
+# the two (each deterministic).
+NARROW = True
+NARROW_BYTES = 0.75  # a narrow hand-over's bytes, of float32's
+
 # Whether stream-K's blocks take steps cut by ``stream_k_cuts``'s model of their epilogues
 # (docs/PERF_GEMM.md #78) rather than equal shares; False restores the equal shares. The sums
 # of a unit cut elsewhere are added in another grouping, so the bits differ between the two
@@ -194,14 +202,18 @@ def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
 
 def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
            a_regs: int = 0, persist: int = 0, mcast: int = 0,
-           staged: bool | None = None, own: bool | None = None) -> str:
+           staged: bool | None = None, own: bool | None = None,
+           narrow: bool | None = None) -> str:
     """kernels.cu, the wgmma wrappers for ``block_m``, kernels_large.cu and the entry point of
     one configuration (``staged``: stream-K's staged stores, default ``PERS_STAGE``; ``own``:
-    the two-range epilogue keeping the own share in registers, default ``OWN_SHARE``)."""
+    the two-range epilogue keeping the own share in registers, default ``OWN_SHARE``;
+    ``narrow``: 24-bit partial sums between blocks, default ``NARROW``)."""
     staged = PERS_STAGE if staged is None else staged
     own = OWN_SHARE if own is None else own
+    narrow = NARROW if narrow is None else narrow
     return (("#define W12_PERS_STAGE 1\n" if staged else "")
             + ("#define W12_OWN_SHARE 1\n" if own else "")
+            + ("#define W12_NARROW 1\n" if narrow else "")
             + _base_source(wgmma.wrapper(block_m, "WgmmaSS", a_shared=True)
                            + wgmma.wrapper(block_m, "WgmmaRS"))
             + _entry(block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist, mcast))
@@ -216,13 +228,13 @@ def _base_source(wrappers: str = "") -> str:
 
 @functools.cache
 def _module(device_index: int, config: tuple[int, ...] | None, staged: bool = False,
-            own: bool = False):
+            own: bool = False, narrow: bool = False):
     """One configuration's module, or (``None``) the module of w12_permute_x alone."""
     import cupy
 
     major, minor = torch.cuda.get_device_capability(device_index)
     code = (_base_source() if config is None
-            else source(*config, staged=staged, own=own))
+            else source(*config, staged=staged, own=own, narrow=narrow))
     with cupy.cuda.Device(device_index):
         return cupy.RawModule(code=code,
                               options=("--std=c++17", f"--gpu-architecture=sm_{major}{minor}a"))
@@ -249,26 +261,35 @@ def permute_x(x: torch.Tensor, nchunks: int, block_m: int) -> torch.Tensor:
 def _function(device_index: int, config: tuple[int, ...] | None):
     """The kernel of a configuration (``None``: w12_permute_x) on GPU ``device_index``, with the
     shared memory it launches with allowed once (stream-K's stores as ``PERS_STAGE`` says
-    now, the two-range epilogue as ``OWN_SHARE`` does)."""
+    now, the two-range epilogue as ``OWN_SHARE`` does, the partial sums as ``NARROW``)."""
     return _function_of(device_index, config,
                         bool(PERS_STAGE) and config is not None and bool(config[6]),
-                        bool(OWN_SHARE) and config is not None and _own_applies(config))
+                        bool(OWN_SHARE) and config is not None and _own_applies(config),
+                        bool(NARROW) and config is not None and _narrow_applies(config,
+                                                                               OWN_SHARE))
 
 
 def _own_applies(config: tuple[int, ...]) -> bool:
-    """Whether ``OWN_SHARE``'s epilogue exists for a configuration: two K ranges, not the
-    interleaved warpgroups (``a_regs`` 3), no multicast."""
-    return config[4] == 2 and config[5] != 3 and not config[7]
+    """Whether ``OWN_SHARE``'s epilogue exists for a configuration: two K ranges, no
+    multicast."""
+    return config[4] == 2 and not config[7]
+
+
+def _narrow_applies(config: tuple[int, ...], own: bool) -> bool:
+    """Whether ``NARROW`` changes a configuration's kernel: stream-K, or the own-share
+    epilogue."""
+    return bool(config[6]) or (bool(own) and _own_applies(config))
 
 
 @functools.cache
 def _function_of(device_index: int, config: tuple[int, ...] | None, staged: bool,
-                 own: bool = False):
+                 own: bool = False, narrow: bool = False):
     import cupy
 
     if config is None:
         return _module(device_index, None).get_function("w12_permute_x")
-    func = _module(device_index, config, staged, own).get_function(kernel_name(*config))
+    func = _module(device_index, config, staged, own, narrow).get_function(
+        kernel_name(*config))
     with cupy.cuda.Device(device_index):
         cuda.allow_shared_memory(func, shared_bytes(*config[:4], *config[5:7],
                                                      splits=config[4]))
@@ -436,14 +457,16 @@ def _stream_k_cuts(steps: int, nchunks: int, blocks: int, weighted: bool, staged
 
 
 def stream_k_cuts(steps: int, nchunks: int, blocks: int, weighted: bool | None = None,
-                  staged: bool | None = None, cost: dict | None = None) -> tuple[int, ...]:
+                  staged: bool | None = None, cost: dict | None = None,
+                  narrow: bool | None = None) -> tuple[int, ...]:
     """Where a stream-K launch of ``blocks`` blocks cuts its ``steps`` (unit, chunk column)
     steps, units of ``nchunks``: block b takes ``cuts[b]`` .. ``cuts[b + 1]`` - 1. Equal shares
     (``weighted`` False), or (default ``STREAM_K_WEIGHTED``) the cuts that minimise the latest
     block's end in ``stream_k_model``, found by bisecting on that end: from the last block
     back, each takes the most steps that keep both it and the owner that will read its piece
     (then the unit's later pieces, then its stores) within that end. Increasing, every block
-    at least one step; cached."""
+    at least one step; cached. ``narrow`` (default ``NARROW``): the pieces are 24-bit sums, so
+    their write and read cost ``NARROW_BYTES`` of the costs' float32 ones."""
     if not 1 <= blocks <= min(steps, MAX_STREAM_K_BLOCKS):
         raise ValueError(f"stream_k_cuts: {blocks} blocks for {steps} steps (1 .. "
                          f"min(steps, {MAX_STREAM_K_BLOCKS}))")
@@ -451,7 +474,10 @@ def stream_k_cuts(steps: int, nchunks: int, blocks: int, weighted: bool | None =
         raise ValueError(f"stream_k_cuts: {steps} steps, more than a stream-K launch counts")
     weighted = STREAM_K_WEIGHTED if weighted is None else weighted
     staged = PERS_STAGE if staged is None else staged
-    cost = STREAM_K_COST if cost is None else cost
+    cost = dict(STREAM_K_COST if cost is None else cost)
+    if NARROW if narrow is None else narrow:
+        cost["piece"] *= NARROW_BYTES
+        cost["read"] *= NARROW_BYTES
     return _stream_k_cuts(steps, nchunks, blocks, bool(weighted), bool(staged),
                           tuple(sorted(cost.items())))
 
@@ -493,7 +519,8 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
              out: torch.Tensor | None = None, pdl: bool | None = None,
              grid_cap: int | None = None, wave: int | None = None,
              staged: bool | None = None, weighted: bool | None = None,
-             cuts: tuple[int, ...] | None = None, own: bool | None = None) -> torch.Tensor:
+             cuts: tuple[int, ...] | None = None, own: bool | None = None,
+             narrow: bool | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]``, any M: blocks of ``64 * warpgroups`` weight
     rows x ``block_m`` activation rows, ``x_stages`` activation and ``w_stages`` chunk-word
     stages in shared memory, ``splits`` K ranges per cluster, the decoded weights as the MMA's
@@ -518,13 +545,16 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     ``mcast`` 1 (with ``a_regs`` 2 or 3, not stream-K, no tail): the blocks of neighbouring
     tile blocks in pairs, each block copying half of every activation stage into both
     (multicast), so that a multiprocessor receives half the activation bytes per MMA; the same
-    bits as without (an odd last tile block gets a partner that stores nothing).
+    bits as without with ``narrow`` off (its blocks hand over float32; an odd last tile block
+    gets a partner that stores nothing).
     ``staged`` (default ``PERS_STAGE``; stream-K launches only): a block's last segment stores
     its outputs through a BF16 staging tile in shared memory; the same bits either way.
-    ``own`` (default ``OWN_SHARE``; launches with two K ranges, not ``a_regs`` 3 or
-    ``mcast``): each block keeps its share of tokens in its accumulators and stores it through
-    a BF16 staging tile, where the partial tile is otherwise written whole and read back; the
-    same bits either way.
+    ``own`` (default ``OWN_SHARE``; launches with two K ranges, not ``mcast``): each block
+    keeps its share of tokens in its accumulators and stores it through a BF16 staging tile,
+    where the partial tile is otherwise written whole and read back; the same bits either
+    way. ``narrow`` (default ``NARROW``; stream-K, and the two-range launches
+    ``own`` applies to): the partial sums one block hands another as 24-bit truncated floats;
+    the bits differ from float32's (each deterministic, within the error budget).
     ``weighted`` (default ``STREAM_K_WEIGHTED``; stream-K launches only): the blocks' shares
     from ``stream_k_cuts``'s model rather than equal; ``cuts`` (tests): the first stream-K
     launch's cuts as given (increasing from 0 to all its steps, one entry a block and one
@@ -562,7 +592,8 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     def schedule(units: int, blocks: int) -> bytes:  # a stream-K launch's cuts (cached)
         steps = units * nchunks
         if cuts is None or not persist:  # (stream_k_cuts' cuts are valid by construction)
-            return _cuts_param(stream_k_cuts(steps, nchunks, blocks, weighted, stores))
+            return _cuts_param(stream_k_cuts(steps, nchunks, blocks, weighted, stores,
+                                             narrow=narrow))
         sched = tuple(cuts)
         if (len(sched) != blocks + 1 or sched[0] != 0 or sched[-1] != steps
                 or any(b <= a for a, b in zip(sched[:-1], sched[1:], strict=True))):
@@ -596,13 +627,15 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                     (tail_cfg, rest, tail_extra)]
     for cfg, grd, ext in launches:
         index = cuda._index(x.device)
-        if staged is None and own is None:
+        if staged is None and own is None and narrow is None:
             func = _function(index, cfg)
         else:
             st = PERS_STAGE if staged is None else staged
             ow = OWN_SHARE if own is None else own
+            nw = NARROW if narrow is None else narrow
             func = _function_of(index, cfg, bool(st) and bool(cfg[6]),
-                                bool(ow) and _own_applies(cfg))
+                                bool(ow) and _own_applies(cfg),
+                                bool(nw) and _narrow_applies(cfg, bool(ow)))
         smem = shared_bytes(*cfg[:4], *cfg[5:7], splits=cfg[4])
         cuda.launch(func, grd, (threads(warpgroups, a_regs),), args + ext, x.device, smem,
                     pdl=pdl)

@@ -35,7 +35,8 @@
 // through distributed shared memory (deterministic, no atomics, no workspace). With MC 2 (a
 // producer warpgroup, not stream-K) two blocks of neighbouring weight rows share each
 // activation stage: clusters (2, 1, SPLIT), each block's producer copying one half of the
-// stage into both blocks (multicast), docs/PERF_GEMM.md #66. The sums are the same as MC 1's.
+// stage into both blocks (multicast), docs/PERF_GEMM.md #66. The sums are the same as MC 1's
+// where MC 1's blocks hand over float32 (not W12_NARROW).
 //
 // Escapes: every escape whose exact value v, divided by its row's scale 2^(e0 - 112), is a
 // BF16 zero or normal number a (patch_value) is written as a into the decoded tile, over the
@@ -90,6 +91,54 @@ w12_permute_x(const bf16_t* __restrict__ x, u32* __restrict__ xp, int M, int K, 
   }
   image[s] = make_uint4(v[0], v[1], v[2], v[3]);
 }
+
+// Narrow partial sums (W12_NARROW, docs/PERF_GEMM.md #81): what one block hands another (a
+// stream-K piece, a two-range block's push of the other share) as the top 24 bits of each
+// float32 (sign, exponent and 15 of the 23 mantissa bits: truncated, a relative error below
+// 2^-15, against the 2^-9 of the BF16 output), four floats in three words.
+// (the packing in one volatile asm, so that the compiler cannot move it above the MMAs' wait:
+// reading the accumulators there made ptxas serialize the main loop's MMAs, C7514)
+__device__ __forceinline__ uint3 pack24(float a, float b, float c, float d) {
+  uint3 w;
+  asm volatile("{\n.reg .b32 ua, ub, uc, ud;\n"
+               "mov.b32 ua, %3;\nmov.b32 ub, %4;\nmov.b32 uc, %5;\nmov.b32 ud, %6;\n"
+               "shr.b32 ua, ua, 8;\nshr.b32 ub, ub, 8;\nshr.b32 uc, uc, 8;\nshr.b32 ud, ud, 8;\n"
+               "shl.b32 %0, ub, 24;\nor.b32 %0, %0, ua;\n"
+               "shr.b32 %1, ub, 8;\nshl.b32 ub, uc, 16;\nor.b32 %1, %1, ub;\n"
+               "shr.b32 %2, uc, 16;\nshl.b32 ud, ud, 8;\nor.b32 %2, %2, ud;\n}"
+               : "=r"(w.x), "=r"(w.y), "=r"(w.z) : "f"(a), "f"(b), "f"(c), "f"(d));
+  return w;
+}
+__device__ __forceinline__ float4 unpack24(uint3 w) {
+  return make_float4(__uint_as_float(w.x << 8),
+                     __uint_as_float(((w.x >> 24) << 8) | (w.y << 16)),
+                     __uint_as_float(((w.y >> 16) << 8) | (w.z << 24)),
+                     __uint_as_float(w.z & 0xFFFFFF00u));
+}
+// sixteen floats (f[o .. o + 15], o a constant after unrolling) as three 16-byte words, and
+// back. (The array by reference, indexed: a pointer into it cost the main loop 10
+// instructions.)
+template <int NF>
+__device__ __forceinline__ void pack24x16(const float (&f)[NF], int o, uint4* p, int stride) {
+  const uint3 a = pack24(f[o], f[o + 1], f[o + 2], f[o + 3]);
+  const uint3 b = pack24(f[o + 4], f[o + 5], f[o + 6], f[o + 7]);
+  const uint3 c = pack24(f[o + 8], f[o + 9], f[o + 10], f[o + 11]);
+  const uint3 d = pack24(f[o + 12], f[o + 13], f[o + 14], f[o + 15]);
+  p[0] = make_uint4(a.x, a.y, a.z, b.x);
+  p[stride] = make_uint4(b.y, b.z, c.x, c.y);
+  p[2 * stride] = make_uint4(c.z, d.x, d.y, d.z);
+}
+__device__ __forceinline__ void unpack24x16(uint4 p0, uint4 p1, uint4 p2, float4 (&v)[4]) {
+  v[0] = unpack24(make_uint3(p0.x, p0.y, p0.z));
+  v[1] = unpack24(make_uint3(p0.w, p1.x, p1.y));
+  v[2] = unpack24(make_uint3(p1.z, p1.w, p2.x));
+  v[3] = unpack24(make_uint3(p2.y, p2.z, p2.w));
+}
+#ifdef W12_NARROW
+constexpr bool NARROW = true;
+#else
+constexpr bool NARROW = false;
+#endif
 
 // Matrix descriptor of a K-major operand with the 128-byte swizzle: 8-row groups 1024 bytes
 // apart; `p` is the 1024-byte aligned buffer plus 32 bytes per K step.
@@ -674,10 +723,17 @@ __device__ __forceinline__ void wgl_body(
           // a piece: its sums to work[block], then (all consumer threads' stores made visible
           // at GPU scope, then met at barrier 3) flags[block] set
           float4* wp = slot + (size_t)blockIdx.x * (BN / 8) * THREADS + me;
+          if constexpr (NARROW) {  // (16 floats as 3 16-byte words, thread-major)
+            uint4* np = reinterpret_cast<uint4*>(wp);
 #pragma unroll
-          for (int c = 0; c < BN / 8; ++c)
-            wp[c * THREADS] = make_float4(acc[4 * c], acc[4 * c + 1], acc[4 * c + 2],
-                                          acc[4 * c + 3]);
+            for (int c = 0; c < BN / 32; ++c)
+              pack24x16(acc, 16 * c, np + 3 * c * THREADS, THREADS);
+          } else {
+#pragma unroll
+            for (int c = 0; c < BN / 8; ++c)
+              wp[c * THREADS] = make_float4(acc[4 * c], acc[4 * c + 1], acc[4 * c + 2],
+                                            acc[4 * c + 3]);
+          }
           __threadfence();
           asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
           asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n"
@@ -703,13 +759,30 @@ __device__ __forceinline__ void wgl_body(
             ++bb;
             wait_flag(flags + bb);
             const float4* wp = slot + (size_t)bb * (BN / 8) * THREADS + me;
+            if constexpr (NARROW) {
+              const uint4* np = reinterpret_cast<const uint4*>(wp);
 #pragma unroll
-            for (int c = 0; c < BN / 8; ++c) {
-              const float4 v = wp[c * THREADS];
-              acc[4 * c] += v.x;
-              acc[4 * c + 1] += v.y;
-              acc[4 * c + 2] += v.z;
-              acc[4 * c + 3] += v.w;
+              for (int c = 0; c < BN / 32; ++c) {
+                float4 v[4];
+                unpack24x16(np[(3 * c) * THREADS], np[(3 * c + 1) * THREADS],
+                            np[(3 * c + 2) * THREADS], v);
+#pragma unroll
+                for (int h = 0; h < 4; ++h) {
+                  acc[16 * c + 4 * h] += v[h].x;
+                  acc[16 * c + 4 * h + 1] += v[h].y;
+                  acc[16 * c + 4 * h + 2] += v[h].z;
+                  acc[16 * c + 4 * h + 3] += v[h].w;
+                }
+              }
+            } else {
+#pragma unroll
+              for (int c = 0; c < BN / 8; ++c) {
+                const float4 v = wp[c * THREADS];
+                acc[4 * c] += v.x;
+                acc[4 * c + 1] += v.y;
+                acc[4 * c + 2] += v.z;
+                acc[4 * c + 3] += v.w;
+              }
             }
           } while (cuts[bb + 1] < uend);
           asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
@@ -916,7 +989,7 @@ __device__ __forceinline__ void wgl_body(
   // path's, so the bits are the partial tile's. Both ranks push and receive the same bytes
   // whichever path each takes.
 #ifdef W12_OWN_SHARE
-  constexpr bool OWN = PUSH && !KIL && MC == 1;
+  constexpr bool OWN = PUSH && MC == 1;
 #else
   constexpr bool OWN = false;
 #endif
@@ -931,7 +1004,11 @@ __device__ __forceinline__ void wgl_body(
     asm volatile("mov.u32 %0, %%tid.x;" : "=r"(me));
   }
   const int olane = (int)(me & 31), og = olane >> 2, ot = olane & 3;
-  const int orl = (int)((me >> 7) * 64 + 16 * ((me >> 5) & 3)) + og;  // (OWN: not KIL)
+  // (KIL: both warpgroups on the block's 64 rows)
+  const int orl = (int)((KIL ? 0u : (me >> 7) * 64) + 16 * ((me >> 5) & 3)) + og;
+  // threads holding distinct sums (KIL: warpgroup 0, once it has added warpgroup 1's), the
+  // stride of the narrow hand-over's thread-major words
+  constexpr int PT = KIL ? 128 : THREADS;
   const int orow = tblock * R + orl;
   float osc[2] = {0.0f, 0.0f}, ob[2] = {0.0f, 0.0f};
   if (own && !producer) {
@@ -952,10 +1029,46 @@ __device__ __forceinline__ void wgl_body(
       acc[i] = orank != 0 ? hi : lo;
       acc[i + HALF] = orank != 0 ? lo : hi;
     }
-    float* op = part + ((1 - orank) * TS + 2 * ot) * PST + orl;
+    // (a thread's sums of share s in the tile, float32 at their tokens' places)
+    auto at = [&](int s) { return part + (s * TS + 2 * ot) * PST + orl; };
+    auto place = [](int i) { return (8 * (i >> 2) + (i & 1)) * PST + 8 * ((i & 3) >> 1); };
+    if (KIL && wg == 1) {
+      // KIL: warpgroup 1 hands both shares to warpgroup 0 (the MMA threads meet below), which
+      // adds them to its own (warpgroup 0's sums plus warpgroup 1's: the partial tile's)
+      float* op = at(1 - orank);
+      float* mp = at(orank);
 #pragma unroll
-    for (int i = 0; i < HALF; ++i)
-      op[(8 * (i >> 2) + (i & 1)) * PST + 8 * ((i & 3) >> 1)] = acc[i + HALF];
+      for (int i = 0; i < HALF; ++i) {
+        op[place(i)] = acc[i + HALF];
+        mp[place(i)] = acc[i];
+      }
+    }
+    if constexpr (KIL) {
+      asm volatile("bar.sync 4, %0;" :: "n"(THREADS) : "memory");
+      if (wg == 0) {
+        const float* op = at(1 - orank);
+        const float* mp = at(orank);
+#pragma unroll
+        for (int i = 0; i < HALF; ++i) {
+          acc[i + HALF] += op[place(i)];
+          acc[i] += mp[place(i)];
+        }
+        // (the narrow words below overwrite other threads' floats: all read first)
+        if (NARROW) asm volatile("bar.sync 5, 128;" ::: "memory");
+      }
+    }
+    if (!KIL || wg == 0) {
+      if constexpr (NARROW) {  // (thread-major: the partner's thread me reads them back)
+        uint4* np = reinterpret_cast<uint4*>(part + (1 - orank) * TS * PST) + me;
+#pragma unroll
+        for (int c = 0; c < HALF / 16; ++c)
+          pack24x16(acc, HALF + 16 * c, np + 3 * c * PT, PT);
+      } else {
+        float* op = at(1 - orank);
+#pragma unroll
+        for (int i = 0; i < HALF; ++i) op[place(i)] = acc[i + HALF];
+      }
+    }
   } else if (!producer && (!KIL || wg == 0)) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) {
@@ -964,7 +1077,7 @@ __device__ __forceinline__ void wgl_body(
       part[col * PST + r] = acc[i];
     }
   }
-  if constexpr (KIL) {  // warpgroup 1's sums added to warpgroup 0's (the MMA threads meet)
+  if (KIL && !own) {  // warpgroup 1's sums added to warpgroup 0's (the MMA threads meet)
     if (!producer) asm volatile("bar.sync 4, %0;" :: "n"(THREADS) : "memory");
     if (!producer && wg == 1) {
 #pragma unroll
@@ -980,8 +1093,11 @@ __device__ __forceinline__ void wgl_body(
   if constexpr (PUSH) {
     auto tokens = [](int q) { return min(BN, (q + 1) * TS) - q * TS; };
     if (tid == 0) {
+      // (own and NARROW: the other share's accumulators, 3 bytes each, of PT threads)
+      constexpr int NB = HALF * 3 * PT;
+      const bool nw = NARROW && own;  // (the same in both blocks: the same rows)
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                   :: "r"(smem_addr(inbar)), "r"((SPLIT - 1) * tokens(rank) * PST * 4)
+                   :: "r"(smem_addr(inbar)), "r"(nw ? NB : (SPLIT - 1) * tokens(rank) * PST * 4)
                    : "memory");
 #pragma unroll
       for (int q = 0; q < SPLIT; ++q) {
@@ -995,7 +1111,7 @@ __device__ __forceinline__ void wgl_body(
         asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes"
                      " [%0], [%1], %2, [%3];"
                      :: "r"(dst), "r"(smem_addr(part + q * TS * PST)),
-                        "r"(tokens(q) * PST * 4), "r"(bar) : "memory");
+                        "r"(nw ? NB : tokens(q) * PST * 4), "r"(bar) : "memory");
       }
     }
     mbar_wait(inbar, 0u);  // the other ranks' sums of this share have landed
@@ -1045,11 +1161,27 @@ __device__ __forceinline__ void wgl_body(
     // padded by 16 bytes) and out in 16-byte stores of whole 256-byte row segments
     constexpr int STRIDE = 2 * R + 16;  // bytes of a token's row in the staging tile
     unsigned char* stg = reinterpret_cast<unsigned char*>(part + orank * TS * PST);
-    if (!producer) {
-      const float* ip = inbox + 2 * ot * PST + orl;
+    if (!producer && (!KIL || wg == 0)) {
+      if constexpr (NARROW) {
+        const uint4* np = reinterpret_cast<const uint4*>(inbox) + me;
 #pragma unroll
-      for (int i = 0; i < HALF; ++i)
-        acc[i] += ip[(8 * (i >> 2) + (i & 1)) * PST + 8 * ((i & 3) >> 1)];
+        for (int c = 0; c < HALF / 16; ++c) {
+          float4 v[4];
+          unpack24x16(np[(3 * c) * PT], np[(3 * c + 1) * PT], np[(3 * c + 2) * PT], v);
+#pragma unroll
+          for (int h = 0; h < 4; ++h) {
+            acc[16 * c + 4 * h] += v[h].x;
+            acc[16 * c + 4 * h + 1] += v[h].y;
+            acc[16 * c + 4 * h + 2] += v[h].z;
+            acc[16 * c + 4 * h + 3] += v[h].w;
+          }
+        }
+      } else {
+        const float* ip = inbox + 2 * ot * PST + orl;
+#pragma unroll
+        for (int i = 0; i < HALF; ++i)
+          acc[i] += ip[(8 * (i >> 2) + (i & 1)) * PST + 8 * ((i & 3) >> 1)];
+      }
 #pragma unroll
       for (int c = 0; c < HALF / 4; c += 2) {
         u32 w[4];
@@ -1069,6 +1201,8 @@ __device__ __forceinline__ void wgl_body(
         asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
                      :: "r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
       }
+    }
+    if (!producer) {
       asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
       constexpr int CH = R / 8;  // 16-byte pieces of a token's row
       const int c8 = (int)me % CH;
