@@ -34,7 +34,10 @@ last segment stores its outputs through a BF16 staging tile in the stages' memor
 chunk words of a column come in by one tensor copy (``WEIGHT_MAP``: a tensor map over the
 chunks, passed by value; #63, ~6% on the layers of two waves and more), and with one or two K
 ranges the epilogue stores 8 rows of one token a thread in 16 bytes (two ranges: each block
-first copies its sums of the other's share into that block's shared memory). Layers of several
+keeps its own share of tokens in its accumulators, copies its sums of the other's share into
+that block's shared memory and stores through a staging tile, ``OWN_SHARE``, #80, #82). What one
+block hands another (that copy, stream-K's pieces) goes as 24-bit truncated floats
+(``NARROW``, #81). Layers of several
 waves may run their partial last wave as a second launch (``tail``: K in 2-4 ranges, or
 stream-K; #64).
 """
