@@ -109,6 +109,9 @@ __device__ __forceinline__ uint3 pack24(float a, float b, float c, float d) {
                : "=r"(w.x), "=r"(w.y), "=r"(w.z) : "f"(a), "f"(b), "f"(c), "f"(d));
   return w;
 }
+__device__ __forceinline__ float cut24(float a) {  // (the float pack24 and unpack24 give)
+  return __uint_as_float(__float_as_uint(a) & 0xFFFFFF00u);
+}
 __device__ __forceinline__ float4 unpack24(uint3 w) {
   return make_float4(__uint_as_float(w.x << 8),
                      __uint_as_float(((w.x >> 24) << 8) | (w.y << 16)),
@@ -986,8 +989,8 @@ __device__ __forceinline__ void wgl_body(
   // inbox into the accumulators and stores through a BF16 staging tile in the own share's
   // part of the tile (neither pushed from nor pushed into). Rank 0's sums plus rank 1's in
   // either order are the same float (one rounding), and the arithmetic after is the 8-row
-  // path's, so the bits are the partial tile's. Both ranks push and receive the same bytes
-  // whichever path each takes.
+  // path's, so the bits are the partial tile's (NARROW: the pushed share cut to 24 bits in
+  // either path). Both ranks take the same path (the same rows).
 #ifdef W12_OWN_SHARE
   constexpr bool OWN = PUSH && MC == 1;
 #else
@@ -1020,6 +1023,9 @@ __device__ __forceinline__ void wgl_body(
     }
   }
   constexpr int HALF = BN / 4;  // accumulators of one share (tokens 8 (i / 4) + 2 t + i % 2)
+  // (NARROW with OWN: a block that takes another path (below) cuts the sums it pushes to the
+  // same 24 bits, so that both paths give the same bits)
+  constexpr bool NCUT = NARROW && OWN;
   if (own && !producer) {
     // the own share's accumulators to acc[0 .. HALF), the other's to acc[HALF ..) (selects:
     // register indices stay constant), then the other's into the tile at its tokens' places
@@ -1074,7 +1080,7 @@ __device__ __forceinline__ void wgl_body(
     for (int i = 0; i < BN / 2; ++i) {
       const int r = wrow * 64 + 16 * warp + g + 8 * ((i & 3) >> 1);
       const int col = 8 * (i >> 2) + 2 * t + (i & 1);
-      part[col * PST + r] = acc[i];
+      part[col * PST + r] = NCUT && !KIL && (i >= HALF) == (rank == 0) ? cut24(acc[i]) : acc[i];
     }
   }
   if (KIL && !own) {  // warpgroup 1's sums added to warpgroup 0's (the MMA threads meet)
@@ -1084,7 +1090,8 @@ __device__ __forceinline__ void wgl_body(
       for (int i = 0; i < BN / 2; ++i) {
         const int r = 16 * warp + g + 8 * ((i & 3) >> 1);
         const int col = 8 * (i >> 2) + 2 * t + (i & 1);
-        part[col * PST + r] += acc[i];
+        const float v = part[col * PST + r] + acc[i];
+        part[col * PST + r] = NCUT && (i >= HALF) == (rank == 0) ? cut24(v) : v;
       }
     }
   }
