@@ -37,9 +37,8 @@ ranges the epilogue stores 8 rows of one token a thread in 16 bytes (two ranges:
 keeps its own share of tokens in its accumulators, copies its sums of the other's share into
 that block's shared memory and stores through a staging tile, ``OWN_SHARE``, #80, #82). What one
 block hands another (that copy, stream-K's pieces) goes as 24-bit truncated floats
-(``NARROW``, #81). Layers of several
-waves may run their partial last wave as a second launch (``tail``: K in 2-4 ranges, or
-stream-K; #64).
+(``NARROW``, #81). Layers of several waves may run their partial last wave as a second launch
+(``tail``: K in 2-4 ranges, or stream-K; #64).
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ __device__ __forceinline__ uint3 pack24(float a, float b, float c, float d) {
                : "=r"(w.x), "=r"(w.y), "=r"(w.z) : "f"(a), "f"(b), "f"(c), "f"(d));
   return w;
 }
-__device__ __forceinline__ float cut24(float a) {  // (the float pack24 and unpack24 give)
+__device__ __forceinline__ float cut24(float a) {  // (a float through pack24 and unpack24)
   return __uint_as_float(__float_as_uint(a) & 0xFFFFFF00u);
 }
 __device__ __forceinline__ float4 unpack24(uint3 w) {
