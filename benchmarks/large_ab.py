@@ -9,7 +9,9 @@ blocks (#81; stream-K and the own-share entries; the bits differ by design, both
 float64); ``--toggle weighted``:
 stream-K's blocks cut by ``cuda_large.stream_k_cuts``'s model rather than in equal shares (#78;
 the sums of a unit are grouped otherwise, so the bits differ by design: both are checked against
-float64 instead). ``--cost piece=4,read=2,...`` overrides entries of ``STREAM_K_COST``.
+float64 instead); ``--toggle xorder``: the activations copied straight from x, no image pass
+(#83; each chunk column summed in x's K order, so the bits differ by design: both are checked
+against float64). ``--cost piece=4,read=2,...`` overrides entries of ``STREAM_K_COST``.
 
 Each shape runs the large-M table's configuration for ``--m`` rows; the calls cycle through
 weight copies past the L2, as in ``gemm.py``. Exit status 1 where the two launches' bits differ
@@ -72,8 +74,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--m", type=int, default=256, help="activation rows (> 64)")
     parser.add_argument("--shapes", default=None, help="NxK,... (default: the benchmark's)")
-    parser.add_argument("--toggle", choices=("pdl", "staged", "own", "narrow", "weighted"),
-                        default="pdl",
+    parser.add_argument("--toggle", default="pdl",
+                        choices=("pdl", "staged", "own", "narrow", "weighted", "xorder"),
                         help="the gemm_wgl option timed off and on")
     parser.add_argument("--cost", default="",
                         help="name=value,... overriding cuda_large.STREAM_K_COST's entries")

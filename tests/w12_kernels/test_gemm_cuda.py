@@ -666,6 +666,72 @@ def test_wgmma_large_kernel_narrow_partials(cfg):
         assert torch.equal(torch.isfinite(y), torch.isfinite(wide)), f"{n}x{k} non-finite"
         assert not torch.isfinite(y[3]).any() and not torch.isfinite(y[7]).any()
 
+@pytest.mark.parametrize("cfg", [dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=2, a_regs=2),
+                                 dict(block_m=256, warpgroups=1, x_stages=5, w_stages=8,
+                                      splits=2, a_regs=3),
+                                 dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=1, a_regs=2, persist=1, grid_cap=7),
+                                 dict(block_m=128, warpgroups=2, x_stages=8, w_stages=8,
+                                      splits=1, a_regs=1),
+                                 dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=1, a_regs=2, tail=2, wave=3)])
+def test_wgmma_large_kernel_xorder(cfg):
+    """``xorder``: the activations copied straight from x (no image pass), each column summed
+    in x's K order: within the error budget (weights with patched and NaN/inf escapes, bias,
+    tokens past M, rows past the last tile, K not a multiple of 64 read from a wider row),
+    the same bits on a rerun and under CUDA-graph replay, close to the image pass's sums, and
+    an inf or NaN activation still gives non-finite outputs where the image pass does."""
+    from w12_kernels.gemm import cuda_large
+
+    if not cuda_large.available():
+        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
+
+    def run(x, pw, bias, xorder):
+        return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
+                                   pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
+                                   pw.esc_entry, pw.esc_fix, bias, pw.n, pw.k, xorder=xorder,
+                                   **cfg)
+
+    for n, k, m, esc in ((4096, 4096, 300, True), (2000, 200, 513, False),
+                         (1000, 1001, 129, True), (1024, 8192, 256, False)):
+        t = make_weight(n, k, seed=n + k + m, escapes=esc, device="cuda")
+        width = -(-k // 8) * 8  # (a row stride the tensor copy can take)
+        x = torch.randn(m, width, device="cuda").to(torch.bfloat16)[:, :k]
+        assert cuda_large.xorder_applies(x, cfg["a_regs"], 0)
+        pw = prepare_weight(encoded(t))
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        for b in (bias, None):
+            img, y = run(x, pw, b, False), run(x, pw, b, True)
+            assert torch.equal(y.view(torch.int16), run(x, pw, b, True).view(torch.int16))
+            assert_within_budget(y, x, t, _ref(x, t, b), b)
+            fin = torch.isfinite(img)
+            assert torch.equal(fin, torch.isfinite(y)), f"{n}x{k} M={m} non-finite"
+            w, v = img.float().where(fin, 0.0), y.float().where(fin, 0.0)
+            tol = w.abs() * 2.0 ** -6 + w.abs().amax(dim=0, keepdim=True) * 2.0 ** -10
+            assert ((v - w).abs() <= tol).all(), f"{n}x{k} M={m}"
+        bad = x.clone()
+        bad[3, 5] = float("inf")
+        bad[7, 9] = float("nan")
+        assert torch.equal(torch.isfinite(run(bad, pw, None, True)),
+                           torch.isfinite(run(bad, pw, None, False))), f"{n}x{k} non-finite"
+    # CUDA-graph replay: the captured call reads the x it was captured with, in place
+    t = make_weight(1024, 4096, seed=9, escapes=True, device="cuda")
+    pw = prepare_weight(encoded(t))
+    x = torch.randn(256, 4096, device="cuda").to(torch.bfloat16)
+    want = run(x, pw, None, True).view(torch.int16).clone()
+    run(x, pw, None, True)  # (compiled and warm before capture)
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        out = run(x, pw, None, True)
+    x.copy_(torch.randn(256, 4096, device="cuda").to(torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), run(x, pw, None, True).view(torch.int16))
+    assert not torch.equal(out.view(torch.int16), want)
+
+
 @pytest.mark.parametrize("x_stages,w_stages,grid_cap", [(5, 5, None), (4, 6, None), (5, 5, 3),
                                                       (4, 6, 7), (5, 5, 1)])
 def test_wgmma_large_kernel_stream_k(x_stages, w_stages, grid_cap):

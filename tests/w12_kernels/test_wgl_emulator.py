@@ -234,8 +234,8 @@ def test_multicast_pairs_configuration(monkeypatch):
     # the grid: 3 tile blocks of 128 rows -> 4 (the partner of the last stores nothing)
     launched = []
     monkeypatch.setattr(cuda_large, "permute_x", lambda x, nchunks, block_m: x)
-    monkeypatch.setattr(cuda_large, "_function", lambda index, cfg: cfg)
-    monkeypatch.setattr(cuda_large, "_weight_map", lambda chunks, tiles: bytes(128))
+    monkeypatch.setattr(cuda_large, "_function", lambda index, cfg, xorder=False: cfg)
+    monkeypatch.setattr(cuda_large, "_weight_map", lambda chunks, tiles, swizzled=False: bytes(128))
     monkeypatch.setattr(cuda_large.cuda, "_index", lambda d: 0)
     monkeypatch.setattr(cuda_large.cuda, "_ptr", lambda t: 0)
     monkeypatch.setattr(cuda_large.cuda, "launch",

@@ -157,6 +157,8 @@ class LargeConfig:
     # docs/PERF_GEMM.md #64; never inherited from the default either)
     mcast: int = 0  # wgmma with a_regs 2 or 3, not persistent, no tail: blocks in pairs, each
     # activation stage copied once for both (multicast; docs/PERF_GEMM.md #66; not inherited)
+    xorder: int = 0  # wgmma with a_regs, no multicast: the activations copied straight from x,
+    # no image pass (cuda_large.xorder_applies; docs/PERF_GEMM.md #83; not inherited)
 
 
 @functools.cache
@@ -182,10 +184,11 @@ def large_config(n: int, k: int, m: int, r: dict | None = None) -> LargeConfig:
     classes = sorted(int(c) for c in by_m)
     if classes:
         cls = next((c for c in classes if m <= c), None)
-        # (a shape's entry fills its gaps from the default, except ``persist``, ``tail`` and
-        # ``mcast``, valid only with some K splits and operand modes: an entry without them
-        # has none of them)
-        chosen = ({**r["default"], "persist": 0, "tail": 0, "mcast": 0, **by_m[str(cls)]}
+        # (a shape's entry fills its gaps from the default, except ``persist``, ``tail``,
+        # ``mcast`` and ``xorder``, valid only with some K splits and operand modes: an entry
+        # without them has none of them)
+        chosen = ({**r["default"], "persist": 0, "tail": 0, "mcast": 0, "xorder": 0,
+                   **by_m[str(cls)]}
                   if cls is not None else {"kind": "decode"})
     else:
         chosen = r["default"] if m <= r.get("max_m", DEFAULT_LARGE_MAX_M) else {"kind": "decode"}

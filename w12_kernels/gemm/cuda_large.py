@@ -38,7 +38,9 @@ keeps its own share of tokens in its accumulators, copies its sums of the other'
 that block's shared memory and stores through a staging tile, ``OWN_SHARE``, #80, #82). What one
 block hands another (that copy, stream-K's pieces) goes as 24-bit truncated floats
 (``NARROW``, #81). Layers of several waves may run their partial last wave as a second launch
-(``tail``: K in 2-4 ranges, or stream-K; #64).
+(``tail``: K in 2-4 ranges, or stream-K; #64). ``xorder`` (a table entry's choice, #83) drops the
+image pass: the activations are copied straight from x and each column is summed in x's K
+order, the weights' fragments gathered from a swizzled weight stage.
 """
 
 from __future__ import annotations
@@ -192,30 +194,34 @@ def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
         "    const int* __restrict__ esc_fix, const bf16_t* __restrict__ bias, int M,\n"
         "    int n_rows, int ntiles, int nchunks, float* __restrict__ work,\n"
         "    unsigned* __restrict__ flags, const __grid_constant__ TensorMap wmap,\n"
-        "    int wmap_on, int tile_base"
+        "    int wmap_on, const __grid_constant__ TensorMap xmap, int tile_base"
         + (", const __grid_constant__ StreamKCuts cuts" if persist else "") + ") {\n"
         f"  wgl_body<{block_m}, {warpgroups}, {x_stages}, {w_stages}, {splits}, "
         f"{int(a_regs)}, {int(persist)}, {pair}>(\n"
         "      chunks, xp, x, ldx, y, scale, rowptr, esc_row, esc_col, esc_val, esc_delta,\n"
         "      esc_order, esc_entry, esc_fix, bias, M, n_rows, ntiles, nchunks, work, flags,\n"
         "      wmap_on ? (const void*)&wmap : nullptr, tile_base, "
-        + ("cuts.q" if persist else "nullptr") + ");\n}\n")
+        + ("cuts.q" if persist else "nullptr") + ", &xmap);\n}\n")
 
 
 def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
            a_regs: int = 0, persist: int = 0, mcast: int = 0,
            staged: bool | None = None, own: bool | None = None,
-           narrow: bool | None = None) -> str:
+           narrow: bool | None = None, xorder: bool = False) -> str:
     """kernels.cu, the wgmma wrappers for ``block_m``, kernels_large.cu and the entry point of
     one configuration (``staged``: stream-K's staged stores, default ``PERS_STAGE``; ``own``:
     the two-range epilogue keeping the own share in registers, default ``OWN_SHARE``;
-    ``narrow``: 24-bit partial sums between blocks, default ``NARROW``)."""
+    ``narrow``: 24-bit partial sums between blocks, default ``NARROW``; ``xorder``: the
+    activations straight from x, no image pass, ``xorder_applies``)."""
     staged = PERS_STAGE if staged is None else staged
     own = OWN_SHARE if own is None else own
     narrow = NARROW if narrow is None else narrow
+    if xorder and (not a_regs or mcast):
+        raise ValueError("gemm_wgl: xorder needs the A operand in registers and no multicast")
     return (("#define W12_PERS_STAGE 1\n" if staged else "")
             + ("#define W12_OWN_SHARE 1\n" if own else "")
             + ("#define W12_NARROW 1\n" if narrow else "")
+            + ("#define W12_XORDER 1\n" if xorder else "")
             + _base_source(wgmma.wrapper(block_m, "WgmmaSS", a_shared=True)
                            + wgmma.wrapper(block_m, "WgmmaRS"))
             + _entry(block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist, mcast))
@@ -230,13 +236,13 @@ def _base_source(wrappers: str = "") -> str:
 
 @functools.cache
 def _module(device_index: int, config: tuple[int, ...] | None, staged: bool = False,
-            own: bool = False, narrow: bool = False):
+            own: bool = False, narrow: bool = False, xorder: bool = False):
     """One configuration's module, or (``None``) the module of w12_permute_x alone."""
     import cupy
 
     major, minor = torch.cuda.get_device_capability(device_index)
     code = (_base_source() if config is None
-            else source(*config, staged=staged, own=own, narrow=narrow))
+            else source(*config, staged=staged, own=own, narrow=narrow, xorder=xorder))
     with cupy.cuda.Device(device_index):
         return cupy.RawModule(code=code,
                               options=("--std=c++17", f"--gpu-architecture=sm_{major}{minor}a"))
@@ -260,15 +266,17 @@ def permute_x(x: torch.Tensor, nchunks: int, block_m: int) -> torch.Tensor:
     return out
 
 
-def _function(device_index: int, config: tuple[int, ...] | None):
+def _function(device_index: int, config: tuple[int, ...] | None, xorder: bool = False):
     """The kernel of a configuration (``None``: w12_permute_x) on GPU ``device_index``, with the
     shared memory it launches with allowed once (stream-K's stores as ``PERS_STAGE`` says
-    now, the two-range epilogue as ``OWN_SHARE`` does, the partial sums as ``NARROW``)."""
+    now, the two-range epilogue as ``OWN_SHARE`` does, the partial sums as ``NARROW``;
+    ``xorder``: its form that copies the activations straight from x)."""
     return _function_of(device_index, config,
                         bool(PERS_STAGE) and config is not None and bool(config[6]),
                         bool(OWN_SHARE) and config is not None and _own_applies(config),
                         bool(NARROW) and config is not None and _narrow_applies(config,
-                                                                               OWN_SHARE))
+                                                                               OWN_SHARE),
+                        xorder)
 
 
 def _own_applies(config: tuple[int, ...]) -> bool:
@@ -285,12 +293,12 @@ def _narrow_applies(config: tuple[int, ...], own: bool) -> bool:
 
 @functools.cache
 def _function_of(device_index: int, config: tuple[int, ...] | None, staged: bool,
-                 own: bool = False, narrow: bool = False):
+                 own: bool = False, narrow: bool = False, xorder: bool = False):
     import cupy
 
     if config is None:
         return _module(device_index, None).get_function("w12_permute_x")
-    func = _module(device_index, config, staged, own, narrow).get_function(
+    func = _module(device_index, config, staged, own, narrow, xorder).get_function(
         kernel_name(*config))
     with cupy.cuda.Device(device_index):
         cuda.allow_shared_memory(func, shared_bytes(*config[:4], *config[5:7],
@@ -305,38 +313,68 @@ _NO_MAP = bytes(128)
 
 
 def _encode_tiled(address: int, dims: tuple[int, ...], strides: tuple[int, ...],
-                  box: tuple[int, ...]) -> bytes:
-    """A CUtensorMap (128 bytes) from the driver's cuTensorMapEncodeTiled: 8-byte unsigned
-    elements, ``dims`` innermost first, ``strides`` in bytes for dims 1.., no interleave, no
-    swizzle, 256-byte L2 promotion, out-of-range elements read as zeros."""
+                  box: tuple[int, ...], element: int = 8, swizzle: bool = False) -> bytes:
+    """A CUtensorMap (128 bytes) from the driver's cuTensorMapEncodeTiled: unsigned elements of
+    ``element`` bytes (8 or 2), ``dims`` innermost first, ``strides`` in bytes for dims 1.., no
+    interleave, the 128-byte swizzle if ``swizzle`` (else none), 256-byte L2 promotion,
+    out-of-range elements read as zeros."""
     import ctypes
 
     rank = len(dims)
     out = (ctypes.c_uint8 * 128)()
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32
     rc = cuda.driver().cuTensorMapEncodeTiled(
-        ctypes.byref(out), 4, rank, ctypes.c_void_p(address),  # 4: 8-byte unsigned
+        ctypes.byref(out), {8: 4, 2: 1}[element], rank, ctypes.c_void_p(address),
         (u64 * rank)(*dims), (u64 * (rank - 1))(*strides), (u32 * rank)(*box),
-        (u32 * rank)(*([1] * rank)), 0, 0, 3, 0)  # no interleave or swizzle, L2 256 B, zeros
+        (u32 * rank)(*([1] * rank)), 0, 3 if swizzle else 0, 3, 0)  # L2 256 B, zeros
     if rc != 0:
         raise RuntimeError(f"gemm_wgl: cuTensorMapEncodeTiled failed ({rc}) for dims {dims}, "
                            f"strides {strides}, box {box}")
     return bytes(out)
 
 
-def _weight_map(chunks: torch.Tensor, tiles: int) -> bytes:
+def _weight_map(chunks: torch.Tensor, tiles: int, swizzled: bool = False) -> bytes:
     """The tensor map of ``chunks`` (int32 [tiles, columns, 384], contiguous) as 8-byte words,
     192 a chunk x columns x tiles, whose box is one chunk column of ``tiles`` tiles: the bytes
-    one weight stage of a block holds, in its order."""
+    one weight stage of a block holds, in its order. ``swizzled`` (``xorder``): the same bytes
+    as 16 words x 12 rows a chunk x columns x tiles with the 128-byte swizzle, so that 128-byte
+    row q of the stage holds its 16-byte unit u at u ^ (q % 8)."""
     ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
-    key = (chunks.data_ptr(), ntiles, nchunks, tiles)
+    key = (chunks.data_ptr(), ntiles, nchunks, tiles) + ((1,) if swizzled else ())
     hit = _MAPS.get(key)
     if hit is None:
         if not chunks.is_contiguous() or chunks.data_ptr() % 16:
             raise ValueError("gemm_wgl: the chunks must be contiguous and 16-byte aligned")
-        hit = _MAPS[key] = _encode_tiled(chunks.data_ptr(), (192, nchunks, ntiles),
-                                         (1536, nchunks * 1536), (192, 1, tiles))
+        if swizzled:
+            hit = _encode_tiled(chunks.data_ptr(), (16, 12, nchunks, ntiles),
+                                (128, 1536, nchunks * 1536), (16, 12, 1, tiles), swizzle=True)
+        else:
+            hit = _encode_tiled(chunks.data_ptr(), (192, nchunks, ntiles),
+                                (1536, nchunks * 1536), (192, 1, tiles))
+        _MAPS[key] = hit
     return hit
+
+
+def xorder_applies(x: torch.Tensor, a_regs: int, mcast: int) -> bool:
+    """Whether ``gemm_wgl(xorder=True)`` can copy the activations straight from ``x`` (the
+    tensor copy's rules: a 16-byte aligned start and row stride, unit column stride): the A
+    operand in registers, no multicast, weight stages by tensor copy (``WEIGHT_MAP``).
+    Elsewhere the call takes the image pass."""
+    return (bool(a_regs) and not mcast and bool(WEIGHT_MAP) and x.dtype == torch.bfloat16
+            and x.dim() == 2 and x.stride(1) == 1 and (x.stride(0) * 2) % 16 == 0
+            and x.data_ptr() % 16 == 0)
+
+
+@functools.lru_cache(maxsize=64)
+def _x_map_at(address: int, m: int, k: int, ld: int, block_m: int) -> bytes:
+    return _encode_tiled(address, (k, m), (ld * 2,), (64, block_m), element=2, swizzle=True)
+
+
+def _x_map(x: torch.Tensor, block_m: int) -> bytes:
+    """The tensor map of x (BF16 [M, K] as 2-byte elements) whose box is 64 columns of
+    ``block_m`` rows with the 128-byte swizzle: one activation stage, in the layout the image
+    pass writes (kernels_large.cu), but in x's own K order (``xorder``)."""
+    return _x_map_at(x.data_ptr(), int(x.shape[0]), int(x.shape[1]), int(x.stride(0)), block_m)
 
 
 def tail_config(config: tuple[int, ...], tail: int) -> tuple[int, ...]:
@@ -522,7 +560,7 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
              grid_cap: int | None = None, wave: int | None = None,
              staged: bool | None = None, weighted: bool | None = None,
              cuts: tuple[int, ...] | None = None, own: bool | None = None,
-             narrow: bool | None = None) -> torch.Tensor:
+             narrow: bool | None = None, xorder: bool = False) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]``, any M: blocks of ``64 * warpgroups`` weight
     rows x ``block_m`` activation rows, ``x_stages`` activation and ``w_stages`` chunk-word
     stages in shared memory, ``splits`` K ranges per cluster, the decoded weights as the MMA's
@@ -560,7 +598,11 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     ``weighted`` (default ``STREAM_K_WEIGHTED``; stream-K launches only): the blocks' shares
     from ``stream_k_cuts``'s model rather than equal; ``cuts`` (tests): the first stream-K
     launch's cuts as given (increasing from 0 to all its steps, one entry a block and one
-    more)."""
+    more). ``xorder`` (where ``xorder_applies``; elsewhere the image pass): the activations
+    copied straight from x, no image pass, each chunk column summed in x's K order (so the bits
+    differ from the image pass's; each deterministic, within the error budget), the GEMM then
+    launched without programmatic dependent launch (no pass before it).
+    """
     config = (block_m, warpgroups, x_stages, w_stages, splits, int(a_regs), int(persist),
               int(mcast))
     check_config(*config)
@@ -578,7 +620,8 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     if x.stride(1) != 1:
         x = x.contiguous()
     ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
-    xp = permute_x(x, nchunks, block_m)
+    xo = bool(xorder) and xorder_applies(x, a_regs, mcast)
+    xp = x if xo else permute_x(x, nchunks, block_m)
     args = (cuda._ptr(chunks), cuda._ptr(xp), cuda._ptr(x), x.stride(0),
             cuda._ptr(out), cuda._ptr(scale), cuda._ptr(esc_rowptr), cuda._ptr(esc_row),
             cuda._ptr(esc_col), cuda._ptr(esc_val), cuda._ptr(esc_delta), cuda._ptr(esc_order),
@@ -608,8 +651,9 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                     MAX_STREAM_K_BLOCKS), 1, 1)
         work, flags = _stream_k_memory(x.device, grid[0], block_m * 64 * warpgroups)
         extra = (cuda._ptr(work), cuda._ptr(flags))
-    wmap = (_weight_map(chunks, 4 * warpgroups), 1) if WEIGHT_MAP else (_NO_MAP, 0)
-    pdl = PDL if pdl is None else pdl
+    wmap = (_weight_map(chunks, 4 * warpgroups, xo), 1) if WEIGHT_MAP else (_NO_MAP, 0)
+    wmap += (_x_map(x, block_m) if xo else _NO_MAP,)  # (then the kernel's xmap)
+    pdl = (PDL if pdl is None else pdl) and not xo
     first = None
     if tail:
         first = tail_start(ntiles, m, block_m, warpgroups, x_stages, w_stages, a_regs, tail,
@@ -630,14 +674,14 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     for cfg, grd, ext in launches:
         index = cuda._index(x.device)
         if staged is None and own is None and narrow is None:
-            func = _function(index, cfg)
+            func = _function(index, cfg, xo)
         else:
             st = PERS_STAGE if staged is None else staged
             ow = OWN_SHARE if own is None else own
             nw = NARROW if narrow is None else narrow
             func = _function_of(index, cfg, bool(st) and bool(cfg[6]),
                                 bool(ow) and _own_applies(cfg),
-                                bool(nw) and _narrow_applies(cfg, bool(ow)))
+                                bool(nw) and _narrow_applies(cfg, bool(ow)), xo)
         smem = shared_bytes(*cfg[:4], *cfg[5:7], splits=cfg[4])
         cuda.launch(func, grd, (threads(warpgroups, a_regs),), args + ext, x.device, smem,
                     pdl=pdl)

@@ -12,7 +12,8 @@
 //
 // w12_permute_x: the activations as the images of the stages the GEMM copies in whole: for
 // every block of BN tokens and every 64-column chunk, BN * 128 contiguous bytes in that
-// layout. Tokens past M and columns past K come out as zeros.
+// layout. Tokens past M and columns past K come out as zeros. (Not with W12_XORDER: the
+// GEMM then copies its stages straight from x, in x's own K order; see XORDER below.)
 //
 // wgl_body<BN, WGS, SX, SW, SPLIT, AREG, PERS, MC>: y[M, N] = x[M, K] @ W^T. A block holds WGS
 // consumer warpgroups, each with 64 weight rows, BN activation rows shared by all of them, and one
@@ -143,6 +144,19 @@ constexpr bool NARROW = true;
 constexpr bool NARROW = false;
 #endif
 
+// The activations straight from x (W12_XORDER, docs/PERF_GEMM.md #83): no image pass. The MMA
+// then sums each chunk column in x's own K order (K index kk of MMA step j is column 16 j + kk),
+// so a lane's A fragment of step j comes from chunk lane 4 g + j of its tile (layout.py): words
+// t >> 1 and 2 + (t >> 1) of plane t & 1 (the low bytes) and of plane 2 (the top bits). The
+// activations come by one tensor copy a stage from x (128-byte swizzle: the layout the image
+// had), and the chunk words by a tensor copy with the 128-byte swizzle too, so that those
+// gathers meet at most two lanes' words per bank.
+#ifdef W12_XORDER
+constexpr bool XORDER = true;
+#else
+constexpr bool XORDER = false;
+#endif
+
 // Matrix descriptor of a K-major operand with the 128-byte swizzle: 8-row groups 1024 bytes
 // apart; `p` is the 1024-byte aligned buffer plus 32 bytes per K step.
 __device__ __forceinline__ unsigned long long sw128_desc(const void* p) {
@@ -207,6 +221,61 @@ __device__ __forceinline__ void tile_copy(void* dst, const void* map, int col, i
                   "r"(smem_addr(bar)) : "memory");
 }
 
+// (XORDER) Rows tok .. tok + BN - 1, columns col .. col + 63 of x (the box of `map`: x as a
+// 2-D tensor of 2-byte elements, 128-byte swizzle, cuda_large.py ``_x_map``) into dst: row r at
+// r * 128, its 16-byte unit u at u ^ (r % 8); rows past M and columns past K come in as zeros.
+__device__ __forceinline__ void x_copy(void* dst, const void* map, int col, int tok,
+                                       unsigned long long* bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];"
+               :: "r"(smem_addr(dst)), "l"(map), "r"(col), "r"(tok), "r"(smem_addr(bar))
+               : "memory");
+}
+
+// (XORDER) tile_copy with the 128-byte swizzle (cuda_large.py, ``_weight_map``'s swizzled
+// form: 16 8-byte words x 12 rows a chunk x columns x tiles): the same bytes, 128-byte row q
+// of the stage holding its 16-byte unit u at u ^ (q % 8).
+__device__ __forceinline__ void tile_copy_sw(void* dst, const void* map, int col, int tile,
+                                             unsigned long long* bar) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+               :: "r"(smem_addr(dst)), "l"(map), "r"(0), "r"(0), "r"(col), "r"(tile),
+                  "r"(smem_addr(bar)) : "memory");
+}
+
+// (XORDER) The four BF16 pairs of an A fragment in x's K order: la, lb the low-byte words of
+// steps t >> 1 and 2 + (t >> 1) of plane t & 1, ta, tb those steps' top-bit words; s1, s2 the
+// rotations that bring this lane's pairs' top bits (pairs 2 (t & 1) and 2 (t & 1) + 1 of the
+// word, B_POSITIONS) to bits 15, 10..8 of both halves (decode8's shifts, as rotations: the
+// bits they differ in are masked off).
+__device__ __forceinline__ void decode_x(u32 la, u32 lb, u32 ta, u32 tb, u32 s1, u32 s2,
+                                         u32 (&r)[4]) {
+  u32 p0, p1, p2, p3, a1, a2, b1, b2;
+  asm("prmt.b32 %0, %1, 0x38383838, 0x4140;" : "=r"(p0) : "r"(la));
+  asm("prmt.b32 %0, %1, 0x38383838, 0x4342;" : "=r"(p1) : "r"(la));
+  asm("prmt.b32 %0, %1, 0x38383838, 0x4140;" : "=r"(p2) : "r"(lb));
+  asm("prmt.b32 %0, %1, 0x38383838, 0x4342;" : "=r"(p3) : "r"(lb));
+  asm("shf.l.wrap.b32 %0, %1, %1, %2;" : "=r"(a1) : "r"(ta), "r"(s1));
+  asm("shf.l.wrap.b32 %0, %1, %1, %2;" : "=r"(a2) : "r"(ta), "r"(s2));
+  asm("shf.l.wrap.b32 %0, %1, %1, %2;" : "=r"(b1) : "r"(tb), "r"(s1));
+  asm("shf.l.wrap.b32 %0, %1, %1, %2;" : "=r"(b2) : "r"(tb), "r"(s2));
+  asm("lop3.b32 %0, %1, 0x87008700, %2, 0xEA;" : "=r"(r[0]) : "r"(a1), "r"(p0));
+  asm("lop3.b32 %0, %1, 0x87008700, %2, 0xEA;" : "=r"(r[1]) : "r"(a2), "r"(p1));
+  asm("lop3.b32 %0, %1, 0x87008700, %2, 0xEA;" : "=r"(r[2]) : "r"(b1), "r"(p2));
+  asm("lop3.b32 %0, %1, 0x87008700, %2, 0xEA;" : "=r"(r[3]) : "r"(b2), "r"(p3));
+}
+
+// (XORDER) An escape's register place (esc_entry's: lane << 8 | (4 j + r) << 1 | half, in the
+// chunk order) moved to x's K order: the element of row g + 8 (r & 1), chunk column
+// 16 t + 4 j + 2 (r >> 1) + half is, there, step t, k = 4 j + 2 (r >> 1) + half, so lane
+// 4 g + (k & 7) / 2, register (r & 1) + 2 (k >> 3).
+__device__ __forceinline__ int xorder_place(int pk) {
+  const int l = pk >> 8, q = (pk >> 1) & 15, half = pk & 1;
+  const int g = l >> 2, t = l & 3, j = q >> 2, r = q & 3;
+  const int kk = 4 * j + 2 * (r >> 1) + half;
+  return ((4 * g + ((kk & 7) >> 1)) << 8) | ((4 * t + (r & 1) + 2 * (kk >> 3)) << 1) | half;
+}
+
 // The escape value v as the decoded tile holds it (v / scale, scale = 2^(e0 - 112)), if that
 // is a BF16 zero or normal number that gives v back exactly; false otherwise.
 __device__ __forceinline__ bool patch_value(bf16_t v, float sc, bf16_t& a) {
@@ -246,8 +315,10 @@ __device__ __forceinline__ void wgl_body(
     const int* __restrict__ esc_order, const uint2* __restrict__ esc_entry,
     const int* __restrict__ esc_fix, const bf16_t* __restrict__ bias, int M, int n_rows,
     int ntiles, int nchunks, float* __restrict__ work, unsigned* __restrict__ flags,
-    const void* __restrict__ wmap, int tile_base, const int* __restrict__ cuts) {
+    const void* __restrict__ wmap, int tile_base, const int* __restrict__ cuts,
+    const void* __restrict__ xmap) {
   static_assert(BN % 64 == 0 && BN <= 256, "BN: 64, 128, 192 or 256 activation rows");
+  static_assert(!XORDER || (AREG != 0 && MC == 1), "x's order: A in registers, no multicast");
   static_assert(SX >= 3 && SW >= 2 && SPLIT >= 1 && SPLIT <= 4, "config");
   static_assert(PERS == 0 || (AREG == 2 && SPLIT == 1), "stream-K: producer warpgroup, one range");
   static_assert(AREG != 3 || WGS == 1, "interleaved columns: one group of 64 weight rows");
@@ -354,6 +425,10 @@ __device__ __forceinline__ void wgl_body(
     unsigned long long* bar = xfull + st;
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                  :: "r"(smem_addr(bar)), "r"(XSTAGE) : "memory");
+    if constexpr (XORDER) {
+      x_copy(smem + st * XSTAGE, xmap, (c0 + col) * 64, tok0, bar);
+      return;
+    }
     if constexpr (MC > 1) {  // this block's half, to both blocks of the pair
       constexpr int HALF = XSTAGE / MC;
       bulk_copy_multicast(smem + st * XSTAGE + pr * HALF,
@@ -368,6 +443,10 @@ __device__ __forceinline__ void wgl_body(
     unsigned long long* bar = wfull + st;
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                  :: "r"(smem_addr(bar)), "r"(WSTAGE) : "memory");
+    if constexpr (XORDER) {  // (the map's swizzled form)
+      tile_copy_sw(wstages + st * WSTAGE, wmap, c0 + col, tile0, bar);
+      return;
+    }
     if (wmap != nullptr) {  // the block's tiles in one copy (docs/PERF_GEMM.md #63)
       tile_copy(wstages + st * WSTAGE, wmap, c0 + col, tile0, bar);
       return;
@@ -566,6 +645,17 @@ __device__ __forceinline__ void wgl_body(
   const int g = lane >> 2, t = lane & 3;
   const int aoff = wg * ABUF + (16 * warp + g) * 128 + t * 4;
   const int woff = (wrow * 4 + warp) * 1536 + lane * 16;  // Words4 lane, lane + 32, lane + 64
+  // (XORDER) the byte offsets in a weight stage of this lane's words of MMA step j: plane
+  // t & 1 (xoff[j]) and plane 2 (xoff[4 + j]) of chunk lane 4 g + j, word t >> 1 (and 8 bytes
+  // on, word 2 + (t >> 1)), where the swizzled copy put them; s1, s2: decode_x's rotations
+  u32 xoff[8];
+  const u32 s1 = 8u * (u32)(t & 1), s2 = 4u + 24u * (u32)(t & 1);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int lin = (wrow * 4 + warp) * 1536 + (j < 4 ? (t & 1) * 512 : 1024) +
+                    (4 * g + (j & 3)) * 16 + 4 * (t >> 1);
+    xoff[j] = (u32)(lin ^ (((lin >> 7) & 7) << 4));
+  }
 
   // This warp's tile's escapes, in chunk order, 32 at a time: lane l holds entry ebase + l as
   // its chunk column (ecol; INT_MAX past the end), where it goes (epos: its byte in the A
@@ -587,6 +677,7 @@ __device__ __forceinline__ void wgl_body(
       ecol = (int)en.x;
       eok = (en.y >> 31) != 0u;
       epos = (int)((en.y >> 16) & 0x7FFFu);
+      if constexpr (XORDER) epos = xorder_place(epos);
       eval = (bf16_t)(en.y & 0xFFFFu);
     } else if (idx < eend) {
       const int o = esc_order[idx];
@@ -608,6 +699,23 @@ __device__ __forceinline__ void wgl_body(
     const int ws = PERS != 0 ? (int)(q % SW) : i % SW;
     // column i's chunk words have landed
     mbar_wait(wfull + ws, PERS != 0 ? (q / SW) & 1u : (u32)(i / SW) & 1u);
+    if constexpr (XORDER) {
+      // (shared-space addresses: a lane's offset plus the stage's, which is the same for the
+      // whole warp, so that each load is one instruction with no address arithmetic)
+      const u32 wst = smem_addr(wstages) + (u32)(ws * WSTAGE);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        u32 la, lb, ta, tb;
+        asm volatile("ld.shared.u32 %0, [%2];\n\tld.shared.u32 %1, [%2+8];"
+                     : "=r"(la), "=r"(lb) : "r"(xoff[j] + wst) : "memory");
+        asm volatile("ld.shared.u32 %0, [%2];\n\tld.shared.u32 %1, [%2+8];"
+                     : "=r"(ta), "=r"(tb) : "r"(xoff[4 + j] + wst) : "memory");
+        decode_x(la, lb, ta, tb, s1, s2, a[j]);
+      }
+      __syncwarp();  // every lane's words are read (and used): the warp releases the stage
+      arrive_if(lane == 0, wempty + ws);
+      return;
+    }
     const unsigned char* wsrc = wstages + ws * WSTAGE + woff;
     const Words4 w0 = *reinterpret_cast<const Words4*>(wsrc);
     const Words4 w1 = *reinterpret_cast<const Words4*>(wsrc + 512);
@@ -699,6 +807,7 @@ __device__ __forceinline__ void wgl_body(
           ecol = (int)e.x;
           eok = (e.y >> 31) != 0u;
           epos = (int)((e.y >> 16) & 0x7FFFu);
+          if constexpr (XORDER) epos = xorder_place(epos);
           eval = (bf16_t)(e.y & 0xFFFFu);
         }
 #pragma unroll
