@@ -110,6 +110,8 @@ def test_shipped_large_table_is_consistent():
                 if cfg.tail:  # (and the tail's)
                     cuda_large.check_config(*cuda_large.tail_config(key, cfg.tail))
                 assert not cfg.tail or (cfg.splits == 1 and not cfg.persist)
+                # (xorder: only where the kernel can take x straight, source() raising else)
+                assert not cfg.xorder or (cfg.a_regs and not cfg.mcast)
         for lower, upper in itertools.pairwise(classes):
             assert cfgs.large_config(n, k, lower + 1) == cfgs.large_config(n, k, upper)
         assert cfgs.large_config(n, k, classes[-1] + 1).kind == "decode"
