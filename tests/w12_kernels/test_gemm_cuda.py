@@ -614,6 +614,49 @@ def test_wgmma_large_kernel_own_share(block_m, warpgroups, x_stages, w_stages, a
                 assert_within_budget(out, x, t, _ref(x, t, b), b)
 
 
+def _wgl_toggle(option, cfg):
+    """``run(x, pw, bias, on)``: the large-M kernel of ``cfg`` with ``option`` on or off."""
+    from w12_kernels.gemm import cuda_large
+
+    def run(x, pw, bias, on):
+        return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
+                                   pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
+                                   pw.esc_entry, pw.esc_fix, bias, pw.n, pw.k,
+                                   **{option: on}, **cfg)
+    return run
+
+
+def _check_off_on(option, cfg, rel, col, make_x=None):
+    """For a large-M kernel option that changes the bits but not the budget, the kernel of
+    ``cfg`` with ``option`` off then on at awkward sizes (escapes with NaN/inf rows or none,
+    bias or none, tokens past M, rows past the last tile, odd K): on within the error budget
+    and the same bits on a rerun; non-finite where off is, elsewhere within ``rel`` of off's
+    output plus ``col`` of its output column's largest; an inf or NaN activation non-finite
+    alike, its rows wholly non-finite."""
+    run = _wgl_toggle(option, cfg)
+    for n, k, m, esc in ((4096, 4096, 300, True), (2000, 200, 513, False),
+                         (1000, 1001, 129, True), (1024, 8192, 256, False)):
+        t = make_weight(n, k, seed=n + k + m, escapes=esc, device="cuda")
+        x = (make_x or (lambda m, k: torch.randn(m, k, device="cuda").to(torch.bfloat16)))(m, k)
+        pw = prepare_weight(encoded(t))
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        for b in (bias, None):
+            off, y = run(x, pw, b, False), run(x, pw, b, True)
+            assert torch.equal(y.view(torch.int16), run(x, pw, b, True).view(torch.int16))
+            assert_within_budget(y, x, t, _ref(x, t, b), b)
+            fin = torch.isfinite(off)
+            assert torch.equal(fin, torch.isfinite(y)), f"{n}x{k} M={m} non-finite"
+            w, v = off.float().where(fin, 0.0), y.float().where(fin, 0.0)
+            tol = w.abs() * rel + w.abs().amax(dim=0, keepdim=True) * col
+            assert ((v - w).abs() <= tol).all(), f"{n}x{k} M={m}"
+        bad = x.clone()
+        bad[3, 5] = float("inf")
+        bad[7, 9] = float("nan")
+        off, y = run(bad, pw, None, False), run(bad, pw, None, True)
+        assert torch.equal(torch.isfinite(y), torch.isfinite(off)), f"{n}x{k} non-finite"
+        assert not torch.isfinite(y[3]).any() and not torch.isfinite(y[7]).any()
+
+
 @pytest.mark.parametrize("cfg", [dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
                                       splits=2, a_regs=2),
                                  dict(block_m=128, warpgroups=1, x_stages=4, w_stages=6,
@@ -635,36 +678,10 @@ def test_wgmma_large_kernel_narrow_partials(cfg):
     if not cuda_large.available():
         pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
 
-    def run(x, pw, bias, narrow):
-        return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
-                                   pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
-                                   pw.esc_entry, pw.esc_fix, bias, pw.n, pw.k, narrow=narrow,
-                                   **cfg)
+    # (outputs of inf/NaN escape rows non-finite alike; elsewhere within a BF16 step of the
+    # float32 hand-over's, plus 2^-12 of the output row's scale for sums that cancel)
+    _check_off_on("narrow", cfg, rel=2.0 ** -7, col=2.0 ** -12)
 
-    for n, k, m, esc in ((4096, 4096, 300, True), (2000, 200, 513, False),
-                         (1000, 1001, 129, True), (1024, 8192, 256, False)):
-        t = make_weight(n, k, seed=n + k + m, escapes=esc, device="cuda")
-        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-        pw = prepare_weight(encoded(t))
-        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
-        for b in (bias, None):
-            wide, y = run(x, pw, b, False), run(x, pw, b, True)
-            assert torch.equal(y.view(torch.int16), run(x, pw, b, True).view(torch.int16))
-            assert_within_budget(y, x, t, _ref(x, t, b), b)
-            # (outputs of inf/NaN escape rows non-finite alike; elsewhere within a BF16 step
-            # of the float32 hand-over's, plus 2^-12 of the output row's scale for sums that
-            # cancel)
-            fin = torch.isfinite(wide)
-            assert torch.equal(fin, torch.isfinite(y)), f"{n}x{k} M={m} non-finite"
-            w, v = wide.float().where(fin, 0.0), y.float().where(fin, 0.0)
-            tol = w.abs() * 2.0 ** -7 + w.abs().amax(dim=0, keepdim=True) * 2.0 ** -12
-            assert ((v - w).abs() <= tol).all(), f"{n}x{k} M={m}"
-        bad = x.clone()
-        bad[3, 5] = float("inf")
-        bad[7, 9] = float("nan")
-        wide, y = run(bad, pw, None, False), run(bad, pw, None, True)
-        assert torch.equal(torch.isfinite(y), torch.isfinite(wide)), f"{n}x{k} non-finite"
-        assert not torch.isfinite(y[3]).any() and not torch.isfinite(y[7]).any()
 
 @pytest.mark.parametrize("cfg", [dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
                                       splits=2, a_regs=2),
@@ -687,34 +704,14 @@ def test_wgmma_large_kernel_xorder(cfg):
     if not cuda_large.available():
         pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
 
-    def run(x, pw, bias, xorder):
-        return cuda_large.gemm_wgl(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
-                                   pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
-                                   pw.esc_entry, pw.esc_fix, bias, pw.n, pw.k, xorder=xorder,
-                                   **cfg)
-
-    for n, k, m, esc in ((4096, 4096, 300, True), (2000, 200, 513, False),
-                         (1000, 1001, 129, True), (1024, 8192, 256, False)):
-        t = make_weight(n, k, seed=n + k + m, escapes=esc, device="cuda")
+    def make_x(m, k):
         width = -(-k // 8) * 8  # (a row stride the tensor copy can take)
         x = torch.randn(m, width, device="cuda").to(torch.bfloat16)[:, :k]
         assert cuda_large.xorder_applies(x, cfg["a_regs"], 0)
-        pw = prepare_weight(encoded(t))
-        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
-        for b in (bias, None):
-            img, y = run(x, pw, b, False), run(x, pw, b, True)
-            assert torch.equal(y.view(torch.int16), run(x, pw, b, True).view(torch.int16))
-            assert_within_budget(y, x, t, _ref(x, t, b), b)
-            fin = torch.isfinite(img)
-            assert torch.equal(fin, torch.isfinite(y)), f"{n}x{k} M={m} non-finite"
-            w, v = img.float().where(fin, 0.0), y.float().where(fin, 0.0)
-            tol = w.abs() * 2.0 ** -6 + w.abs().amax(dim=0, keepdim=True) * 2.0 ** -10
-            assert ((v - w).abs() <= tol).all(), f"{n}x{k} M={m}"
-        bad = x.clone()
-        bad[3, 5] = float("inf")
-        bad[7, 9] = float("nan")
-        assert torch.equal(torch.isfinite(run(bad, pw, None, True)),
-                           torch.isfinite(run(bad, pw, None, False))), f"{n}x{k} non-finite"
+        return x
+
+    _check_off_on("xorder", cfg, rel=2.0 ** -6, col=2.0 ** -10, make_x=make_x)
+    run = _wgl_toggle("xorder", cfg)
     # CUDA-graph replay: the captured call reads the x it was captured with, in place
     t = make_weight(1024, 4096, seed=9, escapes=True, device="cuda")
     pw = prepare_weight(encoded(t))
