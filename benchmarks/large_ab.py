@@ -11,7 +11,10 @@ stream-K's blocks cut by ``cuda_large.stream_k_cuts``'s model rather than in equ
 the sums of a unit are grouped otherwise, so the bits differ by design: both are checked against
 float64 instead); ``--toggle xorder``: the activations copied straight from x, no image pass
 (#83; each chunk column summed in x's K order, so the bits differ by design: both are checked
-against float64). ``--cost piece=4,read=2,...`` overrides entries of ``STREAM_K_COST``.
+against float64); ``--toggle wreuse``: the token blocks of one tile block reading its columns at
+about the same time (#84; the same bits, except stream-K's, whose units are cut elsewhere: both
+checked against float64 there). ``--cost piece=4,read=2,...`` overrides entries of
+``STREAM_K_COST``.
 
 Each shape runs the large-M table's configuration for ``--m`` rows; the calls cycle through
 weight copies past the L2, as in ``gemm.py``. Exit status 1 where the two launches' bits differ
@@ -39,15 +42,23 @@ CALLS = 20  # calls per graph
 SAME_BITS = ("pdl", "staged", "own")  # toggles that must not change the bits
 
 
+def same_bits(toggle: str, cfg: cfgs.LargeConfig) -> bool:
+    """Whether ``toggle`` must leave the bits of ``cfg``'s launch as they are."""
+    return toggle in SAME_BITS or (toggle == "wreuse" and not cfg.persist and cfg.tail != 1)
+
+
 def time_shape(n: int, k: int, m: int, cfg: cfgs.LargeConfig,
                toggle: str = "pdl") -> tuple[float, float, float, bool]:
     """µs per call with ``toggle`` off, on and of cuBLAS, and whether the bits agree (toggles
-    not in SAME_BITS: whether both are within the error budget, ``gemm.check`` at most 2)."""
+    not in SAME_BITS, and ``wreuse`` with stream-K: whether both are within the error budget,
+    ``gemm.check`` at most 2)."""
     layer = Layer(n, k, seed=n + k)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     kw = dict(block_m=cfg.block_m, warpgroups=cfg.tiles // 4, x_stages=cfg.num_stages,
               w_stages=cfg.w_stages, splits=cfg.splits, a_regs=cfg.a_regs,
               persist=cfg.persist, tail=cfg.tail, mcast=cfg.mcast)
+    if toggle != "xorder":  # (the entry's own choice)
+        kw["xorder"] = bool(cfg.xorder)
 
     def call(pw, on, xx=x):
         return cuda_large.gemm_wgl(xx, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,
@@ -58,7 +69,7 @@ def time_shape(n: int, k: int, m: int, cfg: cfgs.LargeConfig,
     def calls(on):
         return [lambda pw=layer.w12[i % layer.copies]: call(pw, on) for i in range(CALLS)]
 
-    if toggle in SAME_BITS:
+    if same_bits(toggle, cfg):
         same = torch.equal(call(layer.w12[0], False).view(torch.int16),
                            call(layer.w12[0], True).view(torch.int16))
     else:  # each within the error budget: at most 2x cuBLAS's error against float64
@@ -75,7 +86,8 @@ def main() -> None:
     parser.add_argument("--m", type=int, default=256, help="activation rows (> 64)")
     parser.add_argument("--shapes", default=None, help="NxK,... (default: the benchmark's)")
     parser.add_argument("--toggle", default="pdl",
-                        choices=("pdl", "staged", "own", "narrow", "weighted", "xorder"),
+                        choices=("pdl", "staged", "own", "narrow", "weighted", "xorder",
+                                 "wreuse"),
                         help="the gemm_wgl option timed off and on")
     parser.add_argument("--cost", default="",
                         help="name=value,... overriding cuda_large.STREAM_K_COST's entries")
@@ -103,7 +115,7 @@ def main() -> None:
         rows.append((off, on, ref))
         if not same:
             differ.append(f"{n}x{k}")
-        verdict = (("same" if same else "DIFFER") if t in SAME_BITS
+        verdict = (("same" if same else "DIFFER") if same_bits(t, cfg)
                    else ("in budget" if same else "OVER BUDGET"))
         print(f"{n}x{k} | {off:.2f} | {on:.2f} | {on / off:.3f} | {ref:.2f} | {verdict}",
               flush=True)
@@ -113,8 +125,7 @@ def main() -> None:
         print(f"geomean vs cuBLAS at M={args.m} ({len(rows)} shapes): {t} off x{g_off:.3f}, "
               f"{t} on x{g_on:.3f}")
     if differ:
-        raise SystemExit(f"large_ab: {'the bits differ' if t in SAME_BITS else 'over budget'}"
-                         f" on {', '.join(differ)}")
+        raise SystemExit(f"large_ab: the bits differ or are over budget on {', '.join(differ)}")
 
 
 if __name__ == "__main__":

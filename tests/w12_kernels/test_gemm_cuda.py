@@ -729,6 +729,48 @@ def test_wgmma_large_kernel_xorder(cfg):
     assert not torch.equal(out.view(torch.int16), want)
 
 
+@pytest.mark.parametrize("cfg", [dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=1, a_regs=2),
+                                 dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=2, a_regs=2, xorder=True),
+                                 dict(block_m=128, warpgroups=1, x_stages=4, w_stages=6,
+                                      splits=3, a_regs=0),
+                                 dict(block_m=256, warpgroups=1, x_stages=5, w_stages=8,
+                                      splits=2, a_regs=3),
+                                 dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=1, a_regs=2, tail=2, wave=3),
+                                 dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=1, a_regs=2, persist=1),
+                                 dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=1, a_regs=2, persist=1, grid_cap=7, xorder=True),
+                                 dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=1, a_regs=2, tail=1, wave=3)])
+def test_wgmma_large_kernel_wreuse(cfg):
+    """``wreuse``: the token blocks of one tile block launched next to each other (their block
+    order remapped in the kernel; K in one to three ranges, a tail launch) gives the same bits
+    as the grid's order at several token blocks, tokens past M, rows past the last tile and odd
+    K; stream-K with its units ordered token block outermost (the whole launch, or a tail of
+    stream-K) cuts the units elsewhere, so there: within the error budget, the same on a rerun,
+    close to the tile-major order's sums and non-finite where they are."""
+    from w12_kernels.gemm import cuda_large
+
+    if not cuda_large.available():
+        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
+    if cfg.get("persist") or cfg.get("tail") == 1:
+        _check_off_on("wreuse", cfg, rel=2.0 ** -7, col=2.0 ** -12)
+        return
+    run = _wgl_toggle("wreuse", cfg)
+    for n, k, m, esc in ((4096, 4096, 300, True), (2000, 200, 513, False),
+                         (1000, 1001, 777, True)):
+        t = make_weight(n, k, seed=n + k + m, escapes=esc, device="cuda")
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        pw = prepare_weight(encoded(t))
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        off, y = run(x, pw, bias, False), run(x, pw, bias, True)
+        assert torch.equal(off.view(torch.int16), y.view(torch.int16)), f"{n}x{k} M={m}"
+        assert_within_budget(y, x, t, _ref(x, t, bias), bias)
+
+
 @pytest.mark.parametrize("x_stages,w_stages,grid_cap", [(5, 5, None), (4, 6, None), (5, 5, 3),
                                                       (4, 6, 7), (5, 5, 1)])
 def test_wgmma_large_kernel_stream_k(x_stages, w_stages, grid_cap):

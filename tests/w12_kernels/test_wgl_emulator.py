@@ -5,6 +5,8 @@ configuration plumbing (shared-memory budget, the large-M table, the sweep's ent
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 import stage_image
@@ -234,7 +236,7 @@ def test_multicast_pairs_configuration(monkeypatch):
     # the grid: 3 tile blocks of 128 rows -> 4 (the partner of the last stores nothing)
     launched = []
     monkeypatch.setattr(cuda_large, "permute_x", lambda x, nchunks, block_m: x)
-    monkeypatch.setattr(cuda_large, "_function", lambda index, cfg, xorder=False: cfg)
+    monkeypatch.setattr(cuda_large, "_function", lambda index, cfg, xorder=False, wreuse=None: cfg)
     monkeypatch.setattr(cuda_large, "_weight_map", lambda chunks, tiles, swizzled=False: bytes(128))
     monkeypatch.setattr(cuda_large.cuda, "_index", lambda d: 0)
     monkeypatch.setattr(cuda_large.cuda, "_ptr", lambda t: 0)
@@ -247,6 +249,50 @@ def test_multicast_pairs_configuration(monkeypatch):
                             *([None] * 9), None, 384, 64, block_m=256, warpgroups=2,
                             x_stages=5, w_stages=5, a_regs=2, mcast=mcast)
         assert launched == [((256, 2, 5, 5, 1, 2, 0, mcast), (tiles, 2, 1), (384,))]
+
+
+def test_wreuse_launch_order(monkeypatch):
+    """``wreuse``: the grid launched with the token blocks as x (the kernel reads x and y
+    swapped: W12_WREUSE's SWAP), the tail launch too; not with multicast (its pairs are
+    neighbouring tile blocks: the grid and the kernel as without) and not with stream-K (one
+    dimension; the kernel orders its units token block outermost instead); off, the grid's
+    order as before."""
+    from w12_kernels.gemm import cuda_large
+
+    launched = []
+    monkeypatch.setattr(cuda_large, "permute_x", lambda x, nchunks, block_m: x)
+    monkeypatch.setattr(cuda_large, "_function",
+                        lambda index, cfg, xorder=False, wreuse=None: (cfg, wreuse))
+    monkeypatch.setattr(cuda_large, "_weight_map", lambda chunks, tiles, swizzled=False: bytes(128))
+    monkeypatch.setattr(cuda_large, "_stream_k_memory", lambda device, blocks, floats: (0, 0))
+    monkeypatch.setattr(cuda_large.torch.cuda, "get_device_properties",
+                        lambda d: types.SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(cuda_large.cuda, "_index", lambda d: 0)
+    monkeypatch.setattr(cuda_large.cuda, "_ptr", lambda t: 0)
+    monkeypatch.setattr(cuda_large.cuda, "launch",
+                        lambda func, grid, block, args, device, smem, pdl: launched.append(
+                            (func[0], grid)))
+
+    def grids(ntiles, m, wreuse, **kw):
+        launched.clear()
+        cuda_large.gemm_wgl(torch.zeros(m, 64), torch.zeros(ntiles, 1, 384, dtype=torch.int32),
+                            *([None] * 9), None, 16 * ntiles, 64, block_m=256, warpgroups=2,
+                            x_stages=5, w_stages=5, a_regs=2, wreuse=wreuse, **kw)
+        return [g for _, g in launched]
+
+    # 3 tile blocks of 128 rows, 2 token blocks (300 rows)
+    assert grids(24, 300, False) == [(3, 2, 1)]
+    assert grids(24, 300, True) == [(2, 3, 1)]
+    assert grids(24, 300, True, splits=2) == [(2, 3, 2)]
+    assert grids(24, 300, True, mcast=1) == grids(24, 300, False, mcast=1) == [(4, 2, 1)]
+    assert grids(24, 300, True, persist=1) == grids(24, 300, False, persist=1)
+    assert len(grids(24, 300, True, persist=1)[0]) == 3
+    # a tail: 140 tile blocks x 1 token block fill 1 wave of 132 and 8 more, those in 2 ranges
+    assert grids(8 * 140, 200, False, tail=2) == [(132, 1, 1), (8, 1, 2)]
+    assert grids(8 * 140, 200, True, tail=2) == [(1, 132, 1), (1, 8, 2)]
+    src = cuda_large.source(256, 2, 5, 5, 1, 2, 1, wreuse=True)
+    assert "#define W12_WREUSE 1" in src
+    assert "W12_WREUSE 1" not in cuda_large.source(256, 2, 5, 5, 1, 2, 1, wreuse=False)
 
 
 def test_interleaved_warpgroups_configuration():

@@ -98,6 +98,15 @@ STREAM_K_WEIGHTED = True
 STREAM_K_COST = {"piece": 5.3, "read": 3.0, "staged_store": 3.7, "store": 8.8, "switch": 2.0}
 MAX_STREAM_K_BLOCKS = 256  # StreamKCuts in kernels_large.cu
 
+# Whether the token blocks of one tile block read its chunk columns at about the same time
+# (docs/PERF_GEMM.md #84, kernels_large.cu's W12_WREUSE): launched next to each other, or in
+# stream-K with the units ordered token block outermost, so that with several token blocks a
+# layer's weights come from memory about once and from the L2 after. False restores the
+# grid's order (tile blocks fastest) and stream-K's units tile block outermost. The same bits
+# either way without stream-K; stream-K's units are cut elsewhere, so its bits differ (each
+# deterministic).
+WREUSE = False
+
 # Whether gemm_wgl copies a block's chunk words of a column by one tensor copy (a tensor map
 # over the chunks, ``_weight_map``) rather than one bulk copy a tile (docs/PERF_GEMM.md #63);
 # False restores the bulk copies. The same bits either way.
@@ -207,21 +216,25 @@ def _entry(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
 def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: int,
            a_regs: int = 0, persist: int = 0, mcast: int = 0,
            staged: bool | None = None, own: bool | None = None,
-           narrow: bool | None = None, xorder: bool = False) -> str:
+           narrow: bool | None = None, xorder: bool = False,
+           wreuse: bool | None = None) -> str:
     """kernels.cu, the wgmma wrappers for ``block_m``, kernels_large.cu and the entry point of
     one configuration (``staged``: stream-K's staged stores, default ``PERS_STAGE``; ``own``:
     the two-range epilogue keeping the own share in registers, default ``OWN_SHARE``;
     ``narrow``: 24-bit partial sums between blocks, default ``NARROW``; ``xorder``: the
-    activations straight from x, no image pass, ``xorder_applies``)."""
+    activations straight from x, no image pass, ``xorder_applies``; ``wreuse``: a tile block's
+    token blocks together, default ``WREUSE``)."""
     staged = PERS_STAGE if staged is None else staged
     own = OWN_SHARE if own is None else own
     narrow = NARROW if narrow is None else narrow
+    wreuse = WREUSE if wreuse is None else wreuse
     if xorder and (not a_regs or mcast):
         raise ValueError("gemm_wgl: xorder needs the A operand in registers and no multicast")
     return (("#define W12_PERS_STAGE 1\n" if staged else "")
             + ("#define W12_OWN_SHARE 1\n" if own else "")
             + ("#define W12_NARROW 1\n" if narrow else "")
             + ("#define W12_XORDER 1\n" if xorder else "")
+            + ("#define W12_WREUSE 1\n" if wreuse else "")
             + _base_source(wgmma.wrapper(block_m, "WgmmaSS", a_shared=True)
                            + wgmma.wrapper(block_m, "WgmmaRS"))
             + _entry(block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist, mcast))
@@ -236,13 +249,15 @@ def _base_source(wrappers: str = "") -> str:
 
 @functools.cache
 def _module(device_index: int, config: tuple[int, ...] | None, staged: bool = False,
-            own: bool = False, narrow: bool = False, xorder: bool = False):
+            own: bool = False, narrow: bool = False, xorder: bool = False,
+            wreuse: bool = False):
     """One configuration's module, or (``None``) the module of w12_permute_x alone."""
     import cupy
 
     major, minor = torch.cuda.get_device_capability(device_index)
     code = (_base_source() if config is None
-            else source(*config, staged=staged, own=own, narrow=narrow, xorder=xorder))
+            else source(*config, staged=staged, own=own, narrow=narrow, xorder=xorder,
+                        wreuse=wreuse))
     with cupy.cuda.Device(device_index):
         return cupy.RawModule(code=code,
                               options=("--std=c++17", f"--gpu-architecture=sm_{major}{minor}a"))
@@ -266,17 +281,25 @@ def permute_x(x: torch.Tensor, nchunks: int, block_m: int) -> torch.Tensor:
     return out
 
 
-def _function(device_index: int, config: tuple[int, ...] | None, xorder: bool = False):
+def _function(device_index: int, config: tuple[int, ...] | None, xorder: bool = False,
+              wreuse: bool | None = None):
     """The kernel of a configuration (``None``: w12_permute_x) on GPU ``device_index``, with the
     shared memory it launches with allowed once (stream-K's stores as ``PERS_STAGE`` says
-    now, the two-range epilogue as ``OWN_SHARE`` does, the partial sums as ``NARROW``;
-    ``xorder``: its form that copies the activations straight from x)."""
+    now, the two-range epilogue as ``OWN_SHARE`` does, the partial sums as ``NARROW``, the
+    blocks' order as ``wreuse``, default ``WREUSE``, does; ``xorder``: its form that copies
+    the activations straight from x)."""
     return _function_of(device_index, config,
                         bool(PERS_STAGE) and config is not None and bool(config[6]),
                         bool(OWN_SHARE) and config is not None and _own_applies(config),
                         bool(NARROW) and config is not None and _narrow_applies(config,
                                                                                OWN_SHARE),
-                        xorder)
+                        xorder, _wreuse_applies(config, WREUSE if wreuse is None else wreuse))
+
+
+def _wreuse_applies(config: tuple[int, ...] | None, wreuse: bool) -> bool:
+    """Whether ``wreuse`` changes a configuration's kernel: not with multicast (its pairs are
+    neighbouring tile blocks)."""
+    return bool(wreuse) and config is not None and not config[7]
 
 
 def _own_applies(config: tuple[int, ...]) -> bool:
@@ -293,12 +316,13 @@ def _narrow_applies(config: tuple[int, ...], own: bool) -> bool:
 
 @functools.cache
 def _function_of(device_index: int, config: tuple[int, ...] | None, staged: bool,
-                 own: bool = False, narrow: bool = False, xorder: bool = False):
+                 own: bool = False, narrow: bool = False, xorder: bool = False,
+                 wreuse: bool = False):
     import cupy
 
     if config is None:
         return _module(device_index, None).get_function("w12_permute_x")
-    func = _module(device_index, config, staged, own, narrow, xorder).get_function(
+    func = _module(device_index, config, staged, own, narrow, xorder, wreuse).get_function(
         kernel_name(*config))
     with cupy.cuda.Device(device_index):
         cuda.allow_shared_memory(func, shared_bytes(*config[:4], *config[5:7],
@@ -560,7 +584,8 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
              grid_cap: int | None = None, wave: int | None = None,
              staged: bool | None = None, weighted: bool | None = None,
              cuts: tuple[int, ...] | None = None, own: bool | None = None,
-             narrow: bool | None = None, xorder: bool = False) -> torch.Tensor:
+             narrow: bool | None = None, xorder: bool = False,
+             wreuse: bool | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]``, any M: blocks of ``64 * warpgroups`` weight
     rows x ``block_m`` activation rows, ``x_stages`` activation and ``w_stages`` chunk-word
     stages in shared memory, ``splits`` K ranges per cluster, the decoded weights as the MMA's
@@ -601,7 +626,10 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     more). ``xorder`` (where ``xorder_applies``; elsewhere the image pass): the activations
     copied straight from x, no image pass, each chunk column summed in x's K order (so the bits
     differ from the image pass's; each deterministic, within the error budget), the GEMM then
-    launched without programmatic dependent launch (no pass before it).
+    launched without programmatic dependent launch (no pass before it). ``wreuse`` (default
+    ``WREUSE``; not with ``mcast``): the token blocks of one tile block launched next to each
+    other, and stream-K's units ordered token block outermost, so that they read the tile
+    block's columns at about the same time (the same bits as without, except stream-K's).
     """
     config = (block_m, warpgroups, x_stages, w_stages, splits, int(a_regs), int(persist),
               int(mcast))
@@ -671,17 +699,21 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
                           + (schedule(units, rest[0]),))
         launches = [(config, (first, token_blocks, 1), extra + wmap + (0,)),
                     (tail_cfg, rest, tail_extra)]
+    wr = WREUSE if wreuse is None else wreuse
     for cfg, grd, ext in launches:
         index = cuda._index(x.device)
+        if _wreuse_applies(cfg, wr) and not cfg[6]:  # (the kernel's SWAP: token blocks as x)
+            grd = (grd[1], grd[0], grd[2])
         if staged is None and own is None and narrow is None:
-            func = _function(index, cfg, xo)
+            func = _function(index, cfg, xo, wr)
         else:
             st = PERS_STAGE if staged is None else staged
             ow = OWN_SHARE if own is None else own
             nw = NARROW if narrow is None else narrow
             func = _function_of(index, cfg, bool(st) and bool(cfg[6]),
                                 bool(ow) and _own_applies(cfg),
-                                bool(nw) and _narrow_applies(cfg, bool(ow)), xo)
+                                bool(nw) and _narrow_applies(cfg, bool(ow)), xo,
+                                _wreuse_applies(cfg, wr))
         smem = shared_bytes(*cfg[:4], *cfg[5:7], splits=cfg[4])
         cuda.launch(func, grd, (threads(warpgroups, a_regs),), args + ext, x.device, smem,
                     pdl=pdl)

@@ -157,6 +157,23 @@ constexpr bool XORDER = true;
 constexpr bool XORDER = false;
 #endif
 
+// The token blocks of one tile block together (W12_WREUSE, docs/PERF_GEMM.md #84): where M takes
+// several token blocks, each of them reads the tile block's chunk columns, so that a layer's
+// weights are read once a token block. Launched in the grid's order (x fastest), block (x, y)
+// is tile block x, token block y, so the token blocks of one tile block start a whole grid
+// row apart: once the weights outgrow the L2, each token block reads them from memory again.
+// With W12_WREUSE the host launches the grid with x and y swapped (x the token block, y the
+// tile block; not with MC 2, whose pairs are neighbouring tile blocks), so that those blocks
+// run at once, on the same columns at about the same pace; and
+// stream-K's unit u is tile block u % (the launch's tile blocks), token block u / (them), so
+// that with the steps cut in about equal shares, block b and block b + gridDim.x / (token
+// blocks) work on the same tile block's same columns at about the same time.
+#ifdef W12_WREUSE
+constexpr bool WREUSE = true;
+#else
+constexpr bool WREUSE = false;
+#endif
+
 // Matrix descriptor of a K-major operand with the 128-byte swizzle: 8-row groups 1024 bytes
 // apart; `p` is the 1024-byte aligned buffer plus 32 bytes per K step.
 __device__ __forceinline__ unsigned long long sw128_desc(const void* p) {
@@ -370,7 +387,10 @@ __device__ __forceinline__ void wgl_body(
   const int wrow = KIL ? 0 : wg;  // the warpgroup's group of 64 weight rows
   const int warp = (tid >> 5) & 3;
   const int lane = tid & 31;
-  int tok0 = blockIdx.y * BN;
+  // (the tile block - tile_base and the token block: WREUSE's launch has them as y and x)
+  constexpr bool SWAP = WREUSE && PERS == 0 && MC == 1;
+  const unsigned bx = SWAP ? blockIdx.y : blockIdx.x, by = SWAP ? blockIdx.x : blockIdx.y;
+  int tok0 = by * BN;
   const int rank = SPLIT > 1 ? (int)blockIdx.z : 0;  // cluster (MC, 1, SPLIT): K range = z
   const int pr = MC > 1 ? (int)(blockIdx.x & 1) : 0;  // the block's place in its pair
   // the cluster rank of the block of K range q in this block's pair (x fastest)
@@ -381,16 +401,16 @@ __device__ __forceinline__ void wgl_body(
   // (the block's tile block: tile_base + blockIdx.x, so that one launch may take the tile
   // blocks from tile_base on, cuda_large.gemm_wgl's ``tail``; with PERS the units are those
   // of the tile blocks from tile_base on)
-  const int tblock = (int)blockIdx.x + tile_base;
+  const int tblock = (int)bx + tile_base;
   int tile0 = tblock * 4 * WGS;
-  const bf16_t* ximg = xp + (size_t)blockIdx.y * nchunks * (XSTAGE / 2);
+  const bf16_t* ximg = xp + (size_t)by * nchunks * (XSTAGE / 2);
 
   // PERS (stream-K): the block takes steps q0 .. q1 - 1 of all units' chunk columns (unit u =
-  // tile block tile_base + u / tblocks, token block u % tblocks; step q = column q % nchunks
-  // of unit q / nchunks), q0 = cuts[blockIdx.x] and q1 = cuts[blockIdx.x + 1] (the host's
-  // schedule, cuda_large.stream_k_cuts: increasing, cuts[0] = 0, cuts[gridDim.x] = all the
-  // units' steps, at least one step a block), in segments of one unit each: unit u0 + s for
-  // segment s, its columns clo .. chi - 1, stage counter column + qoff (counted from the
+  // tile block tile_base + u / tblocks, token block u % tblocks, or as WREUSE says; step q =
+  // column q % nchunks of unit q / nchunks), q0 = cuts[blockIdx.x] and q1 = cuts[blockIdx.x + 1]
+  // (the host's schedule, cuda_large.stream_k_cuts: increasing, cuts[0] = 0, cuts[gridDim.x] =
+  // all the units' steps, at least one step a block), in segments of one unit each: unit u0 + s
+  // for segment s, its columns clo .. chi - 1, stage counter column + qoff (counted from the
   // block's first step). A segment from column 0 stores the outputs of its unit, after adding
   // (in block order) the partial sums that the blocks after it left in `work` for that unit's
   // later columns; a segment starting later (only ever a block's first) is such a piece: it
@@ -407,14 +427,19 @@ __device__ __forceinline__ void wgl_body(
     u0 = cut(0) / nchunks;
     nseg = (cut(1) - 1) / nchunks - u0 + 1;
   }
+  // (a unit's place: u / ublocks and u % ublocks, the tile block and the token block or, with
+  // WREUSE, the other way round, ublocks then the launch's tile blocks)
+  const int ublocks = WREUSE ? (ntiles + 4 * WGS - 1) / (4 * WGS) - tile_base : tblocks;
   auto set_segment = [&](int sg) {
     const int u = u0 + sg;
     clo = sg == 0 ? cut(0) - u * nchunks : 0;
     chi = sg == nseg - 1 ? cut(1) - u * nchunks : nchunks;
     qoff = u * nchunks - cut(0);
-    tile0 = (tile_base + u / tblocks) * 4 * WGS;
-    tok0 = (u % tblocks) * BN;
-    ximg = xp + (size_t)(u % tblocks) * nchunks * (XSTAGE / 2);
+    const int uq = u / ublocks, ur = u - uq * ublocks;
+    const int ut = WREUSE ? ur : uq, ub = WREUSE ? uq : ur;
+    tile0 = (tile_base + ut) * 4 * WGS;
+    tok0 = ub * BN;
+    ximg = xp + (size_t)ub * nchunks * (XSTAGE / 2);
   };
   if constexpr (PERS != 0) set_segment(0);
 
