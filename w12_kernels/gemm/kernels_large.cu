@@ -159,15 +159,15 @@ constexpr bool XORDER = false;
 
 // The token blocks of one tile block together (W12_WREUSE, docs/PERF_GEMM.md #84): where M takes
 // several token blocks, each of them reads the tile block's chunk columns, so that a layer's
-// weights are read once a token block. Launched in the grid's order (x fastest), block (x, y)
-// is tile block x, token block y, so the token blocks of one tile block start a whole grid
-// row apart: once the weights outgrow the L2, each token block reads them from memory again.
-// With W12_WREUSE the host launches the grid with x and y swapped (x the token block, y the
-// tile block; not with MC 2, whose pairs are neighbouring tile blocks), so that those blocks
-// run at once, on the same columns at about the same pace; and
-// stream-K's unit u is tile block u % (the launch's tile blocks), token block u / (them), so
-// that with the steps cut in about equal shares, block b and block b + gridDim.x / (token
-// blocks) work on the same tile block's same columns at about the same time.
+// weights are read once a token block. Launched in the grid's order (x fastest), block (x, y) is
+// tile block x, token block y, so the token blocks of one tile block start a whole grid row
+// apart: once the weights outgrow the L2, each token block reads them from memory again. With
+// W12_WREUSE the host launches the grid with x and y swapped (x the token block, y the tile
+// block; not with MC 2, whose pairs are neighbouring tile blocks), so that those blocks run at
+// once, on the same columns at about the same pace; and stream-K's unit u is tile block u % (the
+// launch's tile blocks), token block u / (them), so that with the steps cut in about equal
+// shares, block b and block b + gridDim.x / (token blocks) work on the same tile block's same
+// columns at about the same time.
 #ifdef W12_WREUSE
 constexpr bool WREUSE = true;
 #else
