@@ -261,8 +261,7 @@ def test_wreuse_launch_order(monkeypatch):
 
     launched = []
     monkeypatch.setattr(cuda_large, "permute_x", lambda x, nchunks, block_m: x)
-    monkeypatch.setattr(cuda_large, "_function",
-                        lambda index, cfg, xorder=False, wreuse=None: (cfg, wreuse))
+    monkeypatch.setattr(cuda_large, "_function", lambda index, cfg, xorder=False, wreuse=None: cfg)
     monkeypatch.setattr(cuda_large, "_weight_map", lambda chunks, tiles, swizzled=False: bytes(128))
     monkeypatch.setattr(cuda_large, "_stream_k_memory", lambda device, blocks, floats: (0, 0))
     monkeypatch.setattr(cuda_large.torch.cuda, "get_device_properties",
@@ -270,15 +269,14 @@ def test_wreuse_launch_order(monkeypatch):
     monkeypatch.setattr(cuda_large.cuda, "_index", lambda d: 0)
     monkeypatch.setattr(cuda_large.cuda, "_ptr", lambda t: 0)
     monkeypatch.setattr(cuda_large.cuda, "launch",
-                        lambda func, grid, block, args, device, smem, pdl: launched.append(
-                            (func[0], grid)))
+                        lambda func, grid, block, args, device, smem, pdl: launched.append(grid))
 
     def grids(ntiles, m, wreuse, **kw):
         launched.clear()
         cuda_large.gemm_wgl(torch.zeros(m, 64), torch.zeros(ntiles, 1, 384, dtype=torch.int32),
                             *([None] * 9), None, 16 * ntiles, 64, block_m=256, warpgroups=2,
                             x_stages=5, w_stages=5, a_regs=2, wreuse=wreuse, **kw)
-        return [g for _, g in launched]
+        return list(launched)
 
     # 3 tile blocks of 128 rows, 2 token blocks (300 rows)
     assert grids(24, 300, False) == [(3, 2, 1)]
