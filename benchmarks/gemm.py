@@ -588,16 +588,21 @@ WGMMA_CANDIDATES = ((256, 2, 4, 3, 1, 0), (256, 2, 4, 3, 2, 0), (256, 2, 4, 3, 4
                     (256, 2, 5, 5, 2, 2, 0, 0, 0, 1), (256, 1, 5, 8, 2, 3, 0, 0, 0, 1),
                     (256, 1, 5, 6, 2, 3, 0, 0, 0, 1), (256, 2, 5, 5, 1, 2, 1, 0, 0, 1),
                     (256, 2, 5, 5, 1, 2, 0, 0, 0, 1), (256, 2, 5, 5, 1, 2, 0, 2, 0, 1),
-                    (256, 2, 4, 6, 1, 2, 0, 0, 0, 1))
+                    (256, 2, 4, 6, 1, 2, 0, 0, 0, 1),
+                    # a tile block's token blocks reading its columns together (#84-#85): the
+                    # table's kinds of entry at 512 and 1024 rows
+                    (256, 2, 5, 5, 1, 2, 1, 0, 0, 0, 1), (256, 2, 5, 5, 1, 2, 0, 0, 0, 0, 1),
+                    (256, 2, 5, 5, 1, 2, 0, 2, 0, 0, 1), (256, 2, 5, 5, 1, 2, 0, 4, 0, 0, 1),
+                    (256, 2, 5, 5, 2, 2, 0, 0, 0, 0, 1), (256, 2, 4, 6, 1, 2, 0, 0, 0, 0, 1))
 # (not candidates: cuBLAS's tiling of the one-wave layers, 128 weight rows x 64 tokens with the
 # whole K, 0.33-0.52x at 256 rows against 0.71-0.89x for the table's entries, run 261, #68)
 WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs", "persist",
-              "tail", "mcast", "xorder")
+              "tail", "mcast", "xorder", "wreuse")
 
 
 def _wgmma_args(cand: tuple) -> tuple:
-    """A warpgroup candidate's values in the order of WGMMA_KEYS (persist, tail, mcast and
-    xorder 0 where not given)."""
+    """A warpgroup candidate's values in the order of WGMMA_KEYS (persist, tail, mcast, xorder
+    and wreuse 0 where not given)."""
     return cand[1:] + (0,) * (len(WGMMA_KEYS) + 1 - len(cand))
 
 
@@ -606,7 +611,7 @@ def _applies(cand: tuple | None, n: int, m: int) -> bool:
     GPU (``cuda_large.tail_plan``): it would time the same launch as the one without."""
     if cand is None or cand[0] != "wgmma":
         return True
-    block_m, warpgroups, x_stages, w_stages, _, a_regs, _, tail, _, _ = _wgmma_args(cand)
+    block_m, warpgroups, x_stages, w_stages, _, a_regs, _, tail, *_ = _wgmma_args(cand)
     if not tail:
         return True
     from w12_kernels.gemm import cuda_large
@@ -647,7 +652,8 @@ def _large_label(cand: tuple | None) -> str:
         args = _wgmma_args(cand)
         return ("wgmma_m{}_g{}_x{}_w{}_k{}".format(*args[:5]) + ("", "_r", "_rp", "_ri")[args[5]]
                 + ("_ps" if args[6] else "") + (f"_t{args[7]}" if args[7] else "")
-                + ("_mc" if args[8] else "") + ("_xo" if args[9] else ""))
+                + ("_mc" if args[8] else "") + ("_xo" if args[9] else "")
+                + ("_wr" if args[10] else ""))
     return ("fused_t{}_m{}_w{}_s{}".format(*cand[:4]) + (f"_r{cand[4]}" if cand[4] else "")
             + (f"_k{cand[5]}" if cand[5] > 1 else ""))
 
@@ -670,15 +676,16 @@ def _large_entry(cand: tuple | None) -> dict:
     if cand is None:
         return {"kind": "decode"}
     if cand[0] == "wgmma":
-        block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist, tail, mcast, xorder = \
-            _wgmma_args(cand)
+        (block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist, tail, mcast, xorder,
+         wreuse) = _wgmma_args(cand)
         return {"kind": "wgmma", "tiles": 4 * warpgroups, "block_m": block_m,
                 "num_stages": x_stages, "w_stages": w_stages, "splits": splits,
                 **({"a_regs": a_regs} if a_regs else {}),
                 **({"persist": persist} if persist else {}),
                 **({"tail": tail} if tail else {}),
                 **({"mcast": mcast} if mcast else {}),
-                **({"xorder": xorder} if xorder else {})}
+                **({"xorder": xorder} if xorder else {}),
+                **({"wreuse": wreuse} if wreuse else {})}
     return {"kind": "fused", **dict(zip(LARGE_KEYS, cand, strict=True))}
 
 

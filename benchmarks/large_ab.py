@@ -57,8 +57,9 @@ def time_shape(n: int, k: int, m: int, cfg: cfgs.LargeConfig,
     kw = dict(block_m=cfg.block_m, warpgroups=cfg.tiles // 4, x_stages=cfg.num_stages,
               w_stages=cfg.w_stages, splits=cfg.splits, a_regs=cfg.a_regs,
               persist=cfg.persist, tail=cfg.tail, mcast=cfg.mcast)
-    if toggle != "xorder":  # (the entry's own choice)
-        kw["xorder"] = bool(cfg.xorder)
+    for own in ("xorder", "wreuse"):  # (the entry's own choice, where not the toggle)
+        if toggle != own:
+            kw[own] = bool(getattr(cfg, own))
 
     def call(pw, on, xx=x):
         return cuda_large.gemm_wgl(xx, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row,

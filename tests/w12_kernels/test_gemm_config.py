@@ -89,6 +89,34 @@ def test_large_config_by_shape_and_m_class():
                                       "shapes": {}})
 
 
+def test_large_entry_keys_are_not_inherited_and_round_trip_through_the_sweep():
+    """``persist``, ``tail``, ``mcast``, ``xorder`` and ``wreuse`` hold for the entry that
+    names them only (a default with them does not give them to a shape's entry), and every
+    warpgroup candidate of the sweep is written as an entry that reads back as its own values
+    under its own label (``_wr``: ``wreuse``)."""
+    extra = {"persist": 1, "tail": 2, "mcast": 1, "xorder": 1, "wreuse": 1}
+    rule = {"default": {**cfgs.DEFAULT_LARGE, "kind": "wgmma", **extra}, "max_m": 1024,
+            "shapes": {"4096x4096": {"512": {"kind": "wgmma", "wreuse": 1}}}}
+    cfg = cfgs.large_config(4096, 4096, 512, rule)
+    assert cfg.wreuse == 1 and not (cfg.persist or cfg.tail or cfg.mcast or cfg.xorder)
+    assert cfgs.large_config(4096, 4160, 512, rule).wreuse == 1  # (the default itself)
+    gemm_bench = gemm_benchmark()
+    labels = set()
+    for cand in gemm_bench.WGMMA_CANDIDATES:
+        cand = ("wgmma", *cand)
+        entry = gemm_bench._large_entry(cand)
+        got = cfgs.large_config(4096, 4096, 512, {"default": dict(cfgs.DEFAULT_LARGE),
+                                                  "shapes": {"4096x4096": {"512": entry}}})
+        args = dict(zip(gemm_bench.WGMMA_KEYS, gemm_bench._wgmma_args(cand), strict=True))
+        assert (got.block_m, got.tiles // 4, got.num_stages, got.w_stages, got.splits,
+                got.a_regs, got.persist, got.tail, got.mcast, got.xorder, got.wreuse) == \
+            tuple(args.values())
+        label = gemm_bench._large_label(cand)
+        assert ("_wr" in label) == bool(args["wreuse"]) and label not in labels
+        labels.add(label)
+    assert any("_wr" in label for label in labels)
+
+
 def test_shipped_large_table_is_consistent():
     """Every entry of the shipped large-M table is a kind the launcher knows, and every
     warpgroup-MMA entry a configuration ``cuda_large`` instantiates (as the launcher passes it:

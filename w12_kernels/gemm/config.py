@@ -159,6 +159,9 @@ class LargeConfig:
     # activation stage copied once for both (multicast; docs/PERF_GEMM.md #66; not inherited)
     xorder: int = 0  # wgmma with a_regs, no multicast: the activations copied straight from x,
     # no image pass (cuda_large.xorder_applies; docs/PERF_GEMM.md #83; not inherited)
+    wreuse: int = 0  # wgmma, no multicast: a tile block's token blocks launched next to each
+    # other, stream-K's units token block outermost (cuda_large.WREUSE for entries without
+    # it; docs/PERF_GEMM.md #84-#85; not inherited)
 
 
 @functools.cache
@@ -185,10 +188,10 @@ def large_config(n: int, k: int, m: int, r: dict | None = None) -> LargeConfig:
     if classes:
         cls = next((c for c in classes if m <= c), None)
         # (a shape's entry fills its gaps from the default, except ``persist``, ``tail``,
-        # ``mcast`` and ``xorder``, valid only with some K splits and operand modes: an entry
-        # without them has none of them)
+        # ``mcast``, ``xorder`` and ``wreuse``, valid only with some K splits and operand
+        # modes: an entry without them has none of them)
         chosen = ({**r["default"], "persist": 0, "tail": 0, "mcast": 0, "xorder": 0,
-                   **by_m[str(cls)]}
+                   "wreuse": 0, **by_m[str(cls)]}
                   if cls is not None else {"kind": "decode"})
     else:
         chosen = r["default"] if m <= r.get("max_m", DEFAULT_LARGE_MAX_M) else {"kind": "decode"}
