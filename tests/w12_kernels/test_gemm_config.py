@@ -709,3 +709,27 @@ def test_one_pass_dispatch(monkeypatch):
     calls.clear()
     launcher.linear(x[:64], *([None] * 12), 8, 64)
     assert calls == [("pass", 64)]
+
+
+def test_large_dispatch_passes_the_entrys_launch_options(monkeypatch):
+    """The launcher hands a warpgroup entry's ``xorder`` and ``wreuse`` to ``gemm_wgl``; an
+    entry without ``wreuse`` leaves it to the module default (None)."""
+    import torch
+
+    from w12_kernels.gemm import cuda_large, launcher
+
+    calls = []
+    monkeypatch.setattr(launcher, "backend", lambda: "cuda")
+    monkeypatch.setattr(launcher, "_has_wgmma", lambda: True)
+    monkeypatch.setattr(cuda_large, "gemm_wgl", lambda x, *a, **kw: calls.append(kw))
+    x = torch.randn(512, 64).to(torch.bfloat16)
+    base = {"kind": "wgmma", "tiles": 8, "block_m": 256, "num_stages": 5, "w_stages": 5,
+            "splits": 1, "a_regs": 2}
+    for extra, want in (({"wreuse": 1, "persist": 1}, (True, False, 1)),
+                        ({"xorder": 1}, (None, True, 0))):
+        rule = {"default": dict(cfgs.DEFAULT_LARGE), "max_m": 1024,
+                "shapes": {"8x64": {"512": {**base, **extra}}}}
+        monkeypatch.setattr(cfgs, "large_rule", lambda r=rule: r)
+        calls.clear()
+        launcher.linear(x, *([None] * 12), 8, 64)
+        assert [(c["wreuse"], c["xorder"], c["persist"]) for c in calls] == [want]
