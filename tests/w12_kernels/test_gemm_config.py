@@ -733,3 +733,19 @@ def test_large_dispatch_passes_the_entrys_launch_options(monkeypatch):
         calls.clear()
         launcher.linear(x, *([None] * 12), 8, 64)
         assert [(c["wreuse"], c["xorder"], c["persist"]) for c in calls] == [want]
+
+
+def test_large_probe_reads_candidates_in_the_sweeps_form():
+    """``benchmarks/large_probe.py``'s ``--configs``: each item a warpgroup candidate as the
+    sweep writes them (trailing keys 0), labelled as the sweep labels them; bad items refused
+    with the reason."""
+    probe = benchmark_module("large_probe")
+    gemm_bench = gemm_benchmark()
+    cands = probe.parse_configs("256,2,5,5,1,2,1; 128,2,6,6,1,2,1,0,0,0,1;")
+    assert cands == [("wgmma", 256, 2, 5, 5, 1, 2, 1), ("wgmma", 128, 2, 6, 6, 1, 2, 1, 0, 0, 0, 1)]
+    assert [gemm_bench._large_label(c) for c in cands] == [
+        "wgmma_m256_g2_x5_w5_k1_rp_ps", "wgmma_m128_g2_x6_w6_k1_rp_ps_wr"]
+    for bad, why in (("256,2,5", "3 values"), ("256,2,5,5,1,x", "integers"), (" ; ", "empty"),
+                     (",".join(["1"] * 12), "12 values")):
+        with pytest.raises(SystemExit, match=why):
+            probe.parse_configs(bad)
