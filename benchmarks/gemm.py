@@ -589,11 +589,14 @@ WGMMA_CANDIDATES = ((256, 2, 4, 3, 1, 0), (256, 2, 4, 3, 2, 0), (256, 2, 4, 3, 4
                     (256, 1, 5, 6, 2, 3, 0, 0, 0, 1), (256, 2, 5, 5, 1, 2, 1, 0, 0, 1),
                     (256, 2, 5, 5, 1, 2, 0, 0, 0, 1), (256, 2, 5, 5, 1, 2, 0, 2, 0, 1),
                     (256, 2, 4, 6, 1, 2, 0, 0, 0, 1),
+                    # (and the 128-row kind the table takes on two shapes, #83)
+                    (128, 2, 8, 8, 2, 1, 0, 0, 0, 1),
                     # a tile block's token blocks reading its columns together (#84-#85): the
                     # table's kinds of entry at 512 and 1024 rows
                     (256, 2, 5, 5, 1, 2, 1, 0, 0, 0, 1), (256, 2, 5, 5, 1, 2, 0, 0, 0, 0, 1),
                     (256, 2, 5, 5, 1, 2, 0, 2, 0, 0, 1), (256, 2, 5, 5, 1, 2, 0, 4, 0, 0, 1),
-                    (256, 2, 5, 5, 2, 2, 0, 0, 0, 0, 1), (256, 2, 4, 6, 1, 2, 0, 0, 0, 0, 1))
+                    (256, 2, 5, 5, 2, 2, 0, 0, 0, 0, 1), (256, 2, 4, 6, 1, 2, 0, 0, 0, 0, 1),
+                    (256, 2, 5, 5, 1, 2, 1, 0, 0, 1, 1))
 # (not candidates: cuBLAS's tiling of the one-wave layers, 128 weight rows x 64 tokens with the
 # whole K, 0.33-0.52x at 256 rows against 0.71-0.89x for the table's entries, run 261, #68)
 WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs", "persist",

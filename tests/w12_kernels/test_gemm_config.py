@@ -749,3 +749,19 @@ def test_large_probe_reads_candidates_in_the_sweeps_form():
                      (",".join(["1"] * 12), "12 values")):
         with pytest.raises(SystemExit, match=why):
             probe.parse_configs(bad)
+
+
+def test_every_shipped_large_entry_is_a_sweep_candidate(monkeypatch):
+    """A restricted large-M sweep (``--candidates``) times each point's current entry beside
+    its candidates only where the entry is a sweep candidate; an entry that is not one would
+    be replaced by the best of the few candidates timed, so every warpgroup entry of the
+    shipped table must be one."""
+    from w12_kernels.gemm import cuda_large
+
+    gemm_bench = gemm_benchmark()
+    monkeypatch.setattr(cuda_large, "available", lambda: True)
+    rule = cfgs.large_rule()
+    missing = [(shape, m) for shape, by_m in rule["shapes"].items() for m, e in by_m.items()
+               if e.get("kind") == "wgmma"
+               and gemm_bench.current_candidate(*map(int, shape.split("x")), int(m)) is None]
+    assert not missing
