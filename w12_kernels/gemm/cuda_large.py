@@ -104,8 +104,9 @@ MAX_STREAM_K_BLOCKS = 256  # StreamKCuts in kernels_large.cu
 # layer's weights come from memory about once and from the L2 after. False restores the
 # grid's order (tile blocks fastest) and stream-K's units tile block outermost. The same bits
 # either way without stream-K; stream-K's units are cut elsewhere, so its bits differ (each
-# deterministic). Off: over the table a wash at 512 and 1024 rows (0.881 -> 0.883, 0.898 ->
-# 0.898 in the same graphs, run 302 on an H100), though 5120x25600 at 512 rows gained 7.7%.
+# deterministic). Off for the entries that do not name it: over the whole table a wash at
+# 512 and 1024 rows (0.881 -> 0.883, 0.898 -> 0.898 in the same graphs, run 302 on an H100),
+# so the large-M table turns it on per entry (its ``wreuse`` key, #85) where it won.
 WREUSE = False
 
 # Whether gemm_wgl copies a block's chunk words of a column by one tensor copy (a tensor map
