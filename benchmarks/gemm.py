@@ -703,17 +703,20 @@ def current_candidate(n: int, k: int, m: int, rule: dict | None = None) -> tuple
     return next((c for c in large_candidates() if _large_entry(c) == entry), None)
 
 
-def run_sweep_large(m_values, shapes=None, pattern=None) -> tuple[list[dict], dict]:
+def run_sweep_large(m_values, shapes=None, pattern=None,
+                    keep_margin: float = 0.0) -> tuple[list[dict], dict]:
     """Time decode + cuBLAS and every fused block shape per shape and M (and, up to 128 rows,
     the small-kernel passes the launcher uses there, for reference); return the rows and the
     ``large`` table: per shape and M the fastest choice within the error budget, and as the
     default the choice with the best geometric-mean speedup over all swept points. With
     ``pattern`` (some candidates only) the table's current entry of each point is timed too,
     so that a table written from the sweep keeps it unless a candidate beat it in the same
-    rounds (a restricted sweep once replaced entries by the best of its few candidates)."""
+    rounds (a restricted sweep once replaced entries by the best of its few candidates). A
+    point's current entry also stays where the fastest choice beat it by ``keep_margin`` (a
+    fraction of its time) or less: ``choose_large``."""
     cands = large_candidates(pattern)
     known = cands  # every candidate timed somewhere, for the table's labels
-    rows = []
+    rows, current = [], {}
     for n, k in shapes or SWEEP_SHAPES:
         layer = Layer(n, k, seed=n + k)
         for m in m_values:
@@ -721,7 +724,10 @@ def run_sweep_large(m_values, shapes=None, pattern=None) -> tuple[list[dict], di
             # points, it made a restricted sweep re-time many unrelated configurations there,
             # and the table then took their noise-level reorderings)
             point = list(cands)
-            cur = current_candidate(n, k, m) if pattern else None
+            # (without ``pattern`` every candidate is timed, the current entry among them)
+            cur = current_candidate(n, k, m)
+            if cur is not None:
+                current[(n, k, m)] = _large_label(cur)
             if cur is not None and cur not in point:
                 point.append(cur)
                 if cur not in known:
@@ -735,11 +741,19 @@ def run_sweep_large(m_values, shapes=None, pattern=None) -> tuple[list[dict], di
                                  cublas_us=t_ref))
         del layer
         torch.cuda.empty_cache()
-    return rows, choose_large(rows, known)
+    return rows, choose_large(rows, known, current, keep_margin)
 
 
-def choose_large(rows: list[dict], cands: tuple | None = None) -> dict:
+def choose_large(rows: list[dict], cands: tuple | None = None, current: dict | None = None,
+                 keep_margin: float = 0.0) -> dict:
+    """The large-M table from the sweep's ``rows``: per (shape, M) the fastest choice within
+    the error budget, except that the point's current entry (``current``: its label per
+    (n, k, m)) stays where the fastest was at most ``keep_margin`` (a fraction) faster. Within
+    that margin the order is the sweep's noise: one table timed four times moved shapes by
+    1-8% between runs (docs/PERF_GEMM.md #87), and a restricted sweep took such reorderings as
+    wins. The default is the choice with the best geometric-mean speedup."""
     cands = cands or (None, *LARGE_CANDIDATES)
+    current = current or {}
     by_label = {_large_label(c): c for c in cands}
 
     def entry(label: str) -> dict:
@@ -753,6 +767,11 @@ def choose_large(rows: list[dict], cands: tuple | None = None) -> dict:
     shapes: dict = {}
     for n, k, m in points:
         best = max(labels, key=lambda lbl: _speedup(table.get((n, k, m, lbl))))
+        cur = current.get((n, k, m))
+        if cur in by_label and math.isfinite(_speedup(table.get((n, k, m, cur)))) and (
+                _speedup(table.get((n, k, m, best))) - _speedup(table.get((n, k, m, cur)))
+                <= math.log1p(keep_margin)):
+            best = cur
         if math.isfinite(_speedup(table.get((n, k, m, best)))):
             shapes.setdefault(f"{n}x{k}", {})[str(m)] = entry(best)
     mean = math.exp(scores[default] / max(1, len(points)))
@@ -793,6 +812,10 @@ def main() -> None:
                         help="with --sweep-large: only the choices whose label contains one of "
                              "these comma-separated parts (decode + cuBLAS and each point's "
                              "current table entry are always timed)")
+    parser.add_argument("--keep-margin", type=float, default=2.0,
+                        help="with --sweep-large: a point's current table entry stays unless "
+                             "it took more than this many percent longer than the fastest "
+                             "choice (default 2, about the run-to-run noise; 0: the fastest)")
     parser.add_argument("--decode", action="store_true",
                         help="time the decode-to-BF16 kernel alone against a weight copy")
     parser.add_argument("--compile-workers", type=int, default=min(16, os.cpu_count() or 1),
@@ -822,7 +845,7 @@ def main() -> None:
                                     args.compile_workers)
         else:
             rows, large = run_sweep_large([m for m in m_values if m > 64], shapes,
-                                          args.candidates)
+                                          args.candidates, args.keep_margin / 100)
             table = {"large": large}
         result = dict(device=props.name, copy_tbs=ceiling, sweep=rows, table=table)
         if args.write_table:  # the other entries of the table stay as they are

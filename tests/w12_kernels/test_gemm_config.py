@@ -765,3 +765,30 @@ def test_every_shipped_large_entry_is_a_sweep_candidate(monkeypatch):
                if e.get("kind") == "wgmma"
                and gemm_bench.current_candidate(*map(int, shape.split("x")), int(m)) is None]
     assert not missing
+
+
+def test_large_sweep_keeps_the_current_entry_within_the_margin(monkeypatch):
+    """A point's current entry stays where the fastest choice beat it by ``keep_margin`` or
+    less (noise-level reorderings), and is replaced where it was beaten by more; with a margin
+    of 0 the fastest always wins."""
+    gemm_bench = gemm_benchmark()
+    current, other = gemm_bench.LARGE_CANDIDATES[3], gemm_bench.LARGE_CANDIDATES[0]
+    rule = {"default": {"kind": "decode"}, "max_m": 512,
+            "shapes": {"4096x4096": {"256": gemm_bench._large_entry(current),
+                                     "512": gemm_bench._large_entry(current)}}}
+    monkeypatch.setattr(gemm_bench.cfgs, "large_rule", lambda: rule)
+    monkeypatch.setattr(gemm_bench, "Layer", lambda n, k, seed: None)
+    # the other candidate 1% faster at 256 rows, 5% faster at 512
+    us = {256: 101.0, 512: 105.0}
+
+    def measure(layer, m, runs):
+        return 200.0, {label: (100.0 if label == gemm_bench._large_label(other)
+                               else us[m] if label == gemm_bench._large_label(current)
+                               else 300.0, 1.0) for label in runs}
+
+    monkeypatch.setattr(gemm_bench, "_measure", measure)
+    pattern = gemm_bench._large_label(other)
+    for margin, at_256 in ((0.02, current), (0.0, other)):
+        _, table = gemm_bench.run_sweep_large([256, 512], [(4096, 4096)], pattern, margin)
+        assert table["shapes"]["4096x4096"]["256"] == gemm_bench._large_entry(at_256)
+        assert table["shapes"]["4096x4096"]["512"] == gemm_bench._large_entry(other)
