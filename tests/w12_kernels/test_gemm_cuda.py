@@ -868,25 +868,77 @@ def test_wgmma_large_kernel_stream_k_any_cuts(blocks):
 
 
 def test_prefill_rows_through_the_large_table():
-    """257-1024 rows through ``w12_linear`` on the smallest shipped shape whose 1024-row
-    large-M entry is the warpgroup kernel: the launcher takes that entry, and the result is
-    within budget and bit-identical when run again."""
+    """Rows through ``w12_linear`` in every M class of the shipped large-M table above 256, on
+    the smallest shape whose entry in that class is the warpgroup kernel (300 and 1000 rows up
+    to the 1024-row class, then the class's size less 48): the launcher takes that entry, and
+    the result is within budget and bit-identical when run again."""
     from w12_kernels.gemm import config as cfgs
     from w12_kernels.gemm import cuda_large
 
     if not cuda_large.available():
         pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
-    shapes = [tuple(map(int, shape.split("x")))
-              for shape, by_m in cfgs.large_rule()["shapes"].items()
-              if by_m.get("1024", {}).get("kind") == "wgmma"]
-    n, k = min(shapes, key=lambda s: s[0] * s[1])
-    for m in (300, 1000):
-        assert cfgs.large_config(n, k, m).kind == "wgmma"
+    rule = cfgs.large_rule()
+    classes = sorted({int(c) for by_m in rule["shapes"].values() for c in by_m if int(c) > 256})
+    assert 1024 in classes
+    points = []
+    for cls in classes:
+        shapes = [tuple(map(int, shape.split("x"))) for shape, by_m in rule["shapes"].items()
+                  if by_m.get(str(cls), {}).get("kind") == "wgmma"]
+        n, k = min(shapes, key=lambda s: s[0] * s[1])
+        for m in ((300, 1000) if cls == 1024 else (cls - 48,)):
+            assert cfgs.large_config(n, k, m).kind == "wgmma"
+            points.append((n, k, m))
 
     def run(x, pw, bias, out):
         out.copy_(w12_linear(x, pw, bias))
 
-    _check_large_kernel(run, ((n, k, 300), (n, k, 1000)))
+    _check_large_kernel(run, points)
+
+
+def _table_entries(min_class: int) -> list[dict]:
+    """The distinct warpgroup-kernel entries of the shipped large-M table in its M classes of
+    ``min_class`` rows and more (read at collection: the table is part of the package)."""
+    from w12_kernels.gemm import config as cfgs
+
+    seen = []
+    for by_m in cfgs.large_rule()["shapes"].values():
+        for cls, entry in by_m.items():
+            if int(cls) >= min_class and entry.get("kind") == "wgmma" and entry not in seen:
+                seen.append(entry)
+    return seen
+
+
+@pytest.mark.parametrize("entry", _table_entries(1024),
+                         ids=lambda e: "_".join(f"{k}{v}" for k, v in e.items() if k != "kind"))
+def test_table_entries_over_eight_token_blocks(entry, monkeypatch):
+    """Every warpgroup entry of the table's 1024-row and larger classes (stream-K, xorder, the
+    tail launches, wreuse), taken by ``w12_linear`` for 1999-2000 rows: eight token blocks of
+    256, more than any class below uses. Within budget (escapes, NaN/inf, bias) and
+    bit-identical when run again, on a shape with a partial last wave and on one of a single
+    wave with rows past the last tile and K not a multiple of 64."""
+    from w12_kernels.gemm import config as cfgs
+    from w12_kernels.gemm import cuda_large
+
+    if not cuda_large.available():
+        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
+    default = {**cfgs.large_rule()["default"], "persist": 0, "tail": 0, "mcast": 0,
+               "xorder": 0, "wreuse": 0, **entry}
+    monkeypatch.setattr(cfgs, "large_rule",
+                        lambda: {"default": default, "max_m": 4096, "shapes": {}})
+    calls, wgl = [], cuda_large.gemm_wgl
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return wgl(*args, **kwargs)
+
+    monkeypatch.setattr(cuda_large, "gemm_wgl", spy)
+
+    def run(x, pw, bias, out):
+        out.copy_(w12_linear(x, pw, bias))
+
+    _check_large_kernel(run, ((4096, 4096, 2000), (1000, 1000, 1999)))
+    assert calls and all(c["persist"] == entry.get("persist", 0)
+                         and c["tail"] == entry.get("tail", 0) for c in calls)
 
 
 def test_invariant_rows_64_sends_prefill_rows_to_the_large_table(monkeypatch):
