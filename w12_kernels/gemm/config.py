@@ -179,9 +179,10 @@ def large_config(n: int, k: int, m: int, r: dict | None = None) -> LargeConfig:
     """How ``m`` rows beyond the small-M path multiply an (N, K) weight: the entry of the
     smallest measured M class >= ``m`` of the shape (or the default up to ``max_m``). Beyond
     what was measured, decode + cuBLAS: the fused kernels' time grows with M while the decode
-    is paid once, so extrapolating a win at the largest measured class (1024 rows in the
-    shipped table, where the warpgroup kernel still wins on most shapes) to a longer prefill
-    would be a guess (docs/PERF_GEMM.md #35)."""
+    is paid once, so extrapolating a win at the largest measured class (2048 rows in the
+    shipped table, where the warpgroup kernel still wins on every shape) to a longer prefill
+    would be a guess (docs/PERF_GEMM.md #35; at 4096 rows decode + cuBLAS and the best fused
+    choice were within a few percent of each other on an H100, #88)."""
     r = r or large_rule()
     by_m = r["shapes"].get(f"{n}x{k}", {})
     classes = sorted(int(c) for c in by_m)
