@@ -1,6 +1,8 @@
 """Where a large-M call's fixed costs go, per block: the warpgroup-MMA kernel
 (``kernels_large.cu``) and its image pass with ``%globaltimer`` stamps, at 256 rows, on the
-one-wave layers and one layer of several waves, with the large-M table's configuration.
+one-wave layers and one layer of several waves, with the large-M table's configuration
+(``--m``: another row count, its entry's ``wreuse`` included; entries with ``xorder`` or a tail
+launch are not stamped).
 
 A patched copy of the kernel source (the shipped file is not touched) stamps, per block: its
 entry (thread 0), the producer's first activation copy issued (after ``griddepcontrol.wait``
@@ -145,16 +147,19 @@ def patched(shipped: Path) -> str:
     return text
 
 
-def table_config(n: int, k: int) -> dict:
-    """The large-M table's configuration at 256 rows for this shape (``gemm_wgl``'s keywords)."""
-    e = cfgs.large_config(n, k, 256)
+def table_config(n: int, k: int, m: int = 256) -> dict:
+    """The large-M table's configuration at ``m`` rows for this shape (``gemm_wgl``'s
+    keywords)."""
+    e = cfgs.large_config(n, k, m)
     if e.kind != "wgmma":
         raise SystemExit(f"wgl_timeline: the table has no warpgroup entry for {n}x{k}")
     if e.tail:
         raise SystemExit(f"wgl_timeline: {n}x{k}: tail launches are not stamped")
+    if e.xorder:
+        raise SystemExit(f"wgl_timeline: {n}x{k}: xorder entries (no image pass) are not stamped")
     return dict(block_m=e.block_m, warpgroups=e.tiles // 4, x_stages=e.num_stages,
                 w_stages=e.w_stages, splits=e.splits, a_regs=e.a_regs, persist=e.persist,
-                mcast=e.mcast)
+                mcast=e.mcast, wreuse=bool(e.wreuse))
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -209,10 +214,10 @@ def stream_k_durations(stamps) -> dict:
 
 
 def probe(n: int, k: int, scratch: Path, raw: bool = False,
-          weighted: bool | None = None) -> dict:
+          weighted: bool | None = None, m: int = 256) -> dict:
     import cupy
 
-    kw = table_config(n, k)
+    kw = table_config(n, k, m)
     if kw["persist"]:
         kw["weighted"] = weighted
     config = (kw["block_m"], kw["warpgroups"], kw["x_stages"], kw["w_stages"], kw["splits"],
@@ -222,7 +227,7 @@ def probe(n: int, k: int, scratch: Path, raw: bool = False,
     path.write_text(patched(shipped))
     cl.SOURCE_PATH = path
     try:
-        code = cl.source(*config)
+        code = cl.source(*config, wreuse=kw["wreuse"])
     finally:
         cl.SOURCE_PATH = shipped
     major, minor = torch.cuda.get_device_capability()
@@ -233,14 +238,14 @@ def probe(n: int, k: int, scratch: Path, raw: bool = False,
                                                       splits=config[4]))
     image_fn = mod.get_function("w12_permute_x")
     layer = G.Layer(n, k, seed=n + k)
-    x = torch.randn(256, k, device="cuda").to(torch.bfloat16)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     order = [i % layer.copies for i in range(layer.copies * 4)]
     stamped = [False]
     shipped_function = cl._function
 
-    def function(dev, conf):
+    def function(dev, conf, *args):
         if not stamped[0]:
-            return shipped_function(dev, conf)
+            return shipped_function(dev, conf, *args)
         return image_fn if conf is None else gemm_fn
 
     def call(i, stamp):
@@ -278,14 +283,15 @@ def probe(n: int, k: int, scratch: Path, raw: bool = False,
     if kw["persist"]:
         out["stream_k"] = stream_k_durations(stamps)
         tiles = -(-n // 16)
-        steps = -(-tiles // (4 * kw["warpgroups"])) * -(-k // 64)  # 256 rows: one token block
+        steps = (-(-tiles // (4 * kw["warpgroups"])) * -(-m // kw["block_m"])
+                 * -(-k // 64))  # (units: tile blocks x token blocks)
         out["cuts"] = list(cl.stream_k_cuts(steps, -(-k // 64), out["blocks"], weighted))
     if raw:  # every block's stamps, µs from the image pass's first block entry (0: none)
         t0 = int(image[image[:, 0] > 0][:, 0].min())
         out["per_block"] = [[round((int(v) - t0) / 1e3, 3) if v > 0 and j < 7 else int(v)
                              for j, v in enumerate(row)]
                             for row in stamps[stamps[:, 0] > 0]]
-    print(f"{n}x{k} {out['config']}: {out['blocks']} blocks; call {t_plain:.2f} us "
+    print(f"{n}x{k} M={m} {out['config']}: {out['blocks']} blocks; call {t_plain:.2f} us "
           f"(stamped {t_stamped:.2f}), cuBLAS {t_ref:.2f} us; image pass ends "
           f"{out['image_first_end']:.2f}..{out['image_last_end']:.2f}", flush=True)
     for name, p in out["phases"].items():
@@ -303,6 +309,7 @@ def probe(n: int, k: int, scratch: Path, raw: bool = False,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
+    parser.add_argument("--m", type=int, default=256, help="activation rows (> 64)")
     parser.add_argument("--json", help="write the stamps' summary here")
     parser.add_argument("--raw", action="store_true",
                         help="with --json: also every block's stamps")
@@ -316,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory() as scratch:
         for n, k in shapes:
-            results.append(probe(n, k, Path(scratch), args.raw, False if args.equal else None))
+            results.append(probe(n, k, Path(scratch), args.raw, False if args.equal else None,
+                                 args.m))
             torch.cuda.empty_cache()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
