@@ -2,6 +2,7 @@
 table's schedule, and how it is written into the table."""
 
 import json
+import sys
 
 import pytest
 from gemm_helpers import benchmark_module
@@ -62,3 +63,30 @@ def test_the_shipped_32b_entries_at_17_32_rows_take_two_tiles(shape):
     n, k = map(int, shape.split("x"))
     assert cfgs.small_config(n, k, 132).layout(32).tiles == 2
     assert "4" in cfgs.rule()["shapes"][shape]["sustained"]  # kept by burst sweeps
+
+
+def test_large_power_refuses_small_m_and_prints_energy_and_budget(monkeypatch, capsys):
+    """``benchmarks/large_power.py``: rows of 64 or fewer are refused (not the large-M path),
+    a machine without the warpgroup kernel is told so, and a row prints its ratio to cuBLAS,
+    clock, power, energy and ERR where the error is over the budget."""
+    lp = benchmark_module("large_power")
+    monkeypatch.setattr(sys, "argv", ["large_power.py", "--shapes", "64x64", "--m", "64,512"])
+    with pytest.raises(SystemExit, match="rows above 64"):
+        lp.main()
+    from w12_kernels.gemm import cuda_large
+
+    monkeypatch.setattr(cuda_large, "available", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["large_power.py", "--shapes", "64x64", "--m", "512",
+                                      "--configs", "256,2,5,5,1,2"])
+    with pytest.raises(SystemExit, match="compute-capability 9.0"):
+        lp.main()
+    row = dict(n=5120, k=25600, m=512, label="table", us=271.2, ratio=0.766, sm_mhz=1410.0,
+               watts=681.0, uj=184687.0, power_capped=0.9, err_ratio=2.5)
+    lp.print_row(row)
+    out = capsys.readouterr().out
+    assert "5120x25600 M=512" in out and "x0.766" in out and "1410 MHz" in out
+    assert "681 W" in out and "184687 uJ/call" in out and "capped 90%" in out
+    assert "ERR x2.5" in out
+    lp.print_row({**row, "err_ratio": 1.0, "power_capped": None, "sm_mhz": None})
+    out = capsys.readouterr().out
+    assert "ERR" not in out and "capped" not in out and "  - MHz" in out
