@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import gemm as G  # noqa: E402
 from benchmarks.gemm_power import _fmt, sustained  # noqa: E402
-from benchmarks.large_probe import parse_configs  # noqa: E402
+from benchmarks.large_probe import candidate_runs, parse_configs  # noqa: E402
 
 
 def point_rows(layer, m: int, cands: list, seconds: float, cool: float) -> list[dict]:
@@ -37,16 +37,7 @@ def point_rows(layer, m: int, cands: list, seconds: float, cool: float) -> list[
 
     x = torch.randn(m, layer.k, device="cuda").to(torch.bfloat16)
     order = [i % layer.copies for i in range(layer.copies * 4)]
-    runs = {"table": G.default_run}
-    for cand in cands:
-        run = G._large_runner(cand)
-        try:
-            run(x, layer.w12[0])
-            torch.cuda.synchronize()
-        except ValueError as e:  # (gemm_wgl's refusal of a configuration)
-            print(f"skipped {G._large_label(cand)}: {e}", flush=True)
-            continue
-        runs[G._large_label(cand)] = run
+    runs = candidate_runs(layer, x, cands)
     rows = [dict(label="cublas", err_ratio=1.0,
                  **sustained([lambda i=i: torch.nn.functional.linear(x, layer.bf16[i])
                               for i in order], seconds, cool))]

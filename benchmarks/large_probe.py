@@ -39,6 +39,24 @@ def parse_configs(text: str) -> list[tuple]:
     return cands
 
 
+def candidate_runs(layer, x, cands: list) -> dict:
+    """The large-M table's entry (through the launcher) and each candidate that ``gemm_wgl``
+    accepts for ``x`` on ``layer``, by label (refused ones are reported and left out)."""
+    import torch
+
+    runs = {"table": G.default_run}
+    for cand in cands:
+        run = G._large_runner(cand)
+        try:
+            run(x, layer.w12[0])
+            torch.cuda.synchronize()
+        except ValueError as e:  # (gemm_wgl's refusal of a configuration)
+            print(f"skipped {G._large_label(cand)}: {e}", flush=True)
+            continue
+        runs[G._large_label(cand)] = run
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", required=True, help="NxK")
@@ -56,17 +74,7 @@ def main() -> None:
         raise SystemExit("large_probe: needs a compute-capability 9.0 GPU and CuPy")
     layer = G.Layer(n, k, seed=n + k)
     x = torch.randn(args.m, k, device="cuda").to(torch.bfloat16)
-    runs = {"table": G.default_run}
-    for cand in cands:
-        run = G._large_runner(cand)
-        try:
-            run(x, layer.w12[0])
-            torch.cuda.synchronize()
-        except ValueError as e:  # (gemm_wgl's refusal of a configuration)
-            print(f"skipped {G._large_label(cand)}: {e}", flush=True)
-            continue
-        runs[G._large_label(cand)] = run
-    G._measure(layer, args.m, runs)
+    G._measure(layer, args.m, candidate_runs(layer, x, cands))
 
 
 if __name__ == "__main__":
