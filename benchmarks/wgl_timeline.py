@@ -1,8 +1,8 @@
 """Where a large-M call's fixed costs go, per block: the warpgroup-MMA kernel
 (``kernels_large.cu``) and its image pass with ``%globaltimer`` stamps, at 256 rows, on the
 one-wave layers and one layer of several waves, with the large-M table's configuration
-(``--m``: another row count, its entry's ``wreuse`` included; entries with ``xorder`` or a tail
-launch are not stamped).
+(``--m``: another row count, its entry's ``wreuse`` included). Shapes whose entry has ``xorder``
+(no image pass) or a tail launch, or is not the warpgroup kernel, are reported and skipped.
 
 A patched copy of the kernel source (the shipped file is not touched) stamps, per block: its
 entry (thread 0), the producer's first activation copy issued (after ``griddepcontrol.wait``
@@ -147,16 +147,20 @@ def patched(shipped: Path) -> str:
     return text
 
 
+class NotStamped(Exception):
+    """The table's entry for a shape is one this probe does not stamp."""
+
+
 def table_config(n: int, k: int, m: int = 256) -> dict:
     """The large-M table's configuration at ``m`` rows for this shape (``gemm_wgl``'s
     keywords)."""
     e = cfgs.large_config(n, k, m)
     if e.kind != "wgmma":
-        raise SystemExit(f"wgl_timeline: the table has no warpgroup entry for {n}x{k}")
+        raise NotStamped(f"the table has no warpgroup entry for {n}x{k} at {m} rows")
     if e.tail:
-        raise SystemExit(f"wgl_timeline: {n}x{k}: tail launches are not stamped")
+        raise NotStamped(f"{n}x{k} at {m} rows: tail launches are not stamped")
     if e.xorder:
-        raise SystemExit(f"wgl_timeline: {n}x{k}: xorder entries (no image pass) are not stamped")
+        raise NotStamped(f"{n}x{k} at {m} rows: xorder entries (no image pass) are not stamped")
     return dict(block_m=e.block_m, warpgroups=e.tiles // 4, x_stages=e.num_stages,
                 w_stages=e.w_stages, splits=e.splits, a_regs=e.a_regs, persist=e.persist,
                 mcast=e.mcast, wreuse=bool(e.wreuse))
@@ -323,8 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory() as scratch:
         for n, k in shapes:
-            results.append(probe(n, k, Path(scratch), args.raw, False if args.equal else None,
-                                 args.m))
+            try:
+                results.append(probe(n, k, Path(scratch), args.raw,
+                                     False if args.equal else None, args.m))
+            except NotStamped as why:
+                print(f"wgl_timeline: skipped: {why}", flush=True)
             torch.cuda.empty_cache()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

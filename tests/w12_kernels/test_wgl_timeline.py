@@ -2,6 +2,7 @@
 its reading of made-up stamps, and its refusal without a GPU."""
 
 import numpy as np
+import pytest
 from gemm_helpers import benchmark_module
 
 from w12_kernels.gemm import cuda_large as cl
@@ -80,3 +81,25 @@ def test_stream_k_durations_of_made_up_stamps():
     assert d["owner_wait_and_add"] == {"blocks": 1, "min": 4.0, "median": 4.0, "max": 4.0}
     assert d["owner_stores"]["median"] == 2.0
     assert d["last_stores_unowned"] == {"blocks": 1, "min": 3.0, "median": 3.0, "max": 3.0}
+
+
+def test_entries_it_cannot_stamp_are_named_not_run(monkeypatch):
+    """``table_config`` refuses (``NotStamped``, which ``main`` reports and skips) the entries
+    the stamps do not cover: xorder (no image pass), tail launches, no warpgroup entry; and
+    gives a stamped entry's keywords, its ``wreuse`` included, at the row count asked."""
+    from w12_kernels.gemm import config as cfgs
+
+    tl = benchmark_module("wgl_timeline")
+    base = {**cfgs.DEFAULT_LARGE, "kind": "wgmma", "tiles": 8, "block_m": 256, "num_stages": 5,
+            "w_stages": 5, "splits": 1, "a_regs": 2}
+    rule = {"default": {"kind": "decode"}, "max_m": 512, "shapes": {
+        "100x64": {"512": {**base, "xorder": 1}}, "200x64": {"512": {**base, "tail": 2}},
+        "300x64": {"512": {"kind": "decode"}},
+        "400x64": {"256": base, "512": {**base, "persist": 1, "wreuse": 1}}}}
+    monkeypatch.setattr(cfgs, "large_rule", lambda: rule)
+    for n, why in ((100, "xorder"), (200, "tail"), (300, "no warpgroup entry")):
+        with pytest.raises(tl.NotStamped, match=why):
+            tl.table_config(n, 64, 512)
+    assert tl.table_config(400, 64, 512)["persist"] == 1
+    assert tl.table_config(400, 64, 512)["wreuse"] is True
+    assert tl.table_config(400, 64, 256)["wreuse"] is False
