@@ -3,7 +3,8 @@ power and energy per call (on the GPU).
 
 At many rows the large-M kernel and cuBLAS both run every multiprocessor at full tensor load,
 and on an H100 both then hold the 700 W limit with the SM clock well below its top
-(docs/PERF_GEMM.md #89): the time of a call is set by its energy, not by its schedule alone.
+(docs/PERF_GEMM.md #89: ~1.4 GHz instead of 1.98), so per-step costs measured with few blocks
+busy do not carry over to a full GPU; this gives the clock each configuration actually runs at.
 This script replays one CUDA graph per configuration (the calls cycle through weight copies
 past the L2, as in ``gemm.py``) back to back for ``--seconds`` while ``nvidia-smi`` samples the
 clock and power (``gemm_power.sustained``), and reports, for cuBLAS, the large-M table's entry
