@@ -14,11 +14,12 @@ stores (the consumer threads met at a named barrier, then thread 0). The image p
 each block's entry and end. Stream-K entries (``persist``) stamp instead, per block, its first
 segment's loop end and end (a piece written and flagged, or its unit stored) and its last
 segment's loop end, the owner's pieces added and the stores' end (either store path), with the
-block's segment count (``stream_k_durations``). The call is replayed in a CUDA graph over
-rotating weight copies (as ``benchmarks/gemm.py`` times it) and the stamps of the graph's last
-call are read back, in µs from the image pass's first block entry. The stamps cost a few
-stores and the end's barrier; the call's time with and without them is printed beside (same
-graphs, medians).
+block's segment count (``stream_k_durations``), and each block's µs a step over its loops with
+the multiprocessor it ran on (``%smid``, stamped at entry; ``stream_k_step_rates``). The call
+is replayed in a CUDA graph over rotating weight copies (as ``benchmarks/gemm.py`` times it)
+and the stamps of the graph's last call are read back, in µs from the image pass's first
+block entry. The stamps cost a few stores and the end's barrier; the call's time with and
+without them is printed beside (same graphs, medians).
 
     python3 benchmarks/wgl_timeline.py                       # GPU, compute capability 9.0
     python3 benchmarks/wgl_timeline.py --shapes 4096x4096 --json out.json
@@ -55,6 +56,7 @@ STREAM_K_STAMPS = ("entry", "seg0_loop_end", "seg0_end", "last_loop_end", "last_
 _DEFS = (
     f"__device__ unsigned long long w12_tl[{MAX_BLOCKS} * 8];\n"
     f"__device__ unsigned long long w12_tl_img[{MAX_BLOCKS} * 2];\n"
+    f"__device__ unsigned w12_tl_sm[{MAX_BLOCKS}];\n"
     "__device__ __forceinline__ unsigned long long w12_now() {\n"
     "  unsigned long long t;\n"
     "  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t));\n"
@@ -92,7 +94,10 @@ PATCHES = [
                      "    w12_tl_img[W12_BLOCK * 2 + 1] = w12_now();\n"),
     # the GEMM: entry, first activation copy issued, loop end, partial tile met, inbox, stores
     _after("  const int tid = threadIdx.x;\n  const int wg = tid >> 7;\n",
-           "  if (tid == 0) W12_STAMP(0);\n"),
+           "  if (tid == 0) W12_STAMP(0);\n"
+           "  if (tid == 0 && W12_SLOT) {\n    unsigned sm;\n"
+           "    asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(sm));\n"
+           "    w12_tl_sm[W12_BLOCK] = sm;\n  }\n"),
     (_FIRST_X,
      _FIRST_X.replace("\n    }", "\n      if (col == 0 && lane == 0) W12_STAMP(1);\n    }")),
     # thread 0's first escape batch landed (the timer read waits on it): the consumers' start
@@ -217,6 +222,25 @@ def stream_k_durations(stamps) -> dict:
     return out
 
 
+def stream_k_step_rates(stamps, sms, cuts) -> list[dict]:
+    """Per stream-K block (stamps [blocks, 8] in ns, STREAM_K_STAMPS with the consumers' start
+    in slot 6 and the segment count in slot 7; ``sms`` its multiprocessor; ``cuts`` its steps):
+    the time its loops took (consumers' start to the last loop's end, less the first segment's
+    epilogue where it has two) over its steps, in µs, with its block and SM index."""
+    out = []
+    for b, row in enumerate(stamps[: len(cuts) - 1]):
+        if row[0] <= 0 or row[6] <= 0:
+            continue
+        steps = int(cuts[b + 1]) - int(cuts[b])
+        if row[7] > 1 and row[3] > 0:
+            loops = (int(row[3]) - int(row[6])) - (int(row[2]) - int(row[1]))
+        else:
+            loops = int(row[1]) - int(row[6])
+        out.append({"block": b, "sm": int(sms[b]), "steps": steps,
+                    "us_per_step": loops / 1e3 / max(1, steps)})
+    return out
+
+
 def probe(n: int, k: int, scratch: Path, raw: bool = False,
           weighted: bool | None = None, m: int = 256) -> dict:
     import cupy
@@ -279,6 +303,8 @@ def probe(n: int, k: int, scratch: Path, raw: bool = False,
         torch.cuda.synchronize()
         stamps = tl.get().reshape(MAX_BLOCKS, 8).astype("int64")
         image = img.get().reshape(MAX_BLOCKS, 2).astype("int64")
+        sms = cupy.ndarray((MAX_BLOCKS,), dtype=cupy.uint32,
+                           memptr=mod.get_global("w12_tl_sm")).get().astype("int64")
     finally:
         cl._function = shipped_function
     out = {"shape": f"{n}x{k}", "config": cl.kernel_name(*config), "us_plain": t_plain,
@@ -290,17 +316,28 @@ def probe(n: int, k: int, scratch: Path, raw: bool = False,
         steps = (-(-tiles // (4 * kw["warpgroups"])) * -(-m // kw["block_m"])
                  * -(-k // 64))  # (units: tile blocks x token blocks)
         out["cuts"] = list(cl.stream_k_cuts(steps, -(-k // 64), out["blocks"], weighted))
+        out["step_rates"] = stream_k_step_rates(stamps, sms, out["cuts"])
     if raw:  # every block's stamps, µs from the image pass's first block entry (0: none)
         t0 = int(image[image[:, 0] > 0][:, 0].min())
         out["per_block"] = [[round((int(v) - t0) / 1e3, 3) if v > 0 and j < 7 else int(v)
                              for j, v in enumerate(row)]
                             for row in stamps[stamps[:, 0] > 0]]
+        out["per_block_sm"] = [int(v) for v in sms[stamps[:, 0] > 0]]
     print(f"{n}x{k} M={m} {out['config']}: {out['blocks']} blocks; call {t_plain:.2f} us "
           f"(stamped {t_stamped:.2f}), cuBLAS {t_ref:.2f} us; image pass ends "
           f"{out['image_first_end']:.2f}..{out['image_last_end']:.2f}", flush=True)
     for name, p in out["phases"].items():
         print(f"    {name:15s} min {p['min']:7.2f}  median {p['median']:7.2f}  "
               f"max {p['max']:7.2f} us", flush=True)
+    if "step_rates" in out:
+        rates = out["step_rates"]
+        print("    us a step, block by block (its loops over its steps): "
+              + ", ".join(f"{q} {_pct([r['us_per_step'] for r in rates], v):.3f}"
+                          for q, v in (("min", 0), ("median", 0.5), ("max", 1)))
+              + "; slowest (block/SM): "
+              + ", ".join(f"{r['block']}/{r['sm']} {r['us_per_step']:.3f}"
+                          for r in sorted(rates, key=lambda r: -r["us_per_step"])[:8]),
+              flush=True)
     if "stream_k" in out:
         print(f"    stream-K segments a block: {out['stream_k']['segments']}; durations:")
         for name, p in out["stream_k"].items():

@@ -17,9 +17,10 @@ def test_every_patch_matches_the_shipped_kernel_once():
     assert text.count("w12_tl_img[W12_BLOCK * 2") == 2
     # blocks past the stamp slots stamp nothing (any --shapes, no write out of bounds)
     assert f"#define W12_SLOT (W12_BLOCK < {tl.MAX_BLOCKS})" in text
-    # the define, W12_STAMP's guard and five stamps by hand (stream-K's segment count, after
-    # either of its store paths)
-    assert text.count("W12_SLOT") == 7
+    # the define, W12_STAMP's guard and six stamps by hand (stream-K's segment count, after
+    # either of its store paths; the block's multiprocessor, at its entry)
+    assert text.count("W12_SLOT") == 8
+    assert text.count("w12_tl_sm[W12_BLOCK] = sm;") == 1 and "%%smid" in text
     # stream-K: each segment stamp once in the patched text
     for stamp in ("W12_STAMP(1)", "W12_STAMP(3)", "W12_STAMP(4)"):
         assert text.count(stamp) == 2  # (the non-persistent path's and stream-K's)
@@ -103,3 +104,19 @@ def test_entries_it_cannot_stamp_are_named_not_run(monkeypatch):
     assert tl.table_config(400, 64, 512)["persist"] == 1
     assert tl.table_config(400, 64, 512)["wreuse"] is True
     assert tl.table_config(400, 64, 256)["wreuse"] is False
+
+
+def test_stream_k_step_rates_per_block():
+    """A stream-K block's loops over its steps: one segment from the consumers' start to its
+    loop's end; two, to the last loop's end less the first segment's epilogue; blocks that
+    stamped nothing are left out; each with its SM index."""
+    tl = benchmark_module("wgl_timeline")
+    us = 1000  # (stamps in ns)
+    stamps = np.zeros((4, 8), dtype=np.int64)
+    # entry, seg0_loop_end, seg0_end, last_loop_end, pieces_added, last_end, start, segments
+    stamps[0] = [1 * us, 101 * us, 104 * us, 0, 0, 0, 2 * us, 1]
+    stamps[1] = [1 * us, 40 * us, 50 * us, 120 * us, 125 * us, 128 * us, 2 * us, 2]
+    rates = tl.stream_k_step_rates(stamps, np.array([7, 9, 0, 0]), [0, 99, 207, 300, 400])
+    assert [(r["block"], r["sm"], r["steps"]) for r in rates] == [(0, 7, 99), (1, 9, 108)]
+    assert rates[0]["us_per_step"] == pytest.approx(99 / 99)
+    assert rates[1]["us_per_step"] == pytest.approx((118 - 10) / 108)
