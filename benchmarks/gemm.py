@@ -696,7 +696,7 @@ def current_candidate(n: int, k: int, m: int, rule: dict | None = None) -> tuple
     """The sweep candidate that the large-M table in use (``rule``) has as its entry for shape
     (N, K) at M class ``m`` exactly; None where there is none to add (no such entry, one no
     candidate matches, or decode + cuBLAS, whose candidate is None and always timed)."""
-    rule = rule or cfgs.large_rule()
+    rule = rule or cfgs.large_rule(cfgs.current_gpu())
     entry = rule["shapes"].get(f"{n}x{k}", {}).get(str(m))
     if entry is None:
         return None
@@ -794,6 +794,21 @@ def merge_large(current: dict, swept: dict, keep_default: bool = True) -> dict:
     return {**current, "default": default, "max_m": max_m, "shapes": shapes}
 
 
+def merge_device_large(current: dict, swept: dict, device: str) -> dict:
+    """The large-M table after a sweep written into ``device``'s section (``--device-table``):
+    the swept (shape, M) entries replace that section's, its other entries stay, its ``max_m``
+    is the larger of the two; the shared entries, the default and the other GPUs' sections are
+    not touched (``config.large_rule`` overlays the section on the shared entries)."""
+    sections = dict(current.get("by_device", {}))
+    section = sections.get(device, {})
+    shapes = {shape: dict(by_m) for shape, by_m in section.get("shapes", {}).items()}
+    for shape, by_m in swept.get("shapes", {}).items():
+        shapes[shape] = {**shapes.get(shape, {}), **by_m}
+    sections[device] = {"max_m": max(int(section.get("max_m", 0)), swept.get("max_m", 0)),
+                        "shapes": shapes}
+    return {**current, "by_device": sections}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -823,10 +838,16 @@ def main() -> None:
                              "timing (0: each compiled when first timed)")
     parser.add_argument("--write-table", action="store_true",
                         help="with --sweep: write the winners to w12_kernels/gemm/tuned.json")
+    parser.add_argument("--device-table", action="store_true",
+                        help="with --sweep-large --write-table: into this GPU model's section "
+                             "of the large-M table (read on that model only, over the shared "
+                             "entries), not the shared entries")
     parser.add_argument("--invariant-rows", type=int, default=128, choices=(64, 128),
                         help="batch invariance kept up to this many rows (64: the prefill "
                              "path, 65..128 rows through the large-M table)")
     args = parser.parse_args()
+    if args.device_table and not (args.sweep_large and args.write_table):
+        parser.error("--device-table goes with --sweep-large --write-table")
     m_values = [int(v) for v in args.m.split(",")]
     torch.manual_seed(0)
     ceiling = copy_bandwidth()
@@ -850,7 +871,10 @@ def main() -> None:
         result = dict(device=props.name, copy_tbs=ceiling, sweep=rows, table=table)
         if args.write_table:  # the other entries of the table stay as they are
             old = json.loads(cfgs.TUNED_PATH.read_text()) if cfgs.TUNED_PATH.exists() else {}
-            if args.sweep_large and "large" in old:
+            if args.sweep_large and args.device_table:
+                table = {"large": merge_device_large(old.get("large", {}), table["large"],
+                                                     props.name)}
+            elif args.sweep_large and "large" in old:
                 every = not args.shapes and not args.candidates
                 table = {"large": merge_large(old["large"], table["large"],
                                               keep_default=not every)}

@@ -255,7 +255,7 @@ def test_restricted_large_sweep_keeps_a_faster_current_entry(monkeypatch):
     current, other = gemm_bench.LARGE_CANDIDATES[3], gemm_bench.LARGE_CANDIDATES[0]
     rule = {"default": {"kind": "decode"}, "max_m": 256,
             "shapes": {"4096x4096": {"256": gemm_bench._large_entry(current)}}}
-    monkeypatch.setattr(gemm_bench.cfgs, "large_rule", lambda: rule)
+    monkeypatch.setattr(gemm_bench.cfgs, "large_rule", lambda *_: rule)
     monkeypatch.setattr(gemm_bench, "Layer", lambda n, k, seed: None)
     timed = []
 
@@ -279,7 +279,7 @@ def test_restricted_large_sweep_times_each_current_entry_at_its_point_only(monke
     rule = {"default": {"kind": "decode"}, "max_m": 256,
             "shapes": {"4096x4096": {"256": gemm_bench._large_entry(first)},
                        "8192x8192": {"256": gemm_bench._large_entry(second)}}}
-    monkeypatch.setattr(gemm_bench.cfgs, "large_rule", lambda: rule)
+    monkeypatch.setattr(gemm_bench.cfgs, "large_rule", lambda *_: rule)
     monkeypatch.setattr(gemm_bench, "Layer", lambda n, k, seed: None)
     timed = {}
 
@@ -729,7 +729,7 @@ def test_large_dispatch_passes_the_entrys_launch_options(monkeypatch):
                         ({"xorder": 1}, (None, True, 0))):
         rule = {"default": dict(cfgs.DEFAULT_LARGE), "max_m": 1024,
                 "shapes": {"8x64": {"512": {**base, **extra}}}}
-        monkeypatch.setattr(cfgs, "large_rule", lambda r=rule: r)
+        monkeypatch.setattr(cfgs, "large_rule", lambda *_, r=rule: r)
         calls.clear()
         launcher.linear(x, *([None] * 12), 8, 64)
         assert [(c["wreuse"], c["xorder"], c["persist"]) for c in calls] == [want]
@@ -776,7 +776,7 @@ def test_large_sweep_keeps_the_current_entry_within_the_margin(monkeypatch):
     rule = {"default": {"kind": "decode"}, "max_m": 512,
             "shapes": {"4096x4096": {"256": gemm_bench._large_entry(current),
                                      "512": gemm_bench._large_entry(current)}}}
-    monkeypatch.setattr(gemm_bench.cfgs, "large_rule", lambda: rule)
+    monkeypatch.setattr(gemm_bench.cfgs, "large_rule", lambda *_: rule)
     monkeypatch.setattr(gemm_bench, "Layer", lambda n, k, seed: None)
     # the other candidate 1% faster at 256 rows, 5% faster at 512
     us = {256: 101.0, 512: 105.0}
@@ -792,3 +792,66 @@ def test_large_sweep_keeps_the_current_entry_within_the_margin(monkeypatch):
         _, table = gemm_bench.run_sweep_large([256, 512], [(4096, 4096)], pattern, margin)
         assert table["shapes"]["4096x4096"]["256"] == gemm_bench._large_entry(at_256)
         assert table["shapes"]["4096x4096"]["512"] == gemm_bench._large_entry(other)
+
+
+def _write_table(tmp_path, monkeypatch, large: dict):
+    import json
+
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"large": large}))
+    monkeypatch.setattr(cfgs, "TUNED_PATH", path)
+    cfgs.large_rule.cache_clear()
+    return path
+
+
+def test_a_gpus_section_overlays_the_shared_large_entries(tmp_path, monkeypatch):
+    """``by_device``: on the GPU a section names, its entries replace the shared ones per shape
+    and M class (the shape's other classes and the other shapes stay shared), its ``max_m``
+    counts where larger; another GPU, or none, reads the shared entries only. ``large_config``
+    without a rule reads the current GPU's view."""
+    wg = {"kind": "wgmma", "tiles": 8, "block_m": 256, "num_stages": 5, "w_stages": 5,
+          "splits": 1, "a_regs": 2}
+    _write_table(tmp_path, monkeypatch, {
+        "default": {"kind": "decode"}, "max_m": 1024,
+        "shapes": {"64x64": {"512": {**wg, "persist": 1}, "1024": wg},
+                   "128x64": {"512": wg}},
+        "by_device": {"GPU A": {"max_m": 2048, "shapes": {
+            "64x64": {"512": {**wg, "tail": 2}, "2048": {**wg, "wreuse": 1}}}}}})
+    try:
+        shared, a, b = cfgs.large_rule(), cfgs.large_rule("GPU A"), cfgs.large_rule("GPU B")
+        assert shared == b and shared["max_m"] == 1024 and a["max_m"] == 2048
+        assert a["shapes"]["64x64"] == {"512": {**wg, "tail": 2}, "1024": wg,
+                                        "2048": {**wg, "wreuse": 1}}
+        assert a["shapes"]["128x64"] == shared["shapes"]["128x64"]
+        assert shared["shapes"]["64x64"]["512"]["persist"] == 1
+        monkeypatch.setattr(cfgs, "current_gpu", lambda: "GPU A")
+        assert cfgs.large_config(64, 64, 400).tail == 2
+        assert cfgs.large_config(64, 64, 1500).wreuse == 1
+        monkeypatch.setattr(cfgs, "current_gpu", lambda: None)
+        assert cfgs.large_config(64, 64, 400).persist == 1
+        assert cfgs.large_config(64, 64, 1500).kind == "decode"  # (past the shared classes)
+    finally:
+        cfgs.large_rule.cache_clear()
+
+
+def test_a_device_table_sweep_writes_only_its_gpus_section():
+    """``gemm.py --sweep-large --write-table --device-table``: the swept entries go into the
+    GPU's section (merged per class with what it had, ``max_m`` the larger); the shared
+    entries, the default and another GPU's section are left as they were."""
+    gemm_bench = gemm_benchmark()
+    current = {"default": {"kind": "decode"}, "max_m": 1024,
+               "shapes": {"64x64": {"512": {"kind": "decode"}}},
+               "by_device": {"GPU A": {"max_m": 512, "shapes": {"64x64": {"512": {"x": 1}},
+                                                                "128x64": {"256": {"x": 2}}}},
+                             "GPU B": {"max_m": 256, "shapes": {"64x64": {"256": {"x": 3}}}}}}
+    swept = {"default": {"kind": "wgmma"}, "max_m": 2048,
+             "shapes": {"64x64": {"2048": {"x": 4}}, "256x64": {"512": {"x": 5}}}}
+    merged = gemm_bench.merge_device_large(current, swept, "GPU A")
+    assert {k: merged[k] for k in ("default", "max_m", "shapes")} == {
+        k: current[k] for k in ("default", "max_m", "shapes")}
+    assert merged["by_device"]["GPU B"] == current["by_device"]["GPU B"]
+    assert merged["by_device"]["GPU A"] == {
+        "max_m": 2048, "shapes": {"64x64": {"512": {"x": 1}, "2048": {"x": 4}},
+                                  "128x64": {"256": {"x": 2}}, "256x64": {"512": {"x": 5}}}}
+    new = gemm_bench.merge_device_large({}, swept, "GPU C")
+    assert new == {"by_device": {"GPU C": {"max_m": 2048, "shapes": swept["shapes"]}}}

@@ -3,6 +3,7 @@ the decode kernel, determinism, batch invariance, torch.compile and CUDA graphs.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -877,7 +878,7 @@ def test_prefill_rows_through_the_large_table():
 
     if not cuda_large.available():
         pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
-    rule = cfgs.large_rule()
+    rule = cfgs.large_rule(cfgs.current_gpu())  # (this GPU's view: its section, if any)
     classes = sorted({int(c) for by_m in rule["shapes"].values() for c in by_m if int(c) > 256})
     assert 1024 in classes
     points = []
@@ -897,11 +898,15 @@ def test_prefill_rows_through_the_large_table():
 
 def _table_entries(min_class: int) -> list[dict]:
     """The distinct warpgroup-kernel entries of the shipped large-M table in its M classes of
-    ``min_class`` rows and more (read at collection: the table is part of the package)."""
+    ``min_class`` rows and more, its GPUs' sections included (read at collection: the table is
+    part of the package)."""
     from w12_kernels.gemm import config as cfgs
 
+    large = json.loads(cfgs.TUNED_PATH.read_text()).get("large", {})
     seen = []
-    for by_m in cfgs.large_rule()["shapes"].values():
+    for by_m in [*large.get("shapes", {}).values(),
+                 *(v for sec in large.get("by_device", {}).values()
+                   for v in sec.get("shapes", {}).values())]:
         for cls, entry in by_m.items():
             if int(cls) >= min_class and entry.get("kind") == "wgmma" and entry not in seen:
                 seen.append(entry)
@@ -924,7 +929,7 @@ def test_table_entries_over_eight_token_blocks(entry, monkeypatch):
     default = {**cfgs.large_rule()["default"], "persist": 0, "tail": 0, "mcast": 0,
                "xorder": 0, "wreuse": 0, **entry}
     monkeypatch.setattr(cfgs, "large_rule",
-                        lambda: {"default": default, "max_m": 4096, "shapes": {}})
+                        lambda *_: {"default": default, "max_m": 4096, "shapes": {}})
     calls, wgl = [], cuda_large.gemm_wgl
 
     def spy(*args, **kwargs):

@@ -97,7 +97,7 @@ def test_entries_it_cannot_stamp_are_named_not_run(monkeypatch):
         "100x64": {"512": {**base, "xorder": 1}}, "200x64": {"512": {**base, "tail": 2}},
         "300x64": {"512": {"kind": "decode"}},
         "400x64": {"256": base, "512": {**base, "persist": 1, "wreuse": 1}}}}
-    monkeypatch.setattr(cfgs, "large_rule", lambda: rule)
+    monkeypatch.setattr(cfgs, "large_rule", lambda *_: rule)
     for n, why in ((100, "xorder"), (200, "tail"), (300, "no warpgroup entry")):
         with pytest.raises(tl.NotStamped, match=why):
             tl.table_config(n, 64, 512)

@@ -165,14 +165,44 @@ class LargeConfig:
 
 
 @functools.cache
-def large_rule() -> dict:
+def large_rule(device: str | None = None) -> dict:
     """The ``large`` entry of ``tuned.json``: ``{"default": {...}, "max_m": rows, "shapes":
-    {"NxK": {"M": {...}}}}`` (built-in defaults without it)."""
+    {"NxK": {"M": {...}}}}`` (built-in defaults without it). With ``device`` (a GPU's name as
+    torch reports it), that GPU's section of the entry (``"by_device": {name: {"shapes": ...,
+    "max_m": ...}}``, written by ``gemm.py --sweep-large --write-table --device-table``)
+    replaces the shared entries per shape and M class, and its ``max_m`` counts where larger:
+    a sweep on one GPU model then leaves what another's sweeps chose (docs/PERF_GEMM.md #89:
+    under full load an H100 runs at ~1.4 GHz, the H200's stamps suggest it holds more)."""
     table = json.loads(TUNED_PATH.read_text()) if TUNED_PATH.exists() else {}
     entry = table.get("large", {})
-    return {"default": {**DEFAULT_LARGE, **entry.get("default", {})},
-            "max_m": int(entry.get("max_m", DEFAULT_LARGE_MAX_M)),
-            "shapes": entry.get("shapes", {})}
+    shapes = {shape: dict(by_m) for shape, by_m in entry.get("shapes", {}).items()}
+    max_m = int(entry.get("max_m", DEFAULT_LARGE_MAX_M))
+    section = entry.get("by_device", {}).get(device) if device else None
+    if section:
+        for shape, by_m in section.get("shapes", {}).items():
+            shapes[shape] = {**shapes.get(shape, {}), **by_m}
+        max_m = max(max_m, int(section.get("max_m", 0)))
+    return {"default": {**DEFAULT_LARGE, **entry.get("default", {})}, "max_m": max_m,
+            "shapes": shapes}
+
+
+def current_gpu() -> str | None:
+    """The name of torch's current CUDA device (None without one): whose section of the
+    large-M table ``large_config`` reads."""
+    try:
+        import torch
+    except ImportError:  # (the table is plain JSON; the package needs no torch to read it)
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return _gpu_name(torch.cuda.current_device())
+
+
+@functools.cache
+def _gpu_name(index: int) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(index)
 
 
 def large_config(n: int, k: int, m: int, r: dict | None = None) -> LargeConfig:
@@ -182,8 +212,9 @@ def large_config(n: int, k: int, m: int, r: dict | None = None) -> LargeConfig:
     is paid once, so extrapolating a win at the largest measured class (2048 rows in the
     shipped table, where the warpgroup kernel still wins on every shape) to a longer prefill
     would be a guess (docs/PERF_GEMM.md #35; at 4096 rows decode + cuBLAS and the best fused
-    choice were within a few percent of each other on an H100, #88)."""
-    r = r or large_rule()
+    choice were within a few percent of each other on an H100, #88). Without ``r``, the table
+    as the current GPU sees it (``large_rule(current_gpu())``)."""
+    r = r or large_rule(current_gpu())
     by_m = r["shapes"].get(f"{n}x{k}", {})
     classes = sorted(int(c) for c in by_m)
     if classes:
