@@ -786,9 +786,7 @@ def merge_large(current: dict, swept: dict, keep_default: bool = True) -> dict:
     of the two. The default stays unless ``keep_default`` is False (a sweep of every shape and
     candidate): a sweep of five shapes, or of a few candidates, once reset the default of all
     eighteen shapes to its own best."""
-    shapes = {**current.get("shapes", {})}
-    for shape, by_m in swept.get("shapes", {}).items():
-        shapes[shape] = {**shapes.get(shape, {}), **by_m}
+    shapes = cfgs.overlay_shapes(current.get("shapes", {}), swept.get("shapes", {}))
     max_m = max(current.get("max_m", 0), swept.get("max_m", 0))
     default = current["default"] if keep_default and "default" in current else swept["default"]
     return {**current, "default": default, "max_m": max_m, "shapes": shapes}
@@ -801,9 +799,7 @@ def merge_device_large(current: dict, swept: dict, device: str) -> dict:
     not touched (``config.large_rule`` overlays the section on the shared entries)."""
     sections = dict(current.get("by_device", {}))
     section = sections.get(device, {})
-    shapes = {shape: dict(by_m) for shape, by_m in section.get("shapes", {}).items()}
-    for shape, by_m in swept.get("shapes", {}).items():
-        shapes[shape] = {**shapes.get(shape, {}), **by_m}
+    shapes = cfgs.overlay_shapes(section.get("shapes", {}), swept.get("shapes", {}))
     sections[device] = {"max_m": max(int(section.get("max_m", 0)), swept.get("max_m", 0)),
                         "shapes": shapes}
     return {**current, "by_device": sections}

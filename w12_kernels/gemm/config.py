@@ -175,15 +175,23 @@ def large_rule(device: str | None = None) -> dict:
     under full load an H100 runs at ~1.4 GHz, the H200's stamps suggest it holds more)."""
     table = json.loads(TUNED_PATH.read_text()) if TUNED_PATH.exists() else {}
     entry = table.get("large", {})
-    shapes = {shape: dict(by_m) for shape, by_m in entry.get("shapes", {}).items()}
+    shapes = entry.get("shapes", {})
     max_m = int(entry.get("max_m", DEFAULT_LARGE_MAX_M))
     section = entry.get("by_device", {}).get(device) if device else None
     if section:
-        for shape, by_m in section.get("shapes", {}).items():
-            shapes[shape] = {**shapes.get(shape, {}), **by_m}
+        shapes = overlay_shapes(shapes, section.get("shapes", {}))
         max_m = max(max_m, int(section.get("max_m", 0)))
     return {"default": {**DEFAULT_LARGE, **entry.get("default", {})}, "max_m": max_m,
             "shapes": shapes}
+
+
+def overlay_shapes(base: dict, over: dict) -> dict:
+    """Large-M ``shapes`` ({"NxK": {"M": entry}}) with ``over``'s entries replacing ``base``'s
+    per shape and M class; a shape's other classes stay (new dicts; neither input changes)."""
+    shapes = {shape: dict(by_m) for shape, by_m in base.items()}
+    for shape, by_m in over.items():
+        shapes[shape] = {**shapes.get(shape, {}), **by_m}
+    return shapes
 
 
 def current_gpu() -> str | None:
