@@ -156,7 +156,7 @@ def test_cuda_path_runs_up_to_128_rows_as_passes_of_64(monkeypatch):
     x = torch.randn(129, 130).to(torch.bfloat16)
     for kind in ("fused", "decode"):
         monkeypatch.setattr(launcher.cfgs, "large_config",
-                            lambda n, k, m, kind=kind: launcher.cfgs.LargeConfig(kind=kind))
+                            lambda n, k, m, kind=kind, **_: launcher.cfgs.LargeConfig(kind=kind))
         y = launcher.linear(x, *args)
     assert calls == [] and [m for m, _ in fused] == [129]  # decode + matmul the second time
     assert fused[0][1]["tiles"] == launcher.cfgs.LargeConfig().tiles

@@ -824,12 +824,17 @@ def test_a_gpus_section_overlays_the_shared_large_entries(tmp_path, monkeypatch)
                                         "2048": {**wg, "wreuse": 1}}
         assert a["shapes"]["128x64"] == shared["shapes"]["128x64"]
         assert shared["shapes"]["64x64"]["512"]["persist"] == 1
-        monkeypatch.setattr(cfgs, "current_gpu", lambda: "GPU A")
+        monkeypatch.setattr(cfgs, "current_gpu", lambda index=None: "GPU A")
         assert cfgs.large_config(64, 64, 400).tail == 2
         assert cfgs.large_config(64, 64, 1500).wreuse == 1
-        monkeypatch.setattr(cfgs, "current_gpu", lambda: None)
+        monkeypatch.setattr(cfgs, "current_gpu", lambda index=None: None)
         assert cfgs.large_config(64, 64, 400).persist == 1
         assert cfgs.large_config(64, 64, 1500).kind == "decode"  # (past the shared classes)
+        # the section of the GPU the launcher names (the tensors'), not of the current one
+        monkeypatch.setattr(cfgs, "current_gpu", lambda index=None: {1: "GPU A"}.get(index))
+        assert cfgs.large_config(64, 64, 400, device_index=1).tail == 2
+        assert cfgs.large_config(64, 64, 400, device_index=0).persist == 1
+        assert cfgs.large_config(64, 64, 400).persist == 1
     finally:
         cfgs.large_rule.cache_clear()
 

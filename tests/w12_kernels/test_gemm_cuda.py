@@ -896,6 +896,41 @@ def test_prefill_rows_through_the_large_table():
     _check_large_kernel(run, points)
 
 
+def test_first_large_table_lookup_inside_graph_capture():
+    """The large-M table's first lookup of a process (the GPU's name read to pick its section)
+    happening inside CUDA-graph capture: the capture succeeds and its replays give the bits of
+    the eager call."""
+    from w12_kernels.gemm import config as cfgs
+
+    t, x = _inputs(4096, 4096, 512, seed=23)
+    pw = prepare_weight(encoded(t))
+    static_x = x.clone()
+    cfgs._gpu_name.cache_clear()
+    cfgs.large_rule.cache_clear()
+    launcher._has_wgmma()  # (loading the kernels is not a table lookup; warm it outside)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            static_y = w12_linear(static_x, pw)
+    except RuntimeError:
+        # kernels compiled on first use cannot start inside a capture: warm them, capture again
+        torch.cuda.synchronize()
+        w12_linear(static_x, pw)
+        cfgs._gpu_name.cache_clear()
+        cfgs.large_rule.cache_clear()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            static_y = w12_linear(static_x, pw)
+    torch.cuda.current_stream().wait_stream(stream)
+    eager = w12_linear(x, pw)
+    for _ in range(2):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_y.view(torch.int16), eager.view(torch.int16))
+
+
 def _table_entries(min_class: int) -> list[dict]:
     """The distinct warpgroup-kernel entries of the shipped large-M table in its M classes of
     ``min_class`` rows and more, its GPUs' sections included (read at collection: the table is

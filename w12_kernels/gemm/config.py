@@ -194,16 +194,16 @@ def overlay_shapes(base: dict, over: dict) -> dict:
     return shapes
 
 
-def current_gpu() -> str | None:
-    """The name of torch's current CUDA device (None without one): whose section of the
-    large-M table ``large_config`` reads."""
+def current_gpu(index: int | None = None) -> str | None:
+    """The name of CUDA device ``index`` (torch's current one by default; None without a GPU):
+    whose section of the large-M table ``large_config`` reads."""
     try:
         import torch
     except ImportError:  # (the table is plain JSON; the package needs no torch to read it)
         return None
     if not torch.cuda.is_available():
         return None
-    return _gpu_name(torch.cuda.current_device())
+    return _gpu_name(torch.cuda.current_device() if index is None else index)
 
 
 @functools.cache
@@ -213,7 +213,8 @@ def _gpu_name(index: int) -> str:
     return torch.cuda.get_device_name(index)
 
 
-def large_config(n: int, k: int, m: int, r: dict | None = None) -> LargeConfig:
+def large_config(n: int, k: int, m: int, r: dict | None = None,
+                 device_index: int | None = None) -> LargeConfig:
     """How ``m`` rows beyond the small-M path multiply an (N, K) weight: the entry of the
     smallest measured M class >= ``m`` of the shape (or the default up to ``max_m``). Beyond
     what was measured, decode + cuBLAS: the fused kernels' time grows with M while the decode
@@ -221,8 +222,10 @@ def large_config(n: int, k: int, m: int, r: dict | None = None) -> LargeConfig:
     shipped table, where the warpgroup kernel still wins on every shape) to a longer prefill
     would be a guess (docs/PERF_GEMM.md #35; at 4096 rows decode + cuBLAS and the best fused
     choice were within a few percent of each other on an H100, #88). Without ``r``, the table
-    as the current GPU sees it (``large_rule(current_gpu())``)."""
-    r = r or large_rule(current_gpu())
+    as GPU ``device_index`` (default: the current one) sees it
+    (``large_rule(current_gpu(device_index))``): the launcher passes the GPU holding the
+    tensors, which need not be the current one."""
+    r = r or large_rule(current_gpu(device_index))
     by_m = r["shapes"].get(f"{n}x{k}", {})
     classes = sorted(int(c) for c in by_m)
     if classes:

@@ -191,7 +191,7 @@ def linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delt
 
         return triton_path.gemm(x, chunks, scale, esc_rowptr, esc_row, esc_col, esc_delta, bias,
                                 n, k, kw=cfg.kw)
-    large = cfgs.large_config(n, k, m)
+    large = cfgs.large_config(n, k, m, device_index=x.device.index)
     if large.kind == "wgmma" and kind == "cuda" and _has_wgmma():
         from w12_kernels.gemm import cuda_large
 
