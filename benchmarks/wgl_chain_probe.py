@@ -179,8 +179,8 @@ def main() -> None:
             funcs[key], _ = fn, modules.append(mod)
     current = ["full"]
     shipped_function, shipped_map = cl._function, cl.WEIGHT_MAP
-    cl._function = lambda dev, config: (shipped_function(dev, None) if config is None
-                                        else funcs[(current[0], config)])
+    cl._function = lambda dev, config, *_: (shipped_function(dev, None) if config is None
+                                            else funcs[(current[0], config)])
     try:
         for (n, k), cfgs in jobs.items():
             probe_shape(n, k, cfgs, variants, current)
