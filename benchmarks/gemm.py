@@ -596,16 +596,21 @@ WGMMA_CANDIDATES = ((256, 2, 4, 3, 1, 0), (256, 2, 4, 3, 2, 0), (256, 2, 4, 3, 4
                     (256, 2, 5, 5, 1, 2, 1, 0, 0, 0, 1), (256, 2, 5, 5, 1, 2, 0, 0, 0, 0, 1),
                     (256, 2, 5, 5, 1, 2, 0, 2, 0, 0, 1), (256, 2, 5, 5, 1, 2, 0, 4, 0, 0, 1),
                     (256, 2, 5, 5, 2, 2, 0, 0, 0, 0, 1), (256, 2, 4, 6, 1, 2, 0, 0, 0, 0, 1),
-                    (256, 2, 5, 5, 1, 2, 1, 0, 0, 1, 1))
+                    (256, 2, 5, 5, 1, 2, 1, 0, 0, 1, 1),
+                    # the copies' L2 eviction hints (#91): stream-K's kinds of entry and the
+                    # one-range kernel
+                    (256, 2, 5, 5, 1, 2, 1, 0, 0, 0, 0, 1), (256, 2, 5, 5, 1, 2, 1, 0, 0, 0, 1, 1),
+                    (256, 2, 5, 5, 1, 2, 1, 0, 0, 1, 0, 1), (256, 2, 5, 5, 1, 2, 1, 0, 0, 1, 1, 1),
+                    (256, 2, 5, 5, 1, 2, 0, 0, 0, 0, 0, 1))
 # (not candidates: cuBLAS's tiling of the one-wave layers, 128 weight rows x 64 tokens with the
 # whole K, 0.33-0.52x at 256 rows against 0.71-0.89x for the table's entries, run 261, #68)
 WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs", "persist",
-              "tail", "mcast", "xorder", "wreuse")
+              "tail", "mcast", "xorder", "wreuse", "l2hint")
 
 
 def _wgmma_args(cand: tuple) -> tuple:
-    """A warpgroup candidate's values in the order of WGMMA_KEYS (persist, tail, mcast, xorder
-    and wreuse 0 where not given)."""
+    """A warpgroup candidate's values in the order of WGMMA_KEYS (persist, tail, mcast, xorder,
+    wreuse and l2hint 0 where not given)."""
     return cand[1:] + (0,) * (len(WGMMA_KEYS) + 1 - len(cand))
 
 
@@ -656,7 +661,7 @@ def _large_label(cand: tuple | None) -> str:
         return ("wgmma_m{}_g{}_x{}_w{}_k{}".format(*args[:5]) + ("", "_r", "_rp", "_ri")[args[5]]
                 + ("_ps" if args[6] else "") + (f"_t{args[7]}" if args[7] else "")
                 + ("_mc" if args[8] else "") + ("_xo" if args[9] else "")
-                + ("_wr" if args[10] else ""))
+                + ("_wr" if args[10] else "") + ("_l2" if args[11] else ""))
     return ("fused_t{}_m{}_w{}_s{}".format(*cand[:4]) + (f"_r{cand[4]}" if cand[4] else "")
             + (f"_k{cand[5]}" if cand[5] > 1 else ""))
 
@@ -680,7 +685,7 @@ def _large_entry(cand: tuple | None) -> dict:
         return {"kind": "decode"}
     if cand[0] == "wgmma":
         (block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist, tail, mcast, xorder,
-         wreuse) = _wgmma_args(cand)
+         wreuse, l2hint) = _wgmma_args(cand)
         return {"kind": "wgmma", "tiles": 4 * warpgroups, "block_m": block_m,
                 "num_stages": x_stages, "w_stages": w_stages, "splits": splits,
                 **({"a_regs": a_regs} if a_regs else {}),
@@ -688,19 +693,28 @@ def _large_entry(cand: tuple | None) -> dict:
                 **({"tail": tail} if tail else {}),
                 **({"mcast": mcast} if mcast else {}),
                 **({"xorder": xorder} if xorder else {}),
-                **({"wreuse": wreuse} if wreuse else {})}
+                **({"wreuse": wreuse} if wreuse else {}),
+                **({"l2hint": l2hint} if l2hint else {})}
     return {"kind": "fused", **dict(zip(LARGE_KEYS, cand, strict=True))}
 
 
 def current_candidate(n: int, k: int, m: int, rule: dict | None = None) -> tuple | None:
     """The sweep candidate that the large-M table in use (``rule``) has as its entry for shape
     (N, K) at M class ``m`` exactly; None where there is none to add (no such entry, one no
-    candidate matches, or decode + cuBLAS, whose candidate is None and always timed)."""
+    candidate matches, or decode + cuBLAS, whose candidate is None and always timed). A
+    warpgroup entry that no candidate matches (one with a key set by ``large_ab.py
+    --write-table``, such as ``l2hint``) is its own candidate."""
     rule = rule or cfgs.large_rule(cfgs.current_gpu())
     entry = rule["shapes"].get(f"{n}x{k}", {}).get(str(m))
     if entry is None:
         return None
-    return next((c for c in large_candidates() if _large_entry(c) == entry), None)
+    hit = next((c for c in large_candidates() if _large_entry(c) == entry), None)
+    if hit is None and entry.get("kind") == "wgmma":
+        own = ("wgmma", entry.get("block_m"), entry.get("tiles", 0) // 4,
+               entry.get("num_stages"), entry.get("w_stages"), entry.get("splits"),
+               *(entry.get(key, 0) for key in WGMMA_KEYS[5:]))
+        hit = own if _large_entry(own) == entry else None
+    return hit
 
 
 def run_sweep_large(m_values, shapes=None, pattern=None,

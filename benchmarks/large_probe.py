@@ -3,9 +3,10 @@ the large-M table's entry (through the launcher) and cuBLAS in the same CUDA gra
 
 Each ``--configs`` item is a candidate in ``gemm.py``'s ``WGMMA_CANDIDATES`` form: values in the
 order of ``WGMMA_KEYS`` (block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist, tail,
-mcast, xorder, wreuse), the trailing ones 0 where left out. A configuration ``gemm_wgl`` refuses
-is reported and skipped; the rest print in one line, fastest first, with the speedup over
-cuBLAS (and ERR where the error is over twice cuBLAS's), as the sweep prints its points.
+mcast, xorder, wreuse, l2hint), the trailing ones 0 where left out. A configuration
+``gemm_wgl`` refuses is reported and skipped; the rest print in one line, fastest first, with
+the speedup over cuBLAS (and ERR where the error is over twice cuBLAS's), as the sweep prints
+its points.
 
     python benchmarks/large_probe.py --shape 5120x25600 --m 512 \
         --configs "256,2,5,5,1,2,1;128,2,6,6,1,2,1,0,0,0,1"

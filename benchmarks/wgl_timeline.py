@@ -168,7 +168,7 @@ def table_config(n: int, k: int, m: int = 256) -> dict:
         raise NotStamped(f"{n}x{k} at {m} rows: xorder entries (no image pass) are not stamped")
     return dict(block_m=e.block_m, warpgroups=e.tiles // 4, x_stages=e.num_stages,
                 w_stages=e.w_stages, splits=e.splits, a_regs=e.a_regs, persist=e.persist,
-                mcast=e.mcast, wreuse=bool(e.wreuse))
+                mcast=e.mcast, wreuse=bool(e.wreuse), l2hint=bool(e.l2hint))
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -255,7 +255,7 @@ def probe(n: int, k: int, scratch: Path, raw: bool = False,
     path.write_text(patched(shipped))
     cl.SOURCE_PATH = path
     try:
-        code = cl.source(*config, wreuse=kw["wreuse"])
+        code = cl.source(*config, wreuse=kw["wreuse"], l2hint=kw["l2hint"])
     finally:
         cl.SOURCE_PATH = shipped
     major, minor = torch.cuda.get_device_capability()

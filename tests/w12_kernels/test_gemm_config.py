@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 from gemm_helpers import benchmark_module, gemm_benchmark
@@ -90,15 +91,16 @@ def test_large_config_by_shape_and_m_class():
 
 
 def test_large_entry_keys_are_not_inherited_and_round_trip_through_the_sweep():
-    """``persist``, ``tail``, ``mcast``, ``xorder`` and ``wreuse`` hold for the entry that
-    names them only (a default with them does not give them to a shape's entry), and every
-    warpgroup candidate of the sweep is written as an entry that reads back as its own values
-    under its own label (``_wr``: ``wreuse``)."""
-    extra = {"persist": 1, "tail": 2, "mcast": 1, "xorder": 1, "wreuse": 1}
+    """``persist``, ``tail``, ``mcast``, ``xorder``, ``wreuse`` and ``l2hint`` hold for the
+    entry that names them only (a default with them does not give them to a shape's entry),
+    and every warpgroup candidate of the sweep is written as an entry that reads back as its
+    own values under its own label (``_wr``: ``wreuse``)."""
+    extra = {"persist": 1, "tail": 2, "mcast": 1, "xorder": 1, "wreuse": 1, "l2hint": 1}
     rule = {"default": {**cfgs.DEFAULT_LARGE, "kind": "wgmma", **extra}, "max_m": 1024,
             "shapes": {"4096x4096": {"512": {"kind": "wgmma", "wreuse": 1}}}}
     cfg = cfgs.large_config(4096, 4096, 512, rule)
-    assert cfg.wreuse == 1 and not (cfg.persist or cfg.tail or cfg.mcast or cfg.xorder)
+    assert cfg.wreuse == 1 and not (cfg.persist or cfg.tail or cfg.mcast or cfg.xorder
+                                    or cfg.l2hint)
     assert cfgs.large_config(4096, 4160, 512, rule).wreuse == 1  # (the default itself)
     gemm_bench = gemm_benchmark()
     labels = set()
@@ -109,7 +111,8 @@ def test_large_entry_keys_are_not_inherited_and_round_trip_through_the_sweep():
                                                   "shapes": {"4096x4096": {"512": entry}}})
         args = dict(zip(gemm_bench.WGMMA_KEYS, gemm_bench._wgmma_args(cand), strict=True))
         assert (got.block_m, got.tiles // 4, got.num_stages, got.w_stages, got.splits,
-                got.a_regs, got.persist, got.tail, got.mcast, got.xorder, got.wreuse) == \
+                got.a_regs, got.persist, got.tail, got.mcast, got.xorder, got.wreuse,
+                got.l2hint) == \
             tuple(args.values())
         label = gemm_bench._large_label(cand)
         assert ("_wr" in label) == bool(args["wreuse"]) and label not in labels
@@ -248,6 +251,13 @@ def test_restricted_large_sweep_times_the_current_entry():
     assert gemm_bench.current_candidate(4096, 4096, 512, rule) is None
     assert gemm_bench.current_candidate(4096, 4096, 1024, rule) is None
     assert gemm_bench.current_candidate(8192, 8192, 256, rule) is None
+    # a warpgroup entry with a key no candidate has (large_ab.py --write-table's l2hint) is
+    # its own candidate, written back as the same entry
+    wg = gemm_bench._large_entry(("wgmma", *gemm_bench.WGMMA_CANDIDATES[0]))
+    rule["shapes"]["8192x8192"] = {"512": {**wg, "l2hint": 1}}
+    own = gemm_bench.current_candidate(8192, 8192, 512, rule)
+    assert own is not None and gemm_bench._large_entry(own) == {**wg, "l2hint": 1}
+    assert gemm_bench._large_label(own).endswith("_l2")
 
 
 def test_restricted_large_sweep_keeps_a_faster_current_entry(monkeypatch):
@@ -746,25 +756,28 @@ def test_large_probe_reads_candidates_in_the_sweeps_form():
     assert [gemm_bench._large_label(c) for c in cands] == [
         "wgmma_m256_g2_x5_w5_k1_rp_ps", "wgmma_m128_g2_x6_w6_k1_rp_ps_wr"]
     for bad, why in (("256,2,5", "3 values"), ("256,2,5,5,1,x", "integers"), (" ; ", "empty"),
-                     (",".join(["1"] * 12), "12 values")):
+                     (",".join(["1"] * 13), "13 values")):
         with pytest.raises(SystemExit, match=why):
             probe.parse_configs(bad)
 
 
 def test_every_shipped_large_entry_is_a_sweep_candidate(monkeypatch):
     """A restricted large-M sweep (``--candidates``) times each point's current entry beside
-    its candidates only where the entry is a sweep candidate; an entry that is not one would
-    be replaced by the best of the few candidates timed, so every warpgroup entry of the
-    shipped table must be one."""
+    its candidates only where the entry is a sweep candidate, or written back whole as its own
+    (``current_candidate``); an entry that is neither would be replaced by the best of the few
+    candidates timed, so every warpgroup entry of the shipped table, each GPU's view of it
+    included, must be one."""
     from w12_kernels.gemm import cuda_large
 
     gemm_bench = gemm_benchmark()
     monkeypatch.setattr(cuda_large, "available", lambda: True)
-    rule = cfgs.large_rule()
-    missing = [(shape, m) for shape, by_m in rule["shapes"].items() for m, e in by_m.items()
-               if e.get("kind") == "wgmma"
-               and gemm_bench.current_candidate(*map(int, shape.split("x")), int(m)) is None]
-    assert not missing
+    for gpu in (None, *json.loads(cfgs.TUNED_PATH.read_text())["large"].get("by_device", {})):
+        rule = cfgs.large_rule(gpu)
+        missing = [(shape, m) for shape, by_m in rule["shapes"].items() for m, e in by_m.items()
+                   if e.get("kind") == "wgmma"
+                   and gemm_bench.current_candidate(*map(int, shape.split("x")), int(m),
+                                                    rule) is None]
+        assert not missing, gpu
 
 
 def test_large_sweep_keeps_the_current_entry_within_the_margin(monkeypatch):
@@ -860,3 +873,25 @@ def test_a_device_table_sweep_writes_only_its_gpus_section():
                                   "128x64": {"256": {"x": 2}}, "256x64": {"512": {"x": 5}}}}
     new = gemm_bench.merge_device_large({}, swept, "GPU C")
     assert new == {"by_device": {"GPU C": {"max_m": 2048, "shapes": swept["shapes"]}}}
+
+
+def test_large_ab_writes_a_key_only_where_every_round_agrees():
+    """``large_ab.py --write-table``: a shape's entry for the M class that serves the rows gets
+    the toggle's key where the option on beat off by more than the margin in every round, and
+    loses it where off beat on so; a mixed or close result changes nothing."""
+    ab = benchmark_module("large_ab")
+    wg = {"kind": "wgmma", "tiles": 8, "block_m": 256}
+    rule = {"shapes": {"64x64": {"512": wg, "1024": {**wg, "l2hint": 1}}}}
+    assert ab.table_entry(64, 64, 300, rule) == ("512", wg)
+    assert ab.table_entry(64, 64, 1000, rule) == ("1024", {**wg, "l2hint": 1})
+    assert ab.table_entry(64, 64, 2000, rule) is None
+    assert ab.table_entry(128, 64, 300, rule) is None
+    win, lose = [(100.0, 95.0, 90.0), (102.0, 97.0, 91.0)], [(95.0, 100.0, 90.0)] * 2
+    assert ab.table_change(wg, "l2hint", win, 0.01) == {**wg, "l2hint": 1}
+    assert ab.table_change({**wg, "l2hint": 1}, "l2hint", win, 0.01) is None  # (has it)
+    assert ab.table_change({**wg, "l2hint": 1}, "l2hint", lose, 0.01) == wg
+    assert ab.table_change(wg, "l2hint", lose, 0.01) is None  # (nothing to clear)
+    assert ab.table_change(wg, "l2hint", [win[0], lose[0]], 0.01) is None  # (rounds disagree)
+    assert ab.table_change(wg, "l2hint", [(100.0, 99.5, 90.0)], 0.01) is None  # (in the margin)
+    assert ab.table_change(wg, "l2hint", [], 0.01) is None
+    assert "l2hint" in ab.SAME_BITS and "l2hint" in ab.TABLE_KEYS

@@ -772,6 +772,41 @@ def test_wgmma_large_kernel_wreuse(cfg):
         assert_within_budget(y, x, t, _ref(x, t, bias), bias)
 
 
+@pytest.mark.parametrize("cfg", [dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=1, a_regs=2, persist=1, wreuse=True),
+                                 dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=1, a_regs=2, persist=1, grid_cap=7),
+                                 dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=1, a_regs=2, persist=1, grid_cap=7, xorder=True),
+                                 dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=1, a_regs=2, tail=2, wave=3),
+                                 dict(block_m=256, warpgroups=2, x_stages=4, w_stages=6,
+                                      splits=2, a_regs=2),
+                                 dict(block_m=128, warpgroups=2, x_stages=4, w_stages=8,
+                                      splits=2, a_regs=1),
+                                 dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=1, a_regs=2, mcast=1)])
+def test_wgmma_large_kernel_l2hint(cfg):
+    """``l2hint``: the bulk copies with L2 eviction hints (activations kept, weights evicted
+    first) give the same bits as without (stream-K with wreuse or xorder, a tail launch, two K
+    ranges, the register and shared-memory operands, multicast, whose activation copies take
+    no hint), at several token blocks, tokens past M, rows past the last tile and odd K."""
+    from w12_kernels.gemm import cuda_large
+
+    if not cuda_large.available():
+        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
+    run = _wgl_toggle("l2hint", cfg)
+    for n, k, m, esc in ((4096, 4096, 300, True), (2000, 200, 513, False),
+                         (1000, 1001, 777, True)):
+        t = make_weight(n, k, seed=n + k + m, escapes=esc, device="cuda")
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        pw = prepare_weight(encoded(t))
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        off, y = run(x, pw, bias, False), run(x, pw, bias, True)
+        assert torch.equal(off.view(torch.int16), y.view(torch.int16)), f"{n}x{k} M={m}"
+        assert_within_budget(y, x, t, _ref(x, t, bias), bias)
+
+
 @pytest.mark.parametrize("x_stages,w_stages,grid_cap", [(5, 5, None), (4, 6, None), (5, 5, 3),
                                                       (4, 6, 7), (5, 5, 1)])
 def test_wgmma_large_kernel_stream_k(x_stages, w_stages, grid_cap):
@@ -962,7 +997,7 @@ def test_table_entries_over_eight_token_blocks(entry, monkeypatch):
     if not cuda_large.available():
         pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
     default = {**cfgs.large_rule()["default"], "persist": 0, "tail": 0, "mcast": 0,
-               "xorder": 0, "wreuse": 0, **entry}
+               "xorder": 0, "wreuse": 0, "l2hint": 0, **entry}
     monkeypatch.setattr(cfgs, "large_rule",
                         lambda *_: {"default": default, "max_m": 4096, "shapes": {}})
     calls, wgl = [], cuda_large.gemm_wgl

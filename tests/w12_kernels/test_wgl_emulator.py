@@ -236,7 +236,8 @@ def test_multicast_pairs_configuration(monkeypatch):
     # the grid: 3 tile blocks of 128 rows -> 4 (the partner of the last stores nothing)
     launched = []
     monkeypatch.setattr(cuda_large, "permute_x", lambda x, nchunks, block_m: x)
-    monkeypatch.setattr(cuda_large, "_function", lambda index, cfg, xorder=False, wreuse=None: cfg)
+    monkeypatch.setattr(cuda_large, "_function", lambda index, cfg, xorder=False, wreuse=None,
+                        l2hint=None: cfg)
     monkeypatch.setattr(cuda_large, "_weight_map", lambda chunks, tiles, swizzled=False: bytes(128))
     monkeypatch.setattr(cuda_large.cuda, "_index", lambda d: 0)
     monkeypatch.setattr(cuda_large.cuda, "_ptr", lambda t: 0)
@@ -261,7 +262,8 @@ def test_wreuse_launch_order(monkeypatch):
 
     launched = []
     monkeypatch.setattr(cuda_large, "permute_x", lambda x, nchunks, block_m: x)
-    monkeypatch.setattr(cuda_large, "_function", lambda index, cfg, xorder=False, wreuse=None: cfg)
+    monkeypatch.setattr(cuda_large, "_function", lambda index, cfg, xorder=False, wreuse=None,
+                        l2hint=None: cfg)
     monkeypatch.setattr(cuda_large, "_weight_map", lambda chunks, tiles, swizzled=False: bytes(128))
     monkeypatch.setattr(cuda_large, "_stream_k_memory", lambda device, blocks, floats: (0, 0))
     monkeypatch.setattr(cuda_large.torch.cuda, "get_device_properties",
@@ -291,6 +293,18 @@ def test_wreuse_launch_order(monkeypatch):
     src = cuda_large.source(256, 2, 5, 5, 1, 2, 1, wreuse=True)
     assert "#define W12_WREUSE 1" in src
     assert "W12_WREUSE 1" not in cuda_large.source(256, 2, 5, 5, 1, 2, 1, wreuse=False)
+
+
+def test_l2hint_source():
+    """``l2hint``: the kernel's source defines W12_L2HINT (the copies' L2 eviction hints) only
+    when asked; the module default ``L2HINT`` is off."""
+    from w12_kernels.gemm import cuda_large
+
+    assert cuda_large.L2HINT is False
+    assert "#define W12_L2HINT 1" in cuda_large.source(256, 2, 5, 5, 1, 2, 1, l2hint=True)
+    assert "#define W12_L2HINT 1" in cuda_large.source(256, 2, 5, 5, 1, 2, xorder=True,
+                                                      l2hint=True)
+    assert "W12_L2HINT 1" not in cuda_large.source(256, 2, 5, 5, 1, 2, 1)
 
 
 def test_interleaved_warpgroups_configuration():

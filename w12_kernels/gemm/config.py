@@ -162,6 +162,9 @@ class LargeConfig:
     wreuse: int = 0  # wgmma, no multicast: a tile block's token blocks launched next to each
     # other, stream-K's units token block outermost (cuda_large.WREUSE for entries without
     # it; docs/PERF_GEMM.md #84-#85; not inherited)
+    l2hint: int = 0  # wgmma: the bulk copies with L2 eviction hints, activations kept, weights
+    # evicted first (cuda_large.L2HINT for entries without it; docs/PERF_GEMM.md #91; not
+    # inherited)
 
 
 @functools.cache
@@ -231,10 +234,10 @@ def large_config(n: int, k: int, m: int, r: dict | None = None,
     if classes:
         cls = next((c for c in classes if m <= c), None)
         # (a shape's entry fills its gaps from the default, except ``persist``, ``tail``,
-        # ``mcast``, ``xorder`` and ``wreuse``, valid only with some K splits and operand
-        # modes: an entry without them has none of them)
+        # ``mcast``, ``xorder``, ``wreuse`` and ``l2hint``, valid only with some K splits and
+        # operand modes or measured per entry: an entry without them has none of them)
         chosen = ({**r["default"], "persist": 0, "tail": 0, "mcast": 0, "xorder": 0,
-                   "wreuse": 0, **by_m[str(cls)]}
+                   "wreuse": 0, "l2hint": 0, **by_m[str(cls)]}
                   if cls is not None else {"kind": "decode"})
     else:
         chosen = r["default"] if m <= r.get("max_m", DEFAULT_LARGE_MAX_M) else {"kind": "decode"}

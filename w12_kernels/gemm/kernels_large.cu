@@ -174,6 +174,30 @@ constexpr bool WREUSE = true;
 constexpr bool WREUSE = false;
 #endif
 
+// L2 eviction hints on the bulk copies (W12_L2HINT, docs/PERF_GEMM.md #91): the activations'
+// stages (image or x; not multicast's) copied with an evict_last policy, the chunk words with
+// evict_first. Each activation stage is read by every tile block of its token block, at times
+// spread over the whole call where the blocks' shares start at different columns (stream-K),
+// while the weights stream past once or twice; without the hints weight lines evict activation
+// lines that are read again, and those then come from memory. The same bits either way.
+#ifdef W12_L2HINT
+constexpr bool L2HINT = true;
+#else
+constexpr bool L2HINT = false;
+#endif
+
+// The L2 policies of W12_L2HINT's copies: keep (the activations) or evict first (the weights).
+__device__ __forceinline__ unsigned long long l2_keep() {
+  unsigned long long p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ unsigned long long l2_stream() {
+  unsigned long long p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
 // Matrix descriptor of a K-major operand with the 128-byte swizzle: 8-row groups 1024 bytes
 // apart; `p` is the 1024-byte aligned buffer plus 32 bytes per K step.
 __device__ __forceinline__ unsigned long long sw128_desc(const void* p) {
@@ -197,8 +221,16 @@ __device__ __forceinline__ void mbar_wait(const unsigned long long* bar, u32 par
   } while (!done);
 }
 
+// (`weights`: the chunk words, else activations; it picks W12_L2HINT's policy)
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes,
-                                          unsigned long long* bar) {
+                                          unsigned long long* bar, bool weights = false) {
+  if constexpr (L2HINT) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1], %2, [%3], %4;"
+                 :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)),
+                    "l"(weights ? l2_stream() : l2_keep()) : "memory");
+    return;
+  }
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
                "[%0], [%1], %2, [%3];"
                :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
@@ -232,6 +264,13 @@ struct StreamKCuts {
 // zeros (and count as bytes all the same).
 __device__ __forceinline__ void tile_copy(void* dst, const void* map, int col, int tile,
                                           unsigned long long* bar) {
+  if constexpr (L2HINT) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx"
+                 "::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;"
+                 :: "r"(smem_addr(dst)), "l"(map), "r"(0), "r"(col), "r"(tile),
+                    "r"(smem_addr(bar)), "l"(l2_stream()) : "memory");
+    return;
+  }
   asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                " [%0], [%1, {%2, %3, %4}], [%5];"
                :: "r"(smem_addr(dst)), "l"(map), "r"(0), "r"(col), "r"(tile),
@@ -243,6 +282,13 @@ __device__ __forceinline__ void tile_copy(void* dst, const void* map, int col, i
 // r * 128, its 16-byte unit u at u ^ (r % 8); rows past M and columns past K come in as zeros.
 __device__ __forceinline__ void x_copy(void* dst, const void* map, int col, int tok,
                                        unsigned long long* bar) {
+  if constexpr (L2HINT) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx"
+                 "::bytes.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;"
+                 :: "r"(smem_addr(dst)), "l"(map), "r"(col), "r"(tok), "r"(smem_addr(bar)),
+                    "l"(l2_keep()) : "memory");
+    return;
+  }
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                " [%0], [%1, {%2, %3}], [%4];"
                :: "r"(smem_addr(dst)), "l"(map), "r"(col), "r"(tok), "r"(smem_addr(bar))
@@ -254,6 +300,13 @@ __device__ __forceinline__ void x_copy(void* dst, const void* map, int col, int 
 // of the stage holding its 16-byte unit u at u ^ (q % 8).
 __device__ __forceinline__ void tile_copy_sw(void* dst, const void* map, int col, int tile,
                                              unsigned long long* bar) {
+  if constexpr (L2HINT) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx"
+                 "::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;"
+                 :: "r"(smem_addr(dst)), "l"(map), "r"(0), "r"(0), "r"(col), "r"(tile),
+                    "r"(smem_addr(bar)), "l"(l2_stream()) : "memory");
+    return;
+  }
   asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                " [%0], [%1, {%2, %3, %4, %5}], [%6];"
                :: "r"(smem_addr(dst)), "l"(map), "r"(0), "r"(0), "r"(col), "r"(tile),
@@ -480,7 +533,7 @@ __device__ __forceinline__ void wgl_body(
     for (int tt = 0; tt < 4 * WGS; ++tt) {
       const int tile = min(tile0 + tt, ntiles - 1);  // rows past the last are not stored
       bulk_copy(wstages + st * WSTAGE + tt * 1536,
-                chunks + ((size_t)tile * nchunks + c0 + col) * 96, 1536, bar);
+                chunks + ((size_t)tile * nchunks + c0 + col) * 96, 1536, bar, true);
     }
   };
   // an arrival on `bar` by the threads where `on` holds, predicated rather than branched

@@ -202,7 +202,8 @@ def linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val, esc_delt
                                    splits=large.splits, a_regs=large.a_regs,
                                    persist=large.persist, tail=large.tail,
                                    mcast=large.mcast, xorder=bool(large.xorder),
-                                   wreuse=True if large.wreuse else None)
+                                   wreuse=True if large.wreuse else None,
+                                   l2hint=True if large.l2hint else None)
     if large.kind == "fused" and kind != "torch" and _has_triton():
         from w12_kernels.gemm import triton_path
 
