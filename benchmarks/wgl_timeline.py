@@ -44,6 +44,9 @@ from w12_kernels.gemm import cuda_large as cl  # noqa: E402
 
 SHAPES = ((4096, 4096), (6144, 4096), (10240, 5120), (5120, 8192), (4096, 14336),
           (28672, 4096))
+MAX_IMAGE_BLOCKS = 1 << 16  # the image pass's stamp slots (its grid is chunk columns x token
+# blocks x 8 blocks of 32 tokens: 6400 at 512 rows of K 25600; before they had their own count,
+# blocks past 4096 went unstamped, so the pass's end read ~30-45% early on the largest K)
 MAX_BLOCKS = 4096  # stamp slots (blocks of the GEMM grid, of the image pass; blocks past
 # them stamp nothing, so a grid of more blocks is read in part, never written out of bounds)
 STAMPS = ("entry", "first_x_issued", "loop_end", "partial_met", "inbox", "stores_end",
@@ -55,7 +58,7 @@ STREAM_K_STAMPS = ("entry", "seg0_loop_end", "seg0_end", "last_loop_end", "last_
 
 _DEFS = (
     f"__device__ unsigned long long w12_tl[{MAX_BLOCKS} * 8];\n"
-    f"__device__ unsigned long long w12_tl_img[{MAX_BLOCKS} * 2];\n"
+    f"__device__ unsigned long long w12_tl_img[{MAX_IMAGE_BLOCKS} * 2];\n"
     f"__device__ unsigned w12_tl_sm[{MAX_BLOCKS}];\n"
     "__device__ __forceinline__ unsigned long long w12_now() {\n"
     "  unsigned long long t;\n"
@@ -63,6 +66,7 @@ _DEFS = (
     "  return t;\n}\n"
     "#define W12_BLOCK (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z))\n"
     f"#define W12_SLOT (W12_BLOCK < {MAX_BLOCKS})\n"
+    f"#define W12_IMG_SLOT (W12_BLOCK < {MAX_IMAGE_BLOCKS})\n"
     "#define W12_STAMP(k) (W12_SLOT ? (void)(w12_tl[W12_BLOCK * 8 + (k)] = w12_now()) : (void)0)\n"
 )
 _ENTRY = 'extern "C" __global__ void __launch_bounds__(256)\nw12_permute_x('
@@ -89,8 +93,8 @@ PATCHES = [
     # the image pass: each block's entry and end
     _before(_ENTRY, _DEFS),
     _before(_IMG_START,
-            "  if (threadIdx.x == 0 && W12_SLOT) w12_tl_img[W12_BLOCK * 2] = w12_now();\n"),
-    _after(_IMG_END, "  __syncthreads();\n  if (threadIdx.x == 0 && W12_SLOT)\n"
+            "  if (threadIdx.x == 0 && W12_IMG_SLOT) w12_tl_img[W12_BLOCK * 2] = w12_now();\n"),
+    _after(_IMG_END, "  __syncthreads();\n  if (threadIdx.x == 0 && W12_IMG_SLOT)\n"
                      "    w12_tl_img[W12_BLOCK * 2 + 1] = w12_now();\n"),
     # the GEMM: entry, first activation copy issued, loop end, partial tile met, inbox, stores
     _after("  const int tid = threadIdx.x;\n  const int wg = tid >> 7;\n",
@@ -292,7 +296,7 @@ def probe(n: int, k: int, scratch: Path, raw: bool = False,
              [lambda w=layer.bf16[i]: torch.nn.functional.linear(x, w) for i in order]])
         tl = cupy.ndarray((MAX_BLOCKS * 8,), dtype=cupy.uint64,
                           memptr=mod.get_global("w12_tl"))
-        img = cupy.ndarray((MAX_BLOCKS * 2,), dtype=cupy.uint64,
+        img = cupy.ndarray((MAX_IMAGE_BLOCKS * 2,), dtype=cupy.uint64,
                            memptr=mod.get_global("w12_tl_img"))
         tl.fill(0)
         img.fill(0)
@@ -302,7 +306,7 @@ def probe(n: int, k: int, scratch: Path, raw: bool = False,
         graph.replay()
         torch.cuda.synchronize()
         stamps = tl.get().reshape(MAX_BLOCKS, 8).astype("int64")
-        image = img.get().reshape(MAX_BLOCKS, 2).astype("int64")
+        image = img.get().reshape(MAX_IMAGE_BLOCKS, 2).astype("int64")
         sms = cupy.ndarray((MAX_BLOCKS,), dtype=cupy.uint32,
                            memptr=mod.get_global("w12_tl_sm")).get().astype("int64")
     finally:
@@ -323,6 +327,10 @@ def probe(n: int, k: int, scratch: Path, raw: bool = False,
                              for j, v in enumerate(row)]
                             for row in stamps[stamps[:, 0] > 0]]
         out["per_block_sm"] = [int(v) for v in sms[stamps[:, 0] > 0]]
+    image_grid = -(-k // 64) * -(-m // kw["block_m"]) * (kw["block_m"] // 32)
+    if image_grid > MAX_IMAGE_BLOCKS:
+        print(f"    (the image pass's first {MAX_IMAGE_BLOCKS} of {image_grid} blocks stamped: "
+              "its end reads early)")
     print(f"{n}x{k} M={m} {out['config']}: {out['blocks']} blocks; call {t_plain:.2f} us "
           f"(stamped {t_stamped:.2f}), cuBLAS {t_ref:.2f} us; image pass ends "
           f"{out['image_first_end']:.2f}..{out['image_last_end']:.2f}", flush=True)

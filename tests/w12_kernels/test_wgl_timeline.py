@@ -17,9 +17,13 @@ def test_every_patch_matches_the_shipped_kernel_once():
     assert text.count("w12_tl_img[W12_BLOCK * 2") == 2
     # blocks past the stamp slots stamp nothing (any --shapes, no write out of bounds)
     assert f"#define W12_SLOT (W12_BLOCK < {tl.MAX_BLOCKS})" in text
-    # the define, W12_STAMP's guard and six stamps by hand (stream-K's segment count, after
+    # the define, W12_STAMP's guard and four stamps by hand (stream-K's segment count, after
     # either of its store paths; the block's multiprocessor, at its entry)
-    assert text.count("W12_SLOT") == 8
+    assert text.count("W12_SLOT") == 6
+    # the image pass's own slots, enough for its grid at 512 rows of K 25600 (6400 blocks) and
+    # far beyond
+    assert f"#define W12_IMG_SLOT (W12_BLOCK < {tl.MAX_IMAGE_BLOCKS})" in text
+    assert text.count("W12_IMG_SLOT") == 3 and tl.MAX_IMAGE_BLOCKS >= 8 * 400 * 2 * 8
     assert text.count("w12_tl_sm[W12_BLOCK] = sm;") == 1 and "%%smid" in text
     # stream-K: each segment stamp once in the patched text
     for stamp in ("W12_STAMP(1)", "W12_STAMP(3)", "W12_STAMP(4)"):
