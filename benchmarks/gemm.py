@@ -601,7 +601,7 @@ WGMMA_CANDIDATES = ((256, 2, 4, 3, 1, 0), (256, 2, 4, 3, 2, 0), (256, 2, 4, 3, 4
                     # one-range kernel
                     (256, 2, 5, 5, 1, 2, 1, 0, 0, 0, 0, 1), (256, 2, 5, 5, 1, 2, 1, 0, 0, 0, 1, 1),
                     (256, 2, 5, 5, 1, 2, 1, 0, 0, 1, 0, 1), (256, 2, 5, 5, 1, 2, 1, 0, 0, 1, 1, 1),
-                    (256, 2, 5, 5, 1, 2, 0, 0, 0, 0, 0, 1))
+                    (256, 2, 5, 5, 1, 2, 0, 0, 0, 0, 0, 1), (256, 2, 5, 5, 1, 2, 0, 0, 0, 1, 0, 1))
 # (not candidates: cuBLAS's tiling of the one-wave layers, 128 weight rows x 64 tokens with the
 # whole K, 0.33-0.52x at 256 rows against 0.71-0.89x for the table's entries, run 261, #68)
 WGMMA_KEYS = ("block_m", "warpgroups", "x_stages", "w_stages", "splits", "a_regs", "persist",
