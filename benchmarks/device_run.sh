@@ -2,7 +2,7 @@
 # The one script a GPU run of the GEMM work executes: the GPU tests, the launch-rule sweep
 # (writes w12_kernels/gemm/tuned.json), the warpgroup-kernel choices, the large-M sweep, then
 # the full benchmark with that table.
-#   bash benchmarks/device_run.sh [sweep|large|wg|bench|all|tests|experimental|ab] [extra benchmark args...]
+#   bash benchmarks/device_run.sh [sweep|large|wg|bench|all|tests|experimental|ab|hints] [extra benchmark args...]
 # TEST_K: a pytest -k expression selecting GPU tests.
 # SWEEP_ARGS: more arguments of the small-M sweep (--keep-kw: only the kw of the table in use).
 # large: the large-M sweep (fused block shapes vs decode + cuBLAS at SWEEP_LARGE_M, default
@@ -18,6 +18,10 @@
 # or a directory that `python3 benchmarks/revision.py REV DIR` wrote; default HEAD) at AB_M
 # (default 1,8,16,32): the tree's small-M kernel against the baseline's in the same graphs, bits
 # compared (exit 1 where they differ). With TESTS=0 that is the whole run (~40 s).
+# hints: benchmarks/large_ab.py --toggle l2hint --rounds 2 --write-table --device-table at each
+# of HINT_M (default 256,512,1024,2048): the large-M kernel's L2 eviction hints
+# (docs/PERF_GEMM.md #91) set per entry in this GPU model's section of the table where they won
+# both rounds, then benchmarks/gemm.py --m HINT_M on the table written.
 # Logs and JSON go to $OUT (default ./out). Each stage has its own time limit; TESTS=0 skips the
 # GPU tests.
 set -uo pipefail
@@ -82,6 +86,17 @@ fi
 if [[ $MODE == bench || $MODE == all ]]; then
   timeout "${BENCH_LIMIT:-300}" python3 benchmarks/gemm.py --json "$OUT/bench.json" "$@" 2>&1 \
     | tee "$OUT/bench.txt"
+fi
+if [[ $MODE == hints ]]; then
+  HINT_M=${HINT_M:-256,512,1024,2048}
+  for m in ${HINT_M//,/ }; do
+    timeout "${HINT_LIMIT:-150}" python3 benchmarks/large_ab.py --toggle l2hint --m "$m" \
+      --rounds 2 --write-table --device-table --json "$OUT/hints_$m.json" 2>&1 \
+      | tee "$OUT/hints_$m.txt"
+  done
+  cp w12_kernels/gemm/tuned.json "$OUT/" 2>/dev/null || true
+  timeout "${BENCH_LIMIT:-300}" python3 benchmarks/gemm.py --m "$HINT_M" \
+    --json "$OUT/hints_bench.json" 2>&1 | tee "$OUT/hints_bench.txt"
 fi
 if [[ -n ${DECODE_MODELS:-} ]]; then
   timeout "${DECODE_LIMIT:-240}" python3 benchmarks/decode.py --models "$DECODE_MODELS" \
