@@ -627,6 +627,22 @@ def _wgl_toggle(option, cfg):
     return run
 
 
+def _check_same_bits(option, cfg):
+    """For a large-M kernel option that must not change the bits, the kernel of ``cfg`` with
+    ``option`` off then on at several token blocks, tokens past M, rows past the last tile and
+    odd K (escapes or none, a bias): the same bits, within the error budget."""
+    run = _wgl_toggle(option, cfg)
+    for n, k, m, esc in ((4096, 4096, 300, True), (2000, 200, 513, False),
+                         (1000, 1001, 777, True)):
+        t = make_weight(n, k, seed=n + k + m, escapes=esc, device="cuda")
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        pw = prepare_weight(encoded(t))
+        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+        off, y = run(x, pw, bias, False), run(x, pw, bias, True)
+        assert torch.equal(off.view(torch.int16), y.view(torch.int16)), f"{n}x{k} M={m}"
+        assert_within_budget(y, x, t, _ref(x, t, bias), bias)
+
+
 def _check_off_on(option, cfg, rel, col, make_x=None):
     """For a large-M kernel option that changes the bits but not the budget, the kernel of
     ``cfg`` with ``option`` off then on at awkward sizes (escapes with NaN/inf rows or none,
@@ -760,16 +776,7 @@ def test_wgmma_large_kernel_wreuse(cfg):
     if cfg.get("persist") or cfg.get("tail") == 1:
         _check_off_on("wreuse", cfg, rel=2.0 ** -7, col=2.0 ** -12)
         return
-    run = _wgl_toggle("wreuse", cfg)
-    for n, k, m, esc in ((4096, 4096, 300, True), (2000, 200, 513, False),
-                         (1000, 1001, 777, True)):
-        t = make_weight(n, k, seed=n + k + m, escapes=esc, device="cuda")
-        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-        pw = prepare_weight(encoded(t))
-        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
-        off, y = run(x, pw, bias, False), run(x, pw, bias, True)
-        assert torch.equal(off.view(torch.int16), y.view(torch.int16)), f"{n}x{k} M={m}"
-        assert_within_budget(y, x, t, _ref(x, t, bias), bias)
+    _check_same_bits("wreuse", cfg)
 
 
 @pytest.mark.parametrize("cfg", [dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
@@ -795,16 +802,7 @@ def test_wgmma_large_kernel_l2hint(cfg):
 
     if not cuda_large.available():
         pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
-    run = _wgl_toggle("l2hint", cfg)
-    for n, k, m, esc in ((4096, 4096, 300, True), (2000, 200, 513, False),
-                         (1000, 1001, 777, True)):
-        t = make_weight(n, k, seed=n + k + m, escapes=esc, device="cuda")
-        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-        pw = prepare_weight(encoded(t))
-        bias = torch.randn(n, device="cuda").to(torch.bfloat16)
-        off, y = run(x, pw, bias, False), run(x, pw, bias, True)
-        assert torch.equal(off.view(torch.int16), y.view(torch.int16)), f"{n}x{k} M={m}"
-        assert_within_budget(y, x, t, _ref(x, t, bias), bias)
+    _check_same_bits("l2hint", cfg)
 
 
 @pytest.mark.parametrize("x_stages,w_stages,grid_cap", [(5, 5, None), (4, 6, None), (5, 5, 3),
