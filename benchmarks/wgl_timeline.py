@@ -1,8 +1,9 @@
 """Where a large-M call's fixed costs go, per block: the warpgroup-MMA kernel
 (``kernels_large.cu``) and its image pass with ``%globaltimer`` stamps, at 256 rows, on the
 one-wave layers and one layer of several waves, with the large-M table's configuration
-(``--m``: another row count, its entry's ``wreuse`` included). Shapes whose entry has ``xorder``
-(no image pass) or a tail launch, or is not the warpgroup kernel, are reported and skipped.
+(``--m``: another row count, its entry's ``wreuse``, ``xorder`` and ``l2hint`` included). An
+``xorder`` entry has no image pass: its stamps count from its first block's entry. Shapes whose
+entry has a tail launch, or is not the warpgroup kernel, are reported and skipped.
 
 A patched copy of the kernel source (the shipped file is not touched) stamps, per block: its
 entry (thread 0), the producer's first activation copy issued (after ``griddepcontrol.wait``
@@ -168,11 +169,10 @@ def table_config(n: int, k: int, m: int = 256) -> dict:
         raise NotStamped(f"the table has no warpgroup entry for {n}x{k} at {m} rows")
     if e.tail:
         raise NotStamped(f"{n}x{k} at {m} rows: tail launches are not stamped")
-    if e.xorder:
-        raise NotStamped(f"{n}x{k} at {m} rows: xorder entries (no image pass) are not stamped")
     return dict(block_m=e.block_m, warpgroups=e.tiles // 4, x_stages=e.num_stages,
                 w_stages=e.w_stages, splits=e.splits, a_regs=e.a_regs, persist=e.persist,
-                mcast=e.mcast, wreuse=bool(e.wreuse), l2hint=bool(e.l2hint))
+                mcast=e.mcast, wreuse=bool(e.wreuse), l2hint=bool(e.l2hint),
+                xorder=bool(e.xorder))
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -180,18 +180,27 @@ def _pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
 
 
+def start_time(stamps, image) -> int:
+    """The stamps' zero (ns): the image pass's first block entry, or without an image pass
+    (no block of it stamped: xorder) the GEMM's first block entry."""
+    image = image[image[:, 0] > 0]
+    return int(image[:, 0].min()) if len(image) else int(stamps[stamps[:, 0] > 0, 0].min())
+
+
 def summarize(stamps, image, names: tuple[str, ...] = STAMPS) -> dict:
     """The per-block stamps ([blocks, 8] and the image pass's [blocks, 2], ns; unused slots 0)
-    as µs from the image pass's first block entry: each phase's min, median and max over the
-    blocks that stamped it, and when the image pass's blocks ended (first, last)."""
+    as µs from the image pass's first block entry (without an image pass, xorder: from the
+    GEMM's first block entry): each phase's min, median and max over the blocks that stamped
+    it, and when the image pass's blocks ended (first, last; None without one)."""
     used = stamps[:, 0] > 0
     image = image[image[:, 0] > 0]
-    t0 = int(image[:, 0].min())
+    t0 = start_time(stamps, image)
     rows = {name: [(int(v) - t0) / 1e3 for v in stamps[used, j] if v > 0]
             for j, name in enumerate(names)}
+    ends = image[:, 1]
     return {"blocks": int(used.sum()),
-            "image_first_end": (int(image[:, 1].min()) - t0) / 1e3,
-            "image_last_end": (int(image[:, 1].max()) - t0) / 1e3,
+            "image_first_end": (int(ends.min()) - t0) / 1e3 if len(ends) else None,
+            "image_last_end": (int(ends.max()) - t0) / 1e3 if len(ends) else None,
             "phases": {name: {"min": _pct(v, 0), "median": _pct(v, 0.5), "max": _pct(v, 1)}
                        for name, v in rows.items() if v}}
 
@@ -259,7 +268,8 @@ def probe(n: int, k: int, scratch: Path, raw: bool = False,
     path.write_text(patched(shipped))
     cl.SOURCE_PATH = path
     try:
-        code = cl.source(*config, wreuse=kw["wreuse"], l2hint=kw["l2hint"])
+        code = cl.source(*config, wreuse=kw["wreuse"], l2hint=kw["l2hint"],
+                         xorder=kw["xorder"])
     finally:
         cl.SOURCE_PATH = shipped
     major, minor = torch.cuda.get_device_capability()
@@ -322,18 +332,21 @@ def probe(n: int, k: int, scratch: Path, raw: bool = False,
         out["cuts"] = list(cl.stream_k_cuts(steps, -(-k // 64), out["blocks"], weighted))
         out["step_rates"] = stream_k_step_rates(stamps, sms, out["cuts"])
     if raw:  # every block's stamps, µs from the image pass's first block entry (0: none)
-        t0 = int(image[image[:, 0] > 0][:, 0].min())
+        t0 = start_time(stamps, image)
         out["per_block"] = [[round((int(v) - t0) / 1e3, 3) if v > 0 and j < 7 else int(v)
                              for j, v in enumerate(row)]
                             for row in stamps[stamps[:, 0] > 0]]
         out["per_block_sm"] = [int(v) for v in sms[stamps[:, 0] > 0]]
     image_grid = -(-k // 64) * -(-m // kw["block_m"]) * (kw["block_m"] // 32)
-    if image_grid > MAX_IMAGE_BLOCKS:
+    if out["image_last_end"] is not None and image_grid > MAX_IMAGE_BLOCKS:
         print(f"    (the image pass's first {MAX_IMAGE_BLOCKS} of {image_grid} blocks stamped: "
               "its end reads early)")
     print(f"{n}x{k} M={m} {out['config']}: {out['blocks']} blocks; call {t_plain:.2f} us "
-          f"(stamped {t_stamped:.2f}), cuBLAS {t_ref:.2f} us; image pass ends "
-          f"{out['image_first_end']:.2f}..{out['image_last_end']:.2f}", flush=True)
+          f"(stamped {t_stamped:.2f}), cuBLAS {t_ref:.2f} us; "
+          + ("no image pass (xorder: µs from the first block's entry)"
+             if out["image_last_end"] is None else
+             f"image pass ends {out['image_first_end']:.2f}..{out['image_last_end']:.2f}"),
+          flush=True)
     for name, p in out["phases"].items():
         print(f"    {name:15s} min {p['min']:7.2f}  median {p['median']:7.2f}  "
               f"max {p['max']:7.2f} us", flush=True)

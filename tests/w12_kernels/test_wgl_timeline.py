@@ -61,6 +61,21 @@ def test_a_phase_no_block_stamped_is_left_out():
     assert "inbox" not in s["phases"] and s["phases"]["stores_end"]["median"] == 4.5
 
 
+def test_without_an_image_pass_the_stamps_count_from_the_first_block():
+    """An xorder entry has no image pass (no image stamp): µs from the GEMM's first block
+    entry, and no image end."""
+    tl = benchmark_module("wgl_timeline")
+    stamps = np.zeros((3, 8), dtype=np.int64)
+    stamps[0, :6] = [5000, 6000, 9000, 9500, 0, 10000]
+    stamps[1, :6] = [4000, 6500, 9200, 9400, 0, 11000]
+    image = np.zeros((4, 2), dtype=np.int64)
+    assert tl.start_time(stamps, image) == 4000
+    s = tl.summarize(stamps, image)
+    assert s["image_first_end"] is None and s["image_last_end"] is None
+    assert s["phases"]["entry"] == {"min": 0.0, "median": 1.0, "max": 1.0}
+    assert s["phases"]["stores_end"]["max"] == 7.0
+
+
 def test_without_a_gpu_it_says_so(capsys, monkeypatch):
     tl = benchmark_module("wgl_timeline")
     monkeypatch.setattr(tl.cl, "available", lambda: False)
@@ -90,8 +105,8 @@ def test_stream_k_durations_of_made_up_stamps():
 
 def test_entries_it_cannot_stamp_are_named_not_run(monkeypatch):
     """``table_config`` refuses (``NotStamped``, which ``main`` reports and skips) the entries
-    the stamps do not cover: xorder (no image pass), tail launches, no warpgroup entry; and
-    gives a stamped entry's keywords, its ``wreuse`` included, at the row count asked."""
+    the stamps do not cover: tail launches, no warpgroup entry; and gives a stamped entry's
+    keywords, its ``wreuse``, ``xorder`` and ``l2hint`` included, at the row count asked."""
     from w12_kernels.gemm import config as cfgs
 
     tl = benchmark_module("wgl_timeline")
@@ -102,9 +117,12 @@ def test_entries_it_cannot_stamp_are_named_not_run(monkeypatch):
         "300x64": {"512": {"kind": "decode"}},
         "400x64": {"256": base, "512": {**base, "persist": 1, "wreuse": 1}}}}
     monkeypatch.setattr(cfgs, "large_rule", lambda *_: rule)
-    for n, why in ((100, "xorder"), (200, "tail"), (300, "no warpgroup entry")):
+    for n, why in ((200, "tail"), (300, "no warpgroup entry")):
         with pytest.raises(tl.NotStamped, match=why):
             tl.table_config(n, 64, 512)
+    assert tl.table_config(100, 64, 512)["xorder"] is True
+    assert tl.table_config(400, 64, 512)["xorder"] is False
+    assert tl.table_config(400, 64, 512)["l2hint"] is False
     assert tl.table_config(400, 64, 512)["persist"] == 1
     assert tl.table_config(400, 64, 512)["wreuse"] is True
     assert tl.table_config(400, 64, 256)["wreuse"] is False
