@@ -819,6 +819,22 @@ def merge_device_large(current: dict, swept: dict, device: str) -> dict:
     return {**current, "by_device": sections}
 
 
+def write_large_table(swept: dict, device: str | None = None, keep_default: bool = True) -> dict:
+    """Write a large-M table change (``{"shapes": ..., "max_m": ...}``, and a ``default`` where
+    it replaces one) into tuned.json: into ``device``'s section (``merge_device_large``) or
+    the shared entries (``merge_large``; the change whole where the file has no large-M
+    entry); the rest of the file stays. Returns the ``large`` entry written."""
+    old = json.loads(cfgs.TUNED_PATH.read_text()) if cfgs.TUNED_PATH.exists() else {}
+    if device:
+        large = merge_device_large(old.get("large", {}), swept, device)
+    elif "large" in old:
+        large = merge_large(old["large"], swept, keep_default)
+    else:
+        large = swept
+    cfgs.TUNED_PATH.write_text(json.dumps(old | {"large": large}, indent=1) + "\n")
+    return large
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -879,16 +895,15 @@ def main() -> None:
                                           args.candidates, args.keep_margin / 100)
             table = {"large": large}
         result = dict(device=props.name, copy_tbs=ceiling, sweep=rows, table=table)
-        if args.write_table:  # the other entries of the table stay as they are
+        if args.write_table and args.sweep_large:  # the other entries stay as they are
+            every = not args.shapes and not args.candidates
+            table = {"large": write_large_table(table["large"],
+                                                props.name if args.device_table else None,
+                                                keep_default=not every)}
+        elif args.write_table:
             old = json.loads(cfgs.TUNED_PATH.read_text()) if cfgs.TUNED_PATH.exists() else {}
-            if args.sweep_large and args.device_table:
-                table = {"large": merge_device_large(old.get("large", {}), table["large"],
-                                                     props.name)}
-            elif args.sweep_large and "large" in old:
-                every = not args.shapes and not args.candidates
-                table = {"large": merge_large(old["large"], table["large"],
-                                              keep_default=not every)}
             cfgs.TUNED_PATH.write_text(json.dumps(old | table, indent=1) + "\n")
+        if args.write_table:
             print(f"wrote w12_kernels/gemm/{cfgs.TUNED_PATH.name}: {json.dumps(table)}")
     else:
         with launcher.invariant_rows(args.invariant_rows):

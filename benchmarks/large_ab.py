@@ -185,11 +185,8 @@ def main() -> None:
         args.json.write_text(json.dumps(dict(device=torch.cuda.get_device_name(), toggle=t,
                                              rows=out), indent=1))
     if args.write_table:
-        old = json.loads(cfgs.TUNED_PATH.read_text())
-        over = {"max_m": 0, "shapes": writes}
-        large = (G.merge_device_large(old["large"], over, torch.cuda.get_device_name())
-                 if args.device_table else G.merge_large(old["large"], over))
-        cfgs.TUNED_PATH.write_text(json.dumps({**old, "large": large}, indent=1) + "\n")
+        G.write_large_table({"max_m": 0, "shapes": writes},
+                            torch.cuda.get_device_name() if args.device_table else None)
         print(f"wrote w12_kernels/gemm/{cfgs.TUNED_PATH.name}: {len(writes)} shapes changed"
               + (f" in the {torch.cuda.get_device_name()} section" if args.device_table else ""))
     if rows:

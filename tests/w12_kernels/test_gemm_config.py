@@ -875,6 +875,44 @@ def test_a_device_table_sweep_writes_only_its_gpus_section():
     assert new == {"by_device": {"GPU C": {"max_m": 2048, "shapes": swept["shapes"]}}}
 
 
+def test_large_table_writes_into_the_file(tmp_path, monkeypatch):
+    """``gemm.write_large_table`` (the sweep's and ``large_ab.py``'s --write-table): a change
+    goes into the GPU's section or the shared entries of tuned.json, the file's other keys and
+    entries staying; into a file without a large-M entry, the change whole."""
+    gemm_bench = gemm_benchmark()
+    path = tmp_path / "tuned.json"
+    monkeypatch.setattr(cfgs, "TUNED_PATH", path)
+    large = {"default": {"kind": "decode"}, "max_m": 1024,
+             "shapes": {"64x64": {"512": {"x": 1}, "1024": {"x": 2}}}}
+    path.write_text(json.dumps({"small": {"kw": 4}, "large": large}))
+    change = {"max_m": 0, "shapes": {"64x64": {"512": {"x": 3}}}}
+    got = gemm_bench.write_large_table(change, "GPU A")
+    on_disk = json.loads(path.read_text())
+    assert on_disk == {"small": {"kw": 4}, "large": got}
+    assert got == {**large, "by_device": {"GPU A": {"max_m": 0, "shapes": change["shapes"]}}}
+    got = gemm_bench.write_large_table(change)
+    assert got["shapes"]["64x64"] == {"512": {"x": 3}, "1024": {"x": 2}}
+    assert got["default"] == large["default"] and got["max_m"] == 1024
+    assert json.loads(path.read_text())["small"] == {"kw": 4}
+    path.write_text(json.dumps({"small": {"kw": 4}}))
+    assert gemm_bench.write_large_table(large) == large
+    assert json.loads(path.read_text()) == {"small": {"kw": 4}, "large": large}
+
+
+def test_current_gpu_names_the_given_device(monkeypatch):
+    """``config.current_gpu``: a given device index is named as it is (the launcher passes the
+    tensors' GPU); without one, the current GPU, or None where torch has none."""
+    import torch
+
+    names = {0: "GPU A", 1: "GPU B"}
+    monkeypatch.setattr(cfgs, "_gpu_name", lambda index: names[index])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cfgs.current_gpu(1) == "GPU B" and cfgs.current_gpu() is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert cfgs.current_gpu() == "GPU A"
+
+
 def test_large_ab_writes_a_key_only_where_every_round_agrees():
     """``large_ab.py --write-table``: a shape's entry for the M class that serves the rows gets
     the toggle's key where the option on beat off by more than the margin in every round, and

@@ -204,9 +204,11 @@ def current_gpu(index: int | None = None) -> str | None:
         import torch
     except ImportError:  # (the table is plain JSON; the package needs no torch to read it)
         return None
-    if not torch.cuda.is_available():
-        return None
-    return _gpu_name(torch.cuda.current_device() if index is None else index)
+    if index is None:  # (a given index is a GPU the caller's tensors are on: no check)
+        if not torch.cuda.is_available():
+            return None
+        index = torch.cuda.current_device()
+    return _gpu_name(index)
 
 
 @functools.cache
