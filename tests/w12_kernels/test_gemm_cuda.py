@@ -627,14 +627,28 @@ def _wgl_toggle(option, cfg):
     return run
 
 
-def _check_same_bits(option, cfg):
+def _scattered_escapes(n, k, seed):
+    """A weight with escapes (zeros, subnormals) scattered over every row at ~0.3%: most warp
+    tiles hold a few escapes at columns far apart, some many (a run of 80 zeros in row 17)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    t = (torch.randn(n, k, generator=gen) * 0.02).to(torch.bfloat16)
+    hit = torch.rand(n, k, generator=gen) < 0.003
+    t[hit] = 0.0
+    t[hit & (torch.rand(n, k, generator=gen) < 0.5)] = 1.0e-39
+    t[17, 100:180] = 0.0
+    return t.to("cuda")
+
+
+def _check_same_bits(option, cfg, scattered=False):
     """For a large-M kernel option that must not change the bits, the kernel of ``cfg`` with
     ``option`` off then on at several token blocks, tokens past M, rows past the last tile and
-    odd K (escapes or none, a bias): the same bits, within the error budget."""
+    odd K (escapes or none, a bias; ``scattered``: also escapes scattered over every row): the
+    same bits, within the error budget."""
     run = _wgl_toggle(option, cfg)
-    for n, k, m, esc in ((4096, 4096, 300, True), (2000, 200, 513, False),
-                         (1000, 1001, 777, True)):
-        t = make_weight(n, k, seed=n + k + m, escapes=esc, device="cuda")
+    cases = [(4096, 4096, 300, True), (2000, 200, 513, False), (1000, 1001, 777, True)]
+    for n, k, m, esc in cases + ([(1536, 3000, 520, None)] if scattered else []):
+        t = (_scattered_escapes(n, k, n + k) if esc is None
+             else make_weight(n, k, seed=n + k + m, escapes=esc, device="cuda"))
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         pw = prepare_weight(encoded(t))
         bias = torch.randn(n, device="cuda").to(torch.bfloat16)
@@ -803,6 +817,30 @@ def test_wgmma_large_kernel_l2hint(cfg):
     if not cuda_large.available():
         pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
     _check_same_bits("l2hint", cfg)
+
+
+@pytest.mark.parametrize("cfg", [dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=1, a_regs=2, persist=1, grid_cap=7),
+                                 dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=1, a_regs=2, persist=1, grid_cap=7, xorder=True),
+                                 dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=1, a_regs=2, tail=2, wave=3),
+                                 dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
+                                      splits=2, a_regs=2),
+                                 dict(block_m=256, warpgroups=1, x_stages=5, w_stages=8,
+                                      splits=2, a_regs=3, xorder=True),
+                                 dict(block_m=128, warpgroups=2, x_stages=8, w_stages=8,
+                                      splits=3, a_regs=1)])
+def test_wgmma_large_kernel_escnext(cfg):
+    """``escnext``: each warp keeping its next escape column and skipping the escape check
+    before it gives the same bits as checking every column (stream-K over several segments,
+    with xorder, a tail launch, two and three K ranges, the interleaved warpgroups), with
+    escapes in one row's run, scattered over every row, or none."""
+    from w12_kernels.gemm import cuda_large
+
+    if not cuda_large.available():
+        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
+    _check_same_bits("escnext", cfg, scattered=True)
 
 
 @pytest.mark.parametrize("x_stages,w_stages,grid_cap", [(5, 5, None), (4, 6, None), (5, 5, 3),

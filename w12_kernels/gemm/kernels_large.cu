@@ -186,6 +186,21 @@ constexpr bool L2HINT = true;
 constexpr bool L2HINT = false;
 #endif
 
+// The next escape column kept per warp (W12_ESCNEXT): with the decoded weights in registers
+// (AREG), each column's escape check was a vote over the warp's batch (is any lane's escape in
+// this column?), then a shuffle of lane 31's column (is the batch used up?), ~12 instructions
+// and two cross-lane round trips a column although nearly every column has no escape. With it a
+// warp keeps the smallest column of its batch's escapes past the column last checked (enext,
+// the same in every lane: a warp-wide min, __reduce_min_sync, after each check that ran) and
+// runs that check only at a column >= enext: one compare and a branch elsewhere. The batches
+// are in chunk order, so no later batch holds a column below it. The same patches, so the same
+// bits either way.
+#ifdef W12_ESCNEXT
+constexpr bool ESCNEXT = true;
+#else
+constexpr bool ESCNEXT = false;
+#endif
+
 // The L2 policies of W12_L2HINT's copies: keep (the activations) or evict first (the weights).
 __device__ __forceinline__ unsigned long long l2_keep() {
   unsigned long long p;
@@ -744,6 +759,7 @@ __device__ __forceinline__ void wgl_body(
   int eend = producer || PERS != 0 ? 0 : rowptr[16 * mytile + 16];
   int ebase = producer || PERS != 0 ? 0 : rowptr[16 * mytile];
   int ecol = 0x7FFFFFFF, epos = 0;
+  int enext = -1;  // (ESCNEXT: the first column checked computes it)
   bool eok = false;
   bf16_t eval = 0;
   auto load_escape = [&]() {
@@ -815,6 +831,7 @@ __device__ __forceinline__ void wgl_body(
     decode_column(i, a);
     const int gc = c0 + i;
     for (;;) {
+      if (ESCNEXT && gc < enext) break;  // (warp-uniform: no escape of this warp's here)
       u32 hits = __ballot_sync(0xffffffffu, ecol == gc && eok);
       while (hits) {
         const int src = __ffs(hits) - 1;
@@ -831,7 +848,11 @@ __device__ __forceinline__ void wgl_body(
           w = (mine && q == qq) ? patched : w;
         }
       }
-      if (__shfl_sync(0xffffffffu, ecol, 31) > gc || ebase + 32 >= eend) break;
+      if (__shfl_sync(0xffffffffu, ecol, 31) > gc || ebase + 32 >= eend) {
+        if constexpr (ESCNEXT)
+          enext = __reduce_min_sync(0xffffffffu, ecol > gc ? ecol : 0x7FFFFFFF);
+        break;
+      }
       ebase += 32;
       load_escape();
     }
@@ -875,6 +896,7 @@ __device__ __forceinline__ void wgl_body(
           eend = rowptr[16 * mytile + 16];
           ebase = rowptr[16 * mytile];
           if (ebase < eend) load_escape();
+          enext = -1;
         } else {
           mbar_wait(escfull, (u32)(sg - 1) & 1u);
           const int2 wb = escwarp[wg * 4 + warp];
@@ -887,6 +909,7 @@ __device__ __forceinline__ void wgl_body(
           epos = (int)((e.y >> 16) & 0x7FFFu);
           if constexpr (XORDER) epos = xorder_place(epos);
           eval = (bf16_t)(e.y & 0xFFFFu);
+          enext = -1;
         }
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
