@@ -123,6 +123,12 @@ L2HINT = False
 # (benchmarks/large_ab.py --toggle escnext) finds it faster.
 ESCNEXT = False
 
+# Whether the large-M kernel's MMAs with the decoded weights in registers take each activation
+# step's descriptor as the stage's plus 2 j (kernels_large.cu's W12_DESCADD), rather than one
+# computed from the step's address (a mask, a shift and an or a step); the same descriptors, so
+# the same bits. Off until an A/B (benchmarks/large_ab.py --toggle descadd) finds it faster.
+DESCADD = False
+
 # Whether gemm_wgl copies a block's chunk words of a column by one tensor copy (a tensor map
 # over the chunks, ``_weight_map``) rather than one bulk copy a tile (docs/PERF_GEMM.md #63);
 # False restores the bulk copies. The same bits either way.
@@ -234,7 +240,7 @@ def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
            staged: bool | None = None, own: bool | None = None,
            narrow: bool | None = None, xorder: bool = False,
            wreuse: bool | None = None, l2hint: bool | None = None,
-           escnext: bool | None = None) -> str:
+           escnext: bool | None = None, descadd: bool | None = None) -> str:
     """kernels.cu, the wgmma wrappers for ``block_m``, kernels_large.cu and the entry point of
     one configuration (``staged``: stream-K's staged stores, default ``PERS_STAGE``; ``own``:
     the two-range epilogue keeping the own share in registers, default ``OWN_SHARE``;
@@ -242,13 +248,15 @@ def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
     activations straight from x, no image pass, ``xorder_applies``; ``wreuse``: a tile block's
     token blocks together, default ``WREUSE``; ``l2hint``: the copies' L2 eviction hints,
     default ``L2HINT``; ``escnext``: each warp's next escape column kept, default
-    ``ESCNEXT``)."""
+    ``ESCNEXT``; ``descadd``: the activation steps' descriptors by an add, default
+    ``DESCADD``)."""
     staged = PERS_STAGE if staged is None else staged
     own = OWN_SHARE if own is None else own
     narrow = NARROW if narrow is None else narrow
     wreuse = WREUSE if wreuse is None else wreuse
     l2hint = L2HINT if l2hint is None else l2hint
     escnext = ESCNEXT if escnext is None else escnext
+    descadd = DESCADD if descadd is None else descadd
     if xorder and (not a_regs or mcast):
         raise ValueError("gemm_wgl: xorder needs the A operand in registers and no multicast")
     return (("#define W12_PERS_STAGE 1\n" if staged else "")
@@ -258,6 +266,7 @@ def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
             + ("#define W12_WREUSE 1\n" if wreuse else "")
             + ("#define W12_L2HINT 1\n" if l2hint else "")
             + ("#define W12_ESCNEXT 1\n" if escnext else "")
+            + ("#define W12_DESCADD 1\n" if descadd else "")
             + _base_source(wgmma.wrapper(block_m, "WgmmaSS", a_shared=True)
                            + wgmma.wrapper(block_m, "WgmmaRS"))
             + _entry(block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist, mcast))
@@ -273,14 +282,15 @@ def _base_source(wrappers: str = "") -> str:
 @functools.cache
 def _module(device_index: int, config: tuple[int, ...] | None, staged: bool = False,
             own: bool = False, narrow: bool = False, xorder: bool = False,
-            wreuse: bool = False, l2hint: bool = False, escnext: bool = False):
+            wreuse: bool = False, l2hint: bool = False, escnext: bool = False,
+            descadd: bool = False):
     """One configuration's module, or (``None``) the module of w12_permute_x alone."""
     import cupy
 
     major, minor = torch.cuda.get_device_capability(device_index)
     code = (_base_source() if config is None
             else source(*config, staged=staged, own=own, narrow=narrow, xorder=xorder,
-                        wreuse=wreuse, l2hint=l2hint, escnext=escnext))
+                        wreuse=wreuse, l2hint=l2hint, escnext=escnext, descadd=descadd))
     with cupy.cuda.Device(device_index):
         return cupy.RawModule(code=code,
                               options=("--std=c++17", f"--gpu-architecture=sm_{major}{minor}a"))
@@ -306,13 +316,14 @@ def permute_x(x: torch.Tensor, nchunks: int, block_m: int) -> torch.Tensor:
 
 def _function(device_index: int, config: tuple[int, ...] | None, xorder: bool = False,
               wreuse: bool | None = None, l2hint: bool | None = None,
-              escnext: bool | None = None):
+              escnext: bool | None = None, descadd: bool | None = None):
     """The kernel of a configuration (``None``: w12_permute_x) on GPU ``device_index``, with the
     shared memory it launches with allowed once (stream-K's stores as ``PERS_STAGE`` says
     now, the two-range epilogue as ``OWN_SHARE`` does, the partial sums as ``NARROW``, the
     blocks' order as ``wreuse``, default ``WREUSE``, does; ``xorder``: its form that copies
     the activations straight from x; ``l2hint``: the copies' L2 hints, default ``L2HINT``;
-    ``escnext``: the next escape column kept, default ``ESCNEXT``)."""
+    ``escnext``: the next escape column kept, default ``ESCNEXT``; ``descadd``: the steps'
+    descriptors by an add, default ``DESCADD``)."""
     return _function_of(device_index, config,
                         bool(PERS_STAGE) and config is not None and bool(config[6]),
                         bool(OWN_SHARE) and config is not None and _own_applies(config),
@@ -321,6 +332,8 @@ def _function(device_index: int, config: tuple[int, ...] | None, xorder: bool = 
                         xorder, _wreuse_applies(config, WREUSE if wreuse is None else wreuse),
                         bool(L2HINT if l2hint is None else l2hint) and config is not None,
                         bool(ESCNEXT if escnext is None else escnext) and config is not None
+                        and bool(config[5]),
+                        bool(DESCADD if descadd is None else descadd) and config is not None
                         and bool(config[5]))
 
 
@@ -345,13 +358,14 @@ def _narrow_applies(config: tuple[int, ...], own: bool) -> bool:
 @functools.cache
 def _function_of(device_index: int, config: tuple[int, ...] | None, staged: bool,
                  own: bool = False, narrow: bool = False, xorder: bool = False,
-                 wreuse: bool = False, l2hint: bool = False, escnext: bool = False):
+                 wreuse: bool = False, l2hint: bool = False, escnext: bool = False,
+                 descadd: bool = False):
     import cupy
 
     if config is None:
         return _module(device_index, None).get_function("w12_permute_x")
     func = _module(device_index, config, staged, own, narrow, xorder, wreuse,
-                   l2hint, escnext).get_function(
+                   l2hint, escnext, descadd).get_function(
         kernel_name(*config))
     with cupy.cuda.Device(device_index):
         cuda.allow_shared_memory(func, shared_bytes(*config[:4], *config[5:7],
@@ -615,7 +629,7 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
              cuts: tuple[int, ...] | None = None, own: bool | None = None,
              narrow: bool | None = None, xorder: bool = False,
              wreuse: bool | None = None, l2hint: bool | None = None,
-             escnext: bool | None = None) -> torch.Tensor:
+             escnext: bool | None = None, descadd: bool | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]``, any M: blocks of ``64 * warpgroups`` weight
     rows x ``block_m`` activation rows, ``x_stages`` activation and ``w_stages`` chunk-word
     stages in shared memory, ``splits`` K ranges per cluster, the decoded weights as the MMA's
@@ -663,7 +677,9 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     ``l2hint`` (default ``L2HINT``): the bulk copies with L2 eviction hints, activations kept,
     weights evicted first (the same bits either way). ``escnext`` (default ``ESCNEXT``; the
     decoded weights in registers): each warp keeps its next escape column, so that a column
-    without escapes skips the escape check (the same bits either way).
+    without escapes skips the escape check (the same bits either way). ``descadd`` (default
+    ``DESCADD``; the decoded weights in registers): the activation steps' descriptors as the
+    stage's plus a constant (the same bits either way).
     """
     config = (block_m, warpgroups, x_stages, w_stages, splits, int(a_regs), int(persist),
               int(mcast))
@@ -736,12 +752,13 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     wr = WREUSE if wreuse is None else wreuse
     hint = bool(L2HINT if l2hint is None else l2hint)
     enx = bool(ESCNEXT if escnext is None else escnext)
+    dad = bool(DESCADD if descadd is None else descadd)
     for cfg, grd, ext in launches:
         index = cuda._index(x.device)
         if _wreuse_applies(cfg, wr) and not cfg[6]:  # (the kernel's SWAP: token blocks as x)
             grd = (grd[1], grd[0], grd[2])
         if staged is None and own is None and narrow is None:
-            func = _function(index, cfg, xo, wr, hint, enx)
+            func = _function(index, cfg, xo, wr, hint, enx, dad)
         else:
             st = PERS_STAGE if staged is None else staged
             ow = OWN_SHARE if own is None else own
@@ -749,7 +766,8 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
             func = _function_of(index, cfg, bool(st) and bool(cfg[6]),
                                 bool(ow) and _own_applies(cfg),
                                 bool(nw) and _narrow_applies(cfg, bool(ow)), xo,
-                                _wreuse_applies(cfg, wr), hint, enx and bool(cfg[5]))
+                                _wreuse_applies(cfg, wr), hint, enx and bool(cfg[5]),
+                                dad and bool(cfg[5]))
         smem = shared_bytes(*cfg[:4], *cfg[5:7], splits=cfg[4])
         cuda.launch(func, grd, (threads(warpgroups, a_regs),), args + ext, x.device, smem,
                     pdl=pdl)

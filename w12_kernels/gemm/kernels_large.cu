@@ -201,6 +201,12 @@ constexpr bool ESCNEXT = true;
 constexpr bool ESCNEXT = false;
 #endif
 
+#ifdef W12_DESCADD
+constexpr bool DESCADD = true;
+#else
+constexpr bool DESCADD = false;
+#endif
+
 // The L2 policies of W12_L2HINT's copies: keep (the activations) or evict first (the weights).
 __device__ __forceinline__ unsigned long long l2_keep() {
   unsigned long long p;
@@ -219,6 +225,15 @@ __device__ __forceinline__ unsigned long long sw128_desc(const void* p) {
   const u32 addr = (u32)__cvta_generic_to_shared(p);
   return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) |
          ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+// sw128_desc(stage + 32 * j) for a 1024-byte aligned stage, j = 0..3: the stage's descriptor
+// plus 2 j in its start-address field (address / 16; a stage ends below 256 KB, so the 14-bit
+// field does not carry), the high word the constant it always is (W12_DESCADD).
+__device__ __forceinline__ unsigned long long sw128_desc_step(const void* stage, int j) {
+  const u32 lo = (((((u32)__cvta_generic_to_shared(stage)) & 0x3FFFFu) >> 4) | (1u << 16)) +
+                 2u * (u32)j;
+  return (unsigned long long)lo | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
 }
 
 template <int N>
@@ -863,7 +878,13 @@ __device__ __forceinline__ void wgl_body(
     const unsigned char* stage = smem + xs * XSTAGE;
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-    for (int j = 0; j < 4; ++j) WgmmaRS<BN>::mma(acc, a[j], sw128_desc(stage + 32 * j));
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (DESCADD) {
+        WgmmaRS<BN>::mma(acc, a[j], sw128_desc_step(stage, j));
+      } else {
+        WgmmaRS<BN>::mma(acc, a[j], sw128_desc(stage + 32 * j));
+      }
+    }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     wgmma_wait<1>();  // column i - 1 is multiplied: its registers and activation stage are free
     keep_regs(prev);
