@@ -119,16 +119,17 @@ L2HINT = False
 
 # Whether a warp of the large-M kernel (decoded weights in registers) keeps its next escape
 # column, so that a column without escapes costs one compare instead of the batch's vote and
-# shuffle (kernels_large.cu's W12_ESCNEXT; the same bits either way). Off until an A/B
-# (benchmarks/large_ab.py --toggle escnext) finds it faster.
-ESCNEXT = False
+# shuffle (kernels_large.cu's W12_ESCNEXT; the same bits either way). On: faster in the A/Bs
+# of docs/PERF_GEMM.md #92 (benchmarks/large_ab.py --toggle escnext: +1% geomean at 256, 512
+# and 1024 rows on an H100, up to 5% on the short layers).
+ESCNEXT = True
 
 # Whether the large-M kernel's loop with the decoded weights in registers computes its
 # addresses from one base each (kernels_large.cu's W12_LEANADDR): an activation step's MMA
 # descriptor as the stage's plus 2 j, rather than from the step's address (a mask, a shift and
 # an or a step), and with xorder a lane's weight-word offsets of steps 1-3 as step 0's xor 16 j.
-# The same addresses, so the same bits. Off until an A/B (benchmarks/large_ab.py --toggle
-# leanaddr) finds it faster.
+# The same addresses, so the same bits. Off: no faster in the A/B of docs/PERF_GEMM.md #92
+# (benchmarks/large_ab.py --toggle leanaddr: within 0.3% at 256 and 512 rows on an H100).
 LEANADDR = False
 
 # Whether gemm_wgl copies a block's chunk words of a column by one tensor copy (a tensor map
