@@ -16,9 +16,7 @@ about the same time (#84; the same bits, except stream-K's, whose units are cut 
 checked against float64 there); ``--toggle l2hint``: the bulk copies with L2 eviction hints,
 activations kept and weights evicted first (#91; the same bits); ``--toggle escnext``: each warp
 keeping its next escape column, so that a column without escapes skips the escape check (#92;
-the same bits); ``--toggle leanaddr``: the loop's addresses from one base each (the steps'
-descriptors, xorder's weight-word offsets; #92; the same bits). ``--cost piece=4,read=2,...``
-overrides entries of ``STREAM_K_COST``.
+the same bits). ``--cost piece=4,read=2,...`` overrides entries of ``STREAM_K_COST``.
 
 ``--write-table`` (the toggles that are table keys: ``xorder``, ``wreuse``, ``l2hint``): where
 the option on was faster than off by more than ``--margin`` percent in every one of
@@ -53,8 +51,7 @@ from w12_kernels.gemm import config as cfgs  # noqa: E402
 from w12_kernels.gemm import cuda_large  # noqa: E402
 
 CALLS = 20  # calls per graph
-# toggles that must not change the bits
-SAME_BITS = ("pdl", "staged", "own", "l2hint", "escnext", "leanaddr")
+SAME_BITS = ("pdl", "staged", "own", "l2hint", "escnext")  # toggles that must not change the bits
 TABLE_KEYS = ("xorder", "wreuse", "l2hint")  # toggles that are keys of the large-M table
 
 
@@ -123,7 +120,7 @@ def main() -> None:
     parser.add_argument("--shapes", default=None, help="NxK,... (default: the benchmark's)")
     parser.add_argument("--toggle", default="pdl",
                         choices=("pdl", "staged", "own", "narrow", "weighted", "xorder",
-                                 "wreuse", "l2hint", "escnext", "leanaddr"),
+                                 "wreuse", "l2hint", "escnext"),
                         help="the gemm_wgl option timed off and on")
     parser.add_argument("--rounds", type=int, default=1,
                         help="times each shape is timed, each in new graphs")

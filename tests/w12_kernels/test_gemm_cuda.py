@@ -843,26 +843,6 @@ def test_wgmma_large_kernel_escnext(cfg):
     _check_same_bits("escnext", cfg, scattered=True)
 
 
-@pytest.mark.parametrize("cfg", [dict(block_m=256, warpgroups=2, x_stages=5, w_stages=5,
-                                      splits=1, a_regs=2, persist=1, grid_cap=7),
-                                 dict(block_m=256, warpgroups=2, x_stages=4, w_stages=6,
-                                      splits=1, a_regs=2, xorder=True),
-                                 dict(block_m=256, warpgroups=1, x_stages=5, w_stages=8,
-                                      splits=2, a_regs=3, xorder=True),
-                                 dict(block_m=128, warpgroups=2, x_stages=8, w_stages=8,
-                                      splits=2, a_regs=1)])
-def test_wgmma_large_kernel_leanaddr(cfg):
-    """``leanaddr``: the loop's addresses from one base each (the activation steps' descriptors
-    as the stage's plus 2 j, xorder's weight-word offsets as step 0's xor 16 j) give the same
-    bits as each computed on its own (stream-K, xorder, the interleaved warpgroups, 128-token
-    blocks)."""
-    from w12_kernels.gemm import cuda_large
-
-    if not cuda_large.available():
-        pytest.skip("needs a compute-capability 9.0 GPU and CuPy")
-    _check_same_bits("leanaddr", cfg)
-
-
 @pytest.mark.parametrize("x_stages,w_stages,grid_cap", [(5, 5, None), (4, 6, None), (5, 5, 3),
                                                       (4, 6, 7), (5, 5, 1)])
 def test_wgmma_large_kernel_stream_k(x_stages, w_stages, grid_cap):

@@ -237,7 +237,7 @@ def test_multicast_pairs_configuration(monkeypatch):
     launched = []
     monkeypatch.setattr(cuda_large, "permute_x", lambda x, nchunks, block_m: x)
     monkeypatch.setattr(cuda_large, "_function", lambda index, cfg, xorder=False, wreuse=None,
-                        l2hint=None, escnext=False, leanaddr=False: cfg)
+                        l2hint=None, escnext=False: cfg)
     monkeypatch.setattr(cuda_large, "_weight_map", lambda chunks, tiles, swizzled=False: bytes(128))
     monkeypatch.setattr(cuda_large.cuda, "_index", lambda d: 0)
     monkeypatch.setattr(cuda_large.cuda, "_ptr", lambda t: 0)
@@ -263,7 +263,7 @@ def test_wreuse_launch_order(monkeypatch):
     launched = []
     monkeypatch.setattr(cuda_large, "permute_x", lambda x, nchunks, block_m: x)
     monkeypatch.setattr(cuda_large, "_function", lambda index, cfg, xorder=False, wreuse=None,
-                        l2hint=None, escnext=False, leanaddr=False: cfg)
+                        l2hint=None, escnext=False: cfg)
     monkeypatch.setattr(cuda_large, "_weight_map", lambda chunks, tiles, swizzled=False: bytes(128))
     monkeypatch.setattr(cuda_large, "_stream_k_memory", lambda device, blocks, floats: (0, 0))
     monkeypatch.setattr(cuda_large.torch.cuda, "get_device_properties",

@@ -124,14 +124,6 @@ L2HINT = False
 # and 1024 rows on an H100, up to 5% on the short layers).
 ESCNEXT = True
 
-# Whether the large-M kernel's loop with the decoded weights in registers computes its
-# addresses from one base each (kernels_large.cu's W12_LEANADDR): an activation step's MMA
-# descriptor as the stage's plus 2 j, rather than from the step's address (a mask, a shift and
-# an or a step), and with xorder a lane's weight-word offsets of steps 1-3 as step 0's xor 16 j.
-# The same addresses, so the same bits. Off: no faster in the A/B of docs/PERF_GEMM.md #92
-# (benchmarks/large_ab.py --toggle leanaddr: within 0.3% at 256 and 512 rows on an H100).
-LEANADDR = False
-
 # Whether gemm_wgl copies a block's chunk words of a column by one tensor copy (a tensor map
 # over the chunks, ``_weight_map``) rather than one bulk copy a tile (docs/PERF_GEMM.md #63);
 # False restores the bulk copies. The same bits either way.
@@ -243,7 +235,7 @@ def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
            staged: bool | None = None, own: bool | None = None,
            narrow: bool | None = None, xorder: bool = False,
            wreuse: bool | None = None, l2hint: bool | None = None,
-           escnext: bool | None = None, leanaddr: bool | None = None) -> str:
+           escnext: bool | None = None) -> str:
     """kernels.cu, the wgmma wrappers for ``block_m``, kernels_large.cu and the entry point of
     one configuration (``staged``: stream-K's staged stores, default ``PERS_STAGE``; ``own``:
     the two-range epilogue keeping the own share in registers, default ``OWN_SHARE``;
@@ -251,15 +243,13 @@ def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
     activations straight from x, no image pass, ``xorder_applies``; ``wreuse``: a tile block's
     token blocks together, default ``WREUSE``; ``l2hint``: the copies' L2 eviction hints,
     default ``L2HINT``; ``escnext``: each warp's next escape column kept, default
-    ``ESCNEXT``; ``leanaddr``: the loop's addresses from one base each, default
-    ``LEANADDR``)."""
+    ``ESCNEXT``)."""
     staged = PERS_STAGE if staged is None else staged
     own = OWN_SHARE if own is None else own
     narrow = NARROW if narrow is None else narrow
     wreuse = WREUSE if wreuse is None else wreuse
     l2hint = L2HINT if l2hint is None else l2hint
     escnext = ESCNEXT if escnext is None else escnext
-    leanaddr = LEANADDR if leanaddr is None else leanaddr
     if xorder and (not a_regs or mcast):
         raise ValueError("gemm_wgl: xorder needs the A operand in registers and no multicast")
     return (("#define W12_PERS_STAGE 1\n" if staged else "")
@@ -269,7 +259,6 @@ def source(block_m: int, warpgroups: int, x_stages: int, w_stages: int, splits: 
             + ("#define W12_WREUSE 1\n" if wreuse else "")
             + ("#define W12_L2HINT 1\n" if l2hint else "")
             + ("#define W12_ESCNEXT 1\n" if escnext else "")
-            + ("#define W12_LEANADDR 1\n" if leanaddr else "")
             + _base_source(wgmma.wrapper(block_m, "WgmmaSS", a_shared=True)
                            + wgmma.wrapper(block_m, "WgmmaRS"))
             + _entry(block_m, warpgroups, x_stages, w_stages, splits, a_regs, persist, mcast))
@@ -285,15 +274,14 @@ def _base_source(wrappers: str = "") -> str:
 @functools.cache
 def _module(device_index: int, config: tuple[int, ...] | None, staged: bool = False,
             own: bool = False, narrow: bool = False, xorder: bool = False,
-            wreuse: bool = False, l2hint: bool = False, escnext: bool = False,
-            leanaddr: bool = False):
+            wreuse: bool = False, l2hint: bool = False, escnext: bool = False):
     """One configuration's module, or (``None``) the module of w12_permute_x alone."""
     import cupy
 
     major, minor = torch.cuda.get_device_capability(device_index)
     code = (_base_source() if config is None
             else source(*config, staged=staged, own=own, narrow=narrow, xorder=xorder,
-                        wreuse=wreuse, l2hint=l2hint, escnext=escnext, leanaddr=leanaddr))
+                        wreuse=wreuse, l2hint=l2hint, escnext=escnext))
     with cupy.cuda.Device(device_index):
         return cupy.RawModule(code=code,
                               options=("--std=c++17", f"--gpu-architecture=sm_{major}{minor}a"))
@@ -319,14 +307,13 @@ def permute_x(x: torch.Tensor, nchunks: int, block_m: int) -> torch.Tensor:
 
 def _function(device_index: int, config: tuple[int, ...] | None, xorder: bool = False,
               wreuse: bool | None = None, l2hint: bool | None = None,
-              escnext: bool | None = None, leanaddr: bool | None = None):
+              escnext: bool | None = None):
     """The kernel of a configuration (``None``: w12_permute_x) on GPU ``device_index``, with the
     shared memory it launches with allowed once (stream-K's stores as ``PERS_STAGE`` says
     now, the two-range epilogue as ``OWN_SHARE`` does, the partial sums as ``NARROW``, the
     blocks' order as ``wreuse``, default ``WREUSE``, does; ``xorder``: its form that copies
     the activations straight from x; ``l2hint``: the copies' L2 hints, default ``L2HINT``;
-    ``escnext``: the next escape column kept, default ``ESCNEXT``; ``leanaddr``: the loop's
-    addresses from one base each, default ``LEANADDR``)."""
+    ``escnext``: the next escape column kept, default ``ESCNEXT``)."""
     return _function_of(device_index, config,
                         bool(PERS_STAGE) and config is not None and bool(config[6]),
                         bool(OWN_SHARE) and config is not None and _own_applies(config),
@@ -335,8 +322,6 @@ def _function(device_index: int, config: tuple[int, ...] | None, xorder: bool = 
                         xorder, _wreuse_applies(config, WREUSE if wreuse is None else wreuse),
                         bool(L2HINT if l2hint is None else l2hint) and config is not None,
                         bool(ESCNEXT if escnext is None else escnext) and config is not None
-                        and bool(config[5]),
-                        bool(LEANADDR if leanaddr is None else leanaddr) and config is not None
                         and bool(config[5]))
 
 
@@ -361,14 +346,13 @@ def _narrow_applies(config: tuple[int, ...], own: bool) -> bool:
 @functools.cache
 def _function_of(device_index: int, config: tuple[int, ...] | None, staged: bool,
                  own: bool = False, narrow: bool = False, xorder: bool = False,
-                 wreuse: bool = False, l2hint: bool = False, escnext: bool = False,
-                 leanaddr: bool = False):
+                 wreuse: bool = False, l2hint: bool = False, escnext: bool = False):
     import cupy
 
     if config is None:
         return _module(device_index, None).get_function("w12_permute_x")
     func = _module(device_index, config, staged, own, narrow, xorder, wreuse,
-                   l2hint, escnext, leanaddr).get_function(
+                   l2hint, escnext).get_function(
         kernel_name(*config))
     with cupy.cuda.Device(device_index):
         cuda.allow_shared_memory(func, shared_bytes(*config[:4], *config[5:7],
@@ -632,7 +616,7 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
              cuts: tuple[int, ...] | None = None, own: bool | None = None,
              narrow: bool | None = None, xorder: bool = False,
              wreuse: bool | None = None, l2hint: bool | None = None,
-             escnext: bool | None = None, leanaddr: bool | None = None) -> torch.Tensor:
+             escnext: bool | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for BF16 ``x [M, K]``, any M: blocks of ``64 * warpgroups`` weight
     rows x ``block_m`` activation rows, ``x_stages`` activation and ``w_stages`` chunk-word
     stages in shared memory, ``splits`` K ranges per cluster, the decoded weights as the MMA's
@@ -680,9 +664,7 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     ``l2hint`` (default ``L2HINT``): the bulk copies with L2 eviction hints, activations kept,
     weights evicted first (the same bits either way). ``escnext`` (default ``ESCNEXT``; the
     decoded weights in registers): each warp keeps its next escape column, so that a column
-    without escapes skips the escape check (the same bits either way). ``leanaddr`` (default
-    ``LEANADDR``; the decoded weights in registers): the loop's addresses from one base each
-    (the steps' descriptors, xorder's weight-word offsets; the same bits either way).
+    without escapes skips the escape check (the same bits either way).
     """
     config = (block_m, warpgroups, x_stages, w_stages, splits, int(a_regs), int(persist),
               int(mcast))
@@ -755,13 +737,12 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     wr = WREUSE if wreuse is None else wreuse
     hint = bool(L2HINT if l2hint is None else l2hint)
     enx = bool(ESCNEXT if escnext is None else escnext)
-    dad = bool(LEANADDR if leanaddr is None else leanaddr)
     for cfg, grd, ext in launches:
         index = cuda._index(x.device)
         if _wreuse_applies(cfg, wr) and not cfg[6]:  # (the kernel's SWAP: token blocks as x)
             grd = (grd[1], grd[0], grd[2])
         if staged is None and own is None and narrow is None:
-            func = _function(index, cfg, xo, wr, hint, enx, dad)
+            func = _function(index, cfg, xo, wr, hint, enx)
         else:
             st = PERS_STAGE if staged is None else staged
             ow = OWN_SHARE if own is None else own
@@ -769,8 +750,7 @@ def gemm_wgl(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
             func = _function_of(index, cfg, bool(st) and bool(cfg[6]),
                                 bool(ow) and _own_applies(cfg),
                                 bool(nw) and _narrow_applies(cfg, bool(ow)), xo,
-                                _wreuse_applies(cfg, wr), hint, enx and bool(cfg[5]),
-                                dad and bool(cfg[5]))
+                                _wreuse_applies(cfg, wr), hint, enx and bool(cfg[5]))
         smem = shared_bytes(*cfg[:4], *cfg[5:7], splits=cfg[4])
         cuda.launch(func, grd, (threads(warpgroups, a_regs),), args + ext, x.device, smem,
                     pdl=pdl)

@@ -201,17 +201,6 @@ constexpr bool ESCNEXT = true;
 constexpr bool ESCNEXT = false;
 #endif
 
-// The main loop's addresses from one base each (W12_LEANADDR; with AREG): an activation step's
-// MMA descriptor as the stage's plus 2 j (sw128_desc_step), and with XORDER a lane's weight-word
-// offsets of steps 1-3 as step 0's xor 16 j (xoff below: their bits 4-5 are j, and j changes no
-// bit that the swizzle reads). At 168 registers the compiler recomputes these every column
-// rather than keep them, so fewer of them is fewer instructions there. The same addresses.
-#ifdef W12_LEANADDR
-constexpr bool LEANADDR = true;
-#else
-constexpr bool LEANADDR = false;
-#endif
-
 // The L2 policies of W12_L2HINT's copies: keep (the activations) or evict first (the weights).
 __device__ __forceinline__ unsigned long long l2_keep() {
   unsigned long long p;
@@ -230,15 +219,6 @@ __device__ __forceinline__ unsigned long long sw128_desc(const void* p) {
   const u32 addr = (u32)__cvta_generic_to_shared(p);
   return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) |
          ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
-}
-
-// sw128_desc(stage + 32 * j) for a 1024-byte aligned stage, j = 0..3: the stage's descriptor
-// plus 2 j in its start-address field (address / 16; a stage ends below 256 KB, so the 14-bit
-// field does not carry), the high word the constant it always is (W12_LEANADDR).
-__device__ __forceinline__ unsigned long long sw128_desc_step(const void* stage, int j) {
-  const u32 lo = (((((u32)__cvta_generic_to_shared(stage)) & 0x3FFFFu) >> 4) | (1u << 16)) +
-                 2u * (u32)j;
-  return (unsigned long long)lo | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
 }
 
 template <int N>
@@ -821,12 +801,9 @@ __device__ __forceinline__ void wgl_body(
       for (int j = 0; j < 4; ++j) {
         u32 la, lb, ta, tb;
         asm volatile("ld.shared.u32 %0, [%2];\n\tld.shared.u32 %1, [%2+8];"
-                     : "=r"(la), "=r"(lb)
-                     : "r"((LEANADDR ? xoff[0] ^ (16u * (u32)j) : xoff[j]) + wst) : "memory");
+                     : "=r"(la), "=r"(lb) : "r"(xoff[j] + wst) : "memory");
         asm volatile("ld.shared.u32 %0, [%2];\n\tld.shared.u32 %1, [%2+8];"
-                     : "=r"(ta), "=r"(tb)
-                     : "r"((LEANADDR ? xoff[4] ^ (16u * (u32)j) : xoff[4 + j]) + wst)
-                     : "memory");
+                     : "=r"(ta), "=r"(tb) : "r"(xoff[4 + j] + wst) : "memory");
         decode_x(la, lb, ta, tb, s1, s2, a[j]);
       }
       __syncwarp();  // every lane's words are read (and used): the warp releases the stage
@@ -886,13 +863,7 @@ __device__ __forceinline__ void wgl_body(
     const unsigned char* stage = smem + xs * XSTAGE;
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if constexpr (LEANADDR) {
-        WgmmaRS<BN>::mma(acc, a[j], sw128_desc_step(stage, j));
-      } else {
-        WgmmaRS<BN>::mma(acc, a[j], sw128_desc(stage + 32 * j));
-      }
-    }
+    for (int j = 0; j < 4; ++j) WgmmaRS<BN>::mma(acc, a[j], sw128_desc(stage + 32 * j));
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     wgmma_wait<1>();  // column i - 1 is multiplied: its registers and activation stage are free
     keep_regs(prev);
