@@ -7,8 +7,9 @@
 ``transformers`` model. Modules import ``transformers`` and ``tokenizers`` only where needed.
 """
 
-from engine.generate import Engine, Sampling, generate
+from engine.generate import Engine, generate
 from engine.model import ModelArgs, Transformer
+from engine.sampling import Sampling
 from engine.weights import load_model
 
 __all__ = ["Engine", "ModelArgs", "Sampling", "Transformer", "generate", "load_model"]

@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.generate import Engine, Sampling, generate
+from engine.generate import Engine, generate
+from engine.sampling import Sampling
+from engine.speculative import make_drafter, speculative_generate
 from engine.tokenizer import TextStream, Tokenizer
 from engine.weights import SYNTHETIC_PREFIX, LoadedModel, load_model, open_source
 from w12.errors import W12Error
@@ -29,6 +31,9 @@ class GenerateOptions:
     max_seq_len: int | None = None  # None: just enough for the longest prompt
     device: str = "cpu"
     compile: bool = False
+    drafter: str | None = None  # speculative decoding: "ngram" or "early-exit:K"
+    budget: int = 16  # nodes per verify step (root included)
+    tree: bool = True  # best-first tree, or the drafter's chain
 
 
 def generate_text(
@@ -50,7 +55,8 @@ def complete(
 ) -> list[str]:
     chat = tokenizer.chat_template is not None if options.chat is None else options.chat
     ids = [tokenizer.encode_prompt(p, chat=chat, system=options.system) for p in prompts]
-    seq_len = options.max_seq_len or max(map(len, ids)) + options.max_new_tokens
+    room = options.budget if options.drafter else 0
+    seq_len = options.max_seq_len or max(map(len, ids)) + options.max_new_tokens + room
     engine = Engine(loaded.model, batch=len(ids), max_seq_len=seq_len, compile=options.compile)
     holdback = max(map(len, options.stop), default=1) - 1
     streams = [TextStream(tokenizer, holdback=holdback) for _ in ids]
@@ -66,12 +72,19 @@ def complete(
         if on_text is not None and not ended:  # the final flush prints the text up to the stop
             on_text(row, streams[row].push(so_far[row]))
 
-    outputs = generate(
-        engine, ids, max_new_tokens=options.max_new_tokens,
-        sampling=Sampling(options.temperature, options.top_p, options.seed),
-        stop_ids=tokenizer.stop_ids, stop_check=stop_check if options.stop else None,
-        on_token=on_token,
-    )
+    sampling = Sampling(options.temperature, options.top_p, options.seed)
+    if options.drafter:
+        drafter = make_drafter(options.drafter, loaded.model)
+        outputs, _ = speculative_generate(
+            engine, drafter, ids, max_new_tokens=options.max_new_tokens, budget=options.budget,
+            tree=options.tree, sampling=sampling, stop_ids=tokenizer.stop_ids,
+            stop_check=stop_check if options.stop else None, on_token=on_token)
+    else:
+        outputs = generate(
+            engine, ids, max_new_tokens=options.max_new_tokens, sampling=sampling,
+            stop_ids=tokenizer.stop_ids, stop_check=stop_check if options.stop else None,
+            on_token=on_token,
+        )
     texts = [cut_at_stop(tokenizer.decode(out), options.stop) for out in outputs]
     if on_text is not None:
         for row, text in enumerate(texts):

@@ -143,7 +143,6 @@ def bench_decode(
             del engine
             log(format_row(timing))
             results.append(timing)
-        loaded.model.setup_caches(1, 1)  # drop the big cache before the next build
         del loaded
         gc.collect()
         if device.type == "cuda":

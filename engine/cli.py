@@ -100,7 +100,7 @@ def generate_command(model, prompts, max_new_tokens, bf16, chat, system, tempera
 
 
 def _attention_kinds(ctx, param, value: str) -> tuple[str, ...]:
-    from engine.generate import ATTENTION_KINDS
+    from engine.attention import ATTENTION_KINDS
 
     kinds = tuple(k.strip() for k in value.split(",") if k.strip())
     if not kinds or any(k not in ATTENTION_KINDS for k in kinds):

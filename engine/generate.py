@@ -15,68 +15,24 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-from engine import ops
+from engine.attention import AttentionPlan, resolve_attention
 from engine.model import Transformer
+from engine.ops import OpSet
+from engine.sampling import Sampling, choose
+from engine.w12_backend import SMALL_M_MAX, invariant_rows
 from w12.errors import W12Error
-from w12_kernels.gemm import invariant_rows
-from w12_kernels.gemm.config import SMALL_M_MAX
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """``temperature == 0`` is greedy; otherwise softmax(logits / T) cut to the top-p mass."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-
-
-def sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None):
-    """Next token per row of ``logits`` [B, V] (fp32), as a [B] int64 tensor on its device."""
-    if sampling.temperature <= 0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / sampling.temperature, dim=-1)
-    if sampling.top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
-        outside = sorted_probs.cumsum(dim=-1) - sorted_probs > sampling.top_p
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs.masked_fill(outside, 0))
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-
-
-# how a decode step attends over the cache (ops.py); "auto" is the Triton kernel on a CUDA device
-# where Triton imports (faster than the torch ops at every size timed on the H200,
-# docs/PERF_ENGINE.md), the torch ops otherwise
-ATTENTION_KINDS = ("auto", "torch", "triton")
-
-
-def resolve_attention(attention: str, device: torch.device) -> str:
-    """``attention`` with ``"auto"`` made concrete for ``device``; a clear error if unknown."""
-    if attention not in ATTENTION_KINDS:
-        raise W12Error(f"attention must be one of {', '.join(ATTENTION_KINDS)}, "
-                       f"got {attention!r}")
-    if attention == "auto":
-        if device.type != "cuda":
-            return "torch"
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            return "torch"
-        return "triton"
-    if attention == "triton" and device.type != "cuda":
-        raise W12Error(f"attention 'triton' needs a CUDA device; the model is on {device}")
-    return attention
 
 
 class Engine:
-    """A model bound to a static cache of ``batch`` rows x ``max_seq_len`` positions.
+    """A model bound to its own KV cache of ``batch`` rows x ``max_seq_len`` positions.
 
-    The cache lives in the model, so one engine per model is live at a time: a new engine
-    re-allocates the cache that an older one (and its graph) pointed to.
+    The cache is an ``engine.cache.KVCache`` the engine owns (``self.cache``), so engines of
+    different models (a target and a drafter) live side by side, and several engines of one
+    model with the same options. ``compile`` and ``attention`` set the model's op set and
+    attention kind (options of the model instance, not of the process).
     """
 
     def __init__(
@@ -85,22 +41,30 @@ class Engine:
     ) -> None:
         self.model, self.batch, self.max_seq_len = model, batch, max_seq_len
         device = model.device
-        attention = resolve_attention(attention, device)
-        ops.use_compiled(compile)
-        ops.use_triton_attention(attention == "triton")
-        self.attention = attention
-        model.setup_caches(batch, max_seq_len)
+        self.attention = resolve_attention(attention, device)
+        model.ops = OpSet(compiled=compile)
+        model.attention = self.attention
+        self.cache = model.new_cache(batch, max_seq_len)
         self.tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
-        self.pos = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.next_slot = 0  # the cache slot the next step writes for the longest row (host copy)
         self.graph, self.compiled = None, compile
         if cuda_graph if cuda_graph is not None else device.type == "cuda":
             self._capture()
 
+    def _decode(self) -> torch.Tensor:
+        """One step: the token of every row at its own position, then every length + 1."""
+        lengths = self.cache.lengths
+        logits = self.model(self.tokens, lengths[:, None], self.cache,
+                            AttentionPlan.decode(lengths))
+        self.cache.commit(1)
+        return logits
+
     @torch.inference_mode()
     def _capture(self) -> None:
-        # Warm up on a side stream (compiles, cuBLAS handles), then record one step. Both write
-        # cache slot 0, which every prefill overwrites.
+        # Warm up on a side stream (compiles, cuBLAS handles), then record one step; the
+        # lengths are put back, so the warm-up leaves nothing behind (every prefill overwrites
+        # the slots it wrote).
+        saved = self.cache.lengths.clone()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -108,18 +72,20 @@ class Engine:
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.logits = self.model(self.tokens, self.pos)
+            self.logits = self._decode()
+        self.cache.lengths.copy_(saved)
 
     def _warm_up(self) -> None:
         try:
             for _ in range(3):
-                self.model(self.tokens, self.pos)
+                self.cache.lengths.zero_()
+                self._decode()
         except Exception as exc:  # torch.compile can fail on a toolchain mismatch: go eager
             if not self.compiled:
                 raise
             warnings.warn(f"torch.compile failed, running eager ops: {' '.join(str(exc).split())}",
                           stacklevel=2)
-            ops.use_compiled(False)
+            self.model.ops = OpSet(compiled=False)
             self.compiled = False
             self._warm_up()
 
@@ -131,13 +97,12 @@ class Engine:
         tokens = torch.zeros(self.batch, longest, dtype=torch.long)
         for row, prompt in enumerate(prompts):
             tokens[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-        pos = torch.arange(longest).expand(self.batch, longest)
+        pos = torch.arange(longest).expand(self.batch, longest).to(device)
         last = torch.tensor(lengths) - 1
         with invariant_rows(SMALL_M_MAX):  # no prompt row has to match another call's bits
-            logits = self.model(
-                tokens.to(device), pos.to(device), prefill=True, last=last.to(device)
-            )
-        self.pos.copy_(torch.tensor(lengths)[:, None])
+            logits = self.model(tokens.to(device), pos, self.cache, AttentionPlan.prefill(pos),
+                                last=last.to(device))
+        self.cache.rollback(lengths)
         self.next_slot = longest
         return logits[:, 0]
 
@@ -157,8 +122,7 @@ class Engine:
             self.graph.replay()
             logits = self.logits
         else:
-            logits = self.model(self.tokens, self.pos)
-        self.pos += 1
+            logits = self._decode()
         self.next_slot += 1
         return logits[:, 0]
 
@@ -168,7 +132,7 @@ class Engine:
         if not 0 <= position < self.max_seq_len:
             raise W12Error(f"rewind to slot {position}: the cache holds {self.max_seq_len} "
                            "positions")
-        self.pos.fill_(position)
+        self.cache.rollback([position] * self.batch)
         self.next_slot = position
 
     def check_prompts(self, prompts: list[list[int]], *, new_tokens: int) -> list[int]:
@@ -193,27 +157,29 @@ class Engine:
 
 
 StopCheck = Callable[[int, list[int]], bool]
+GREEDY = Sampling()
 
 
 def generate(
     engine: Engine, prompts: list[list[int]], *, max_new_tokens: int,
-    sampling: Sampling = Sampling(), stop_ids: frozenset[int] = frozenset(),
+    sampling: Sampling = GREEDY, stop_ids: frozenset[int] = frozenset(),
     stop_check: StopCheck | None = None, on_token: Callable[[int, int], None] | None = None,
 ) -> list[list[int]]:
     """New tokens per prompt, each list ending at its first stop token (kept) or stop_check.
 
     ``stop_check(row, tokens)`` lets the caller stop a row on text (stop strings);
-    ``on_token(row, token)`` streams.
+    ``on_token(row, token)`` streams. Sampling draws with noise keyed by (seed, row, position)
+    (``engine.sampling``), so a row's text does not depend on the other rows.
     """
-    engine.check_prompts(prompts, new_tokens=max_new_tokens)
-    generator = None
-    if sampling.temperature > 0:
-        generator = torch.Generator(device=engine.model.device).manual_seed(sampling.seed)
+    lengths = engine.check_prompts(prompts, new_tokens=max_new_tokens)
+    device = engine.model.device
+    requests = torch.arange(len(prompts), device=device)
+    positions = torch.tensor(lengths, device=device)
     outputs: list[list[int]] = [[] for _ in prompts]
     done = [False] * len(prompts)
     logits = engine.prefill(prompts)
     for step in range(max_new_tokens):
-        next_tokens = sample(logits, sampling, generator)
+        next_tokens = choose(logits, sampling, requests, positions + step)
         for row, token in enumerate(next_tokens.tolist()):
             if done[row]:
                 continue

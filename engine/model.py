@@ -6,10 +6,12 @@ Q/K/V and gate/up are fused into one linear each, so a decode step runs four GEM
 Every linear is an engine ``Linear`` that holds either a BF16 tensor (torch GEMM) or a prepared
 W12 weight (``w12_linear``); the rest of the model does not know which.
 
-The KV cache is static, [B, Hkv, S, D] per layer, and every request has its own positions: a
-query at position p of row b writes cache slot (b, p) and sees slots 0..p of row b. A batch
-can therefore mix prompt lengths (right-padded in prefill, padding written past the prompt and
-overwritten by the tokens that follow) and the decode step has fixed shapes for CUDA graphs.
+The KV cache is an object of its own (``engine.cache.KVCache``) passed to every forward with an
+``AttentionPlan`` that says where the new rows go and which cache slots each of them sees: a
+prefill chunk, a one-token decode step per request, or the nodes of a draft tree. Every request
+has its own positions, so a batch can mix prompt lengths (right-padded in prefill, padding
+written past the prompt and overwritten by the tokens that follow) and a step has fixed shapes
+for CUDA graphs.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import ops
+from engine.attention import AttentionPlan, attend
+from engine.cache import KVCache
+from engine.ops import OpSet
 from engine.w12_backend import w12_matmul
 from w12.errors import W12Error
 
@@ -194,80 +198,79 @@ class Linear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
-class KVCache(nn.Module):
-    def __init__(self, batch: int, seq_len: int, args: ModelArgs, dtype, device) -> None:
-        super().__init__()
-        shape = (batch, args.n_kv_heads, seq_len, args.head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device))
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device))
-
-    def write(self, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        # k/v [B, T, Hkv, D] go to slots (b, :, pos[b, t]); neither path syncs with the host,
-        # so both are safe inside a captured CUDA graph. With the Triton decode ops (CUDA), one
-        # kernel writes both (ops.write_kv); else two scatters.
-        if ops.write_kv(self.k, self.v, pos, k, v):
-            return
-        b, t, h, d = k.shape
-        index = pos[:, None, :, None].expand(b, h, t, d)
-        self.k.scatter_(2, index, k.transpose(1, 2))
-        self.v.scatter_(2, index, v.transpose(1, 2))
-
-
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, index: int) -> None:
         super().__init__()
-        self.args = args
+        self.args, self.index = args, index
         self.wqkv = Linear(args.dim, args.q_size + 2 * args.kv_size)
         self.wo = Linear(args.q_size, args.dim)
         self.q_norm: torch.Tensor | None = None  # Qwen3: RMSNorm weights [D] shared by heads
         self.k_norm: torch.Tensor | None = None
-        self.cache: KVCache | None = None
 
-    def forward(self, x, pos, cos, sin, visible):
+    def forward(self, x, step: Step):
         a = self.args
         b, t, _ = x.shape
         q, k, v = self.wqkv(x).split([a.q_size, a.kv_size, a.kv_size], dim=-1)
         q = q.view(b, t, a.n_heads, a.head_dim)
         k = k.view(b, t, a.n_kv_heads, a.head_dim)
         v = v.view(b, t, a.n_kv_heads, a.head_dim)
-        q, k = ops.rope_qk(q, k, cos, sin, self.q_norm, self.k_norm, a.norm_eps)
-        self.cache.write(pos, k, v)
-        if visible is None:
-            return self.wo(ops.causal_attention(q, k, v))
-        return self.wo(ops.cached_attention(q, self.cache.k, self.cache.v, visible, pos))
+        if self.q_norm is not None:  # Qwen3: RMSNorm per head before RoPE
+            q = step.ops.rms_norm(q, self.q_norm, a.norm_eps)
+            k = step.ops.rms_norm(k, self.k_norm, a.norm_eps)
+        q, k = step.ops.rope_qk(q, k, step.cos, step.sin)
+        step.cache.write(self.index, step.plan.slots, k, v)
+        k_cache, v_cache = step.cache.layer(self.index)
+        return self.wo(attend(q, k, v, k_cache, v_cache, step.plan, step.attention, step.ops))
 
 
 class Block(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, index: int) -> None:
         super().__init__()
         self.args = args
-        self.attn = Attention(args)
+        self.attn = Attention(args, index)
         self.w13 = Linear(args.dim, 2 * args.intermediate_size)  # gate and up, fused
         self.w2 = Linear(args.intermediate_size, args.dim)
         self.attn_norm: torch.Tensor | None = None
         self.mlp_norm: torch.Tensor | None = None
 
-    def forward(self, x, x_normed, next_norm, pos, cos, sin, visible):
+    def forward(self, x, x_normed, next_norm, step: Step):
         """Residual stream ``x`` and its normed copy in; the same for the next layer out.
 
         Each residual add is fused with the RMSNorm that follows it (the next layer's input
         norm, or the final norm after the last layer).
         """
-        eps = self.args.norm_eps
-        x, h = ops.add_rms_norm(x, self.attn(x_normed, pos, cos, sin, visible), self.mlp_norm, eps)
+        eps, ops = self.args.norm_eps, step.ops
+        x, h = ops.add_rms_norm(x, self.attn(x_normed, step), self.mlp_norm, eps)
         return ops.add_rms_norm(x, self.w2(ops.swiglu(self.w13(h))), next_norm, eps)
 
 
+@dataclass
+class Step:
+    """What every layer of one forward pass shares: the cache, where the rows go in it and
+    what they see, their RoPE rows, and the instance's op set and attention kind."""
+
+    cache: KVCache
+    plan: AttentionPlan
+    cos: torch.Tensor
+    sin: torch.Tensor
+    ops: OpSet
+    attention: str
+
+
 class Transformer(nn.Module):
+    """The decoder. Options are per instance: ``ops`` (eager or compiled elementwise
+    functions) and ``attention`` (``"torch"`` or ``"triton"``), set by whoever runs it."""
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args
-        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.layers = nn.ModuleList(Block(args, i) for i in range(args.n_layers))
         self.lm_head = Linear(args.dim, args.vocab_size)
         self.embed: torch.Tensor | None = None
         self.norm: torch.Tensor | None = None
-        self.rope_cos = self.rope_sin = self.slots = None
-        self.cache_shape: tuple[int, int] | None = None
+        self.ops = OpSet()
+        self.attention = "torch"
+        self._rope: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def device(self) -> torch.device:
@@ -277,36 +280,49 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.norm.dtype
 
-    def setup_caches(self, batch: int, seq_len: int) -> None:
-        """Allocate the static KV cache for ``batch`` requests of up to ``seq_len`` positions."""
-        if self.cache_shape == (batch, seq_len):
-            return
-        for layer in self.layers:
-            layer.attn.cache = None  # free the old cache before allocating the new one
-        dtype, device = self.dtype, self.device
-        for layer in self.layers:
-            layer.attn.cache = KVCache(batch, seq_len, self.args, dtype, device)
-        self.rope_cos, self.rope_sin = rope_tables(self.args, seq_len, dtype, device)
-        self.slots = torch.arange(seq_len, device=device)
-        self.cache_shape = (batch, seq_len)
+    def new_cache(self, batch: int, seq_len: int) -> KVCache:
+        """A cache for ``batch`` requests of up to ``seq_len`` positions (RoPE tables too)."""
+        self.rope_tables(seq_len)
+        return KVCache.for_model(self.args, batch, seq_len, dtype=self.dtype, device=self.device)
+
+    def score(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits [B, T, V] of whole sequences ``tokens`` [B, T] in one causal pass over a
+        scratch cache (teacher forcing)."""
+        b, t = tokens.shape
+        pos = torch.arange(t, device=tokens.device).expand(b, t)
+        return self(tokens, pos, self.new_cache(b, t), AttentionPlan.prefill(pos))
+
+    def rope_tables(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [>= seq_len, D], computed once for the longest length asked so far."""
+        if self._rope is None or self._rope[0] < seq_len:
+            cos, sin = rope_tables(self.args, seq_len, self.dtype, self.device)
+            self._rope = (seq_len, cos, sin)
+        return self._rope[1], self._rope[2]
 
     def forward(
-        self, tokens: torch.Tensor, pos: torch.Tensor, *, prefill: bool = False,
-        last: torch.Tensor | None = None,
+        self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache, plan: AttentionPlan, *,
+        last: torch.Tensor | None = None, n_layers: int | None = None,
+        hidden: list[torch.Tensor] | None = None, taps: tuple[int, ...] = (),
     ) -> torch.Tensor:
-        """Logits (fp32) for ``tokens`` [B, T] at positions ``pos`` [B, T].
+        """Logits (fp32) for ``tokens`` [B, T] at positions ``pos`` [B, T], their keys and
+        values written into ``cache`` as ``plan`` says.
 
-        ``prefill=True`` promises ``pos[b] == 0..T-1`` (a fresh cache), which lets attention run
-        causally over the chunk itself. ``last`` [B] picks one position per row, so the LM head
-        runs on B rows instead of B*T.
+        ``last`` [B] picks one position per row, so the LM head runs on B rows instead of
+        B*T. ``n_layers`` runs only the first layers (then the final norm and the head: the
+        early-exit view of the model). ``hidden`` collects the residual stream after each
+        layer index in ``taps``.
         """
+        cos, sin = self.rope_tables(cache.seq_len)
+        step = Step(cache, plan, cos[pos].unsqueeze(2), sin[pos].unsqueeze(2), self.ops,
+                    self.attention)
+        layers = self.layers if n_layers is None else self.layers[:n_layers]
         x = F.embedding(tokens, self.embed)
-        cos, sin = self.rope_cos[pos].unsqueeze(2), self.rope_sin[pos].unsqueeze(2)
-        visible = None if prefill else self.slots <= pos[..., None]
-        h = ops.rms_norm(x, self.layers[0].attn_norm, self.args.norm_eps)
-        norms = [layer.attn_norm for layer in self.layers[1:]] + [self.norm]
-        for layer, next_norm in zip(self.layers, norms, strict=True):
-            x, h = layer(x, h, next_norm, pos, cos, sin, visible)
+        h = self.ops.rms_norm(x, layers[0].attn_norm, self.args.norm_eps)
+        norms = [layer.attn_norm for layer in layers[1:]] + [self.norm]
+        for i, (layer, next_norm) in enumerate(zip(layers, norms, strict=True)):
+            x, h = layer(x, h, next_norm, step)
+            if i in taps:
+                hidden.append(x)
         if last is not None:
             h = h[torch.arange(h.shape[0], device=h.device), last].unsqueeze(1)
         return self.lm_head(h).float()

@@ -1,9 +1,10 @@
 """The engine's one door to the W12 GEMM: load-time preparation and the per-call matmul.
 
 ``prepare`` turns a ``W12Tensor`` (already on the model's device) into whatever packed object
-``w12_kernels.gemm`` runs on; ``w12_matmul`` computes ``x @ W.T + b`` with it. Keeping the
-kernel package behind these two functions means the model code never changes when the kernel
-layout does.
+``w12_kernels.gemm`` runs on; ``w12_matmul`` computes ``x @ W.T + b`` with it;
+``invariant_rows`` and ``SMALL_M_MAX`` say up to how many rows a call's row bits must not depend
+on the others. Keeping the kernel package behind this module means the model code never
+changes when the kernel layout does.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ import dataclasses
 import torch
 
 from w12.tensor import W12Tensor
+from w12_kernels.gemm import invariant_rows
+from w12_kernels.gemm.config import SMALL_M_MAX
+
+__all__ = ["SMALL_M_MAX", "cat_rows", "invariant_rows", "prepare", "tensor_bytes", "w12_matmul"]
 
 
 def prepare(w: W12Tensor):

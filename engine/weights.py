@@ -167,7 +167,9 @@ def load_model(
 ) -> LoadedModel:
     """Build the model named by ``spec`` with its linears in ``mode`` ("bf16" or "w12").
 
-    ``mode=None`` runs a W12 folder as W12 and anything else as BF16.
+    ``mode=None`` runs a W12 folder as W12 and anything else as BF16. In W12 mode the LM head
+    runs in W12 too (a tied one gets its own W12 copy of the embedding) unless
+    ``w12_lm_head=False`` keeps a BF16 head in BF16.
     """
     device = torch.device(device)
     source, config, name = open_source(spec, seed=seed, device=device)
@@ -262,9 +264,10 @@ class _Loader:
             weight = self.read("lm_head.weight", (self.args.vocab_size, self.args.dim))
         else:
             weight = embed
-        # A BF16 head shared with the embedding stays shared: encoding it would add memory.
-        encode_it = self.w12_lm_head and weight is not embed
-        if self.mode == "w12" and (isinstance(weight, W12Tensor) or encode_it):
+        # In W12 mode the head runs through the W12 GEMM even when it is tied to a BF16
+        # embedding (three quarters of the table again in memory): every GEMM of the model is
+        # then batch-invariant, which speculative decoding's exactness needs.
+        if self.mode == "w12" and (isinstance(weight, W12Tensor) or self.w12_lm_head):
             model.lm_head.packed = prepare(self.to_w12(weight))
         elif weight is embed:
             model.lm_head.weight = model.embed

@@ -30,10 +30,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from engine import ops
 from engine.bench import streamed_bytes
 from engine.generate import Engine
 from engine.model import ModelArgs, Transformer
+from engine.ops import OpSet
 from engine.weights import LoadedModel, load_model
 from spec_tuning.controller import TimedRunner
 from spec_tuning.forcing import ForcedTrace, PlantedDefect, Reference, top1_and_margin
@@ -202,13 +202,11 @@ def forced_logits(model: Transformer, prompts: Sequence, forced: Sequence) -> li
     """
     seqs = [_as_ids(p) + _as_ids(f)[:-1] for p, f in zip(prompts, forced, strict=True)]
     longest = max(map(len, seqs))
-    ops.use_compiled(False)  # eager ops: one shape per batch would recompile every time
-    model.setup_caches(len(seqs), longest)
+    model.ops = OpSet(compiled=False)  # eager ops: one shape per batch would recompile
     tokens = torch.zeros(len(seqs), longest, dtype=torch.long)
     for row, seq in enumerate(seqs):
         tokens[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-    pos = torch.arange(longest).expand(len(seqs), longest)
-    logits = model(tokens.to(model.device), pos.to(model.device), prefill=True)
+    logits = model.score(tokens.to(model.device))
     starts = [len(_as_ids(p)) - 1 for p in prompts]
     return [logits[r, s: s + len(f)] for r, (s, f) in enumerate(zip(starts, forced, strict=True))]
 
@@ -309,19 +307,16 @@ class GenerationRunner:
     transforms: Sequence = field(default_factory=tuple)
     compile: bool = False
     _engine: Engine | None = field(default=None, init=False, repr=False)
-    _cache: object = field(default=None, init=False, repr=False)
 
     def sync(self) -> None:
         _sync(self.model.device)
 
     def _engine_for(self, seq_len: int) -> Engine:
-        e, cache = self._engine, self.model.layers[0].attn.cache
-        # Another engine or a forced forward may have replaced the model's cache since.
-        if e is None or e.max_seq_len < seq_len or cache is not self._cache:
+        e = self._engine
+        if e is None or e.max_seq_len < seq_len:
             self._engine = None  # drop the old graph before capturing a new one
             self._engine = Engine(self.model, batch=self.batch, max_seq_len=seq_len,
                                   compile=self.compile)
-            self._cache = self.model.layers[0].attn.cache
         return self._engine
 
     def generate(self, requests: Sequence) -> list[list[int]]:

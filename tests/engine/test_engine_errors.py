@@ -108,11 +108,11 @@ def test_step_past_the_cache_is_refused(tiny_folder):
     logits = engine.prefill([[3, 4, 5, 6]])
     for _ in range(2):  # slots 4 and 5
         logits = engine.step(logits.argmax(-1))
-    cache = model.layers[0].attn.cache.k.clone()
+    cache = engine.cache.k.clone()
     with pytest.raises(W12Error) as exc:
         engine.step(logits.argmax(-1))
     assert "would write cache slot 6; the cache holds 6 positions" in one_line(exc)
-    assert torch.equal(model.layers[0].attn.cache.k, cache)
+    assert torch.equal(engine.cache.k, cache)
     engine.rewind(4)
     engine.step(logits.argmax(-1))
     with pytest.raises(W12Error):

@@ -7,8 +7,10 @@ import math
 import pytest
 import torch
 
-from engine.generate import Engine, Sampling, generate, sample
+from engine.attention import AttentionPlan
+from engine.generate import Engine, generate
 from engine.model import ModelArgs, rope_inv_freq
+from engine.sampling import Sampling, choose
 from engine.weights import expected_shapes, load_model
 
 KINDS = ["llama", "llama-tied", "qwen2", "qwen3"]  # the tiny checkpoints of conftest.py
@@ -17,9 +19,7 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [3, 4], [100, 20, 30, 40, 50]]
 
 def full_logits(model, tokens: list[int]) -> torch.Tensor:
     """Logits of one sequence in a single prefill pass (no cache reuse), [T, V]."""
-    model.setup_caches(1, len(tokens))
-    t = torch.tensor([tokens])
-    return model(t, torch.arange(len(tokens))[None], prefill=True)[0]
+    return model.score(torch.tensor([tokens]))[0]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -31,12 +31,13 @@ def test_logits_match_transformers(tiny_folder, kind):
         folder, dtype=torch.float32, attn_implementation="eager"
     ).eval()
     tokens = torch.randint(0, 160, (2, 48), generator=torch.Generator().manual_seed(1))
-    ours.setup_caches(2, 48)
     pos = torch.arange(48).expand(2, 48)
     with torch.no_grad():
         expected = theirs(tokens).logits
-    for prefill in (True, False):  # causal self-attention and attention over the cache
-        got = ours(tokens, pos, prefill=prefill)
+    lengths = torch.zeros(2, dtype=torch.long)
+    # causal self-attention, and attention over the cache (a chain of 48 rows)
+    for plan in (AttentionPlan.prefill(pos), AttentionPlan.chain(lengths, 48)):
+        got = ours(tokens, pos, ours.new_cache(2, 48), plan)
         assert (got - expected).abs().max().item() < 1e-4 * expected.abs().max().item()
         assert torch.equal(got.argmax(-1), expected.argmax(-1))
 
@@ -99,11 +100,11 @@ def test_sampling_reproducible_with_seed(tiny_folder):
 
 
 def test_top_p_keeps_only_the_nucleus():
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    gen = torch.Generator().manual_seed(0)
-    draws = {sample(logits, Sampling(temperature=1.0, top_p=0.7), gen).item() for _ in range(300)}
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).expand(300, 4)
+    rows = torch.arange(300)
+    draws = set(choose(logits, Sampling(temperature=1.0, top_p=0.7), rows, rows).tolist())
     assert draws == {0, 1}
-    assert sample(logits, Sampling(), None).item() == 0
+    assert choose(logits[:1], Sampling(), rows[:1], rows[:1]).item() == 0
 
 
 def test_stop_ids_end_a_row_early(tiny_folder):

@@ -19,9 +19,7 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 4], [100, 20, 30, 40]]
 
 
 def logits_of(model, tokens: torch.Tensor) -> torch.Tensor:
-    b, t = tokens.shape
-    model.setup_caches(b, t)
-    return model(tokens, torch.arange(t).expand(b, t), prefill=True)
+    return model.score(tokens)
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

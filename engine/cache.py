@@ -1,0 +1,110 @@
+"""The KV cache as an object of its own: allocation, per-request lengths, and the operations
+that plain and speculative decoding need.
+
+One tensor holds the keys of every layer ([layers, B, Hkv, S, D]) and one the values, so that
+an operation over all layers (moving an accepted draft path into place) is one launch. Request
+``b`` has committed ``lengths[b]`` tokens: slots ``0 .. lengths[b] - 1`` hold the keys of
+positions ``0 .. lengths[b] - 1``. A step writes its new rows at any slots at or past that
+length (a verify step writes one row per draft-tree node); ``keep`` then moves the accepted
+rows into place and ``commit`` advances the length. Slots past a length are scratch: whatever
+they hold is overwritten before it is read.
+
+The lengths live on the device, so a captured CUDA graph can read and advance them; the
+engine keeps a host copy where it needs one (to refuse work past the last slot).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from w12.errors import W12Error
+
+
+class KVCache:
+    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, seq_len: int, head_dim: int,
+                 *, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (n_layers, batch, n_kv_heads, seq_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+
+    @classmethod
+    def for_model(cls, args, batch: int, seq_len: int, *, dtype: torch.dtype,
+                  device: torch.device) -> KVCache:
+        """A cache shaped for ``args`` (an ``engine.model.ModelArgs``)."""
+        return cls(args.n_layers, batch, args.n_kv_heads, seq_len, args.head_dim, dtype=dtype,
+                   device=device)
+
+    @property
+    def n_layers(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def seq_len(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of one layer, [B, Hkv, S, D] views."""
+        return self.k[index], self.v[index]
+
+    def write(self, index: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Rows ``k``, ``v`` [B, T, Hkv, D] of layer ``index`` into slots ``slots`` [B, T].
+
+        No host synchronisation, so it can run inside a captured CUDA graph; the slots of one
+        request must be distinct (the caller's plan guarantees it)."""
+        k_cache, v_cache = self.layer(index)
+        if k.is_cuda:
+            from engine.attention_triton import kv_write_fits
+            from engine.attention_triton import write_kv as triton_write_kv
+
+            if kv_write_fits(k_cache, k) and kv_write_fits(v_cache, v):
+                triton_write_kv(k_cache, v_cache, slots, k, v)
+                return
+        rows = torch.arange(k.shape[0], device=k.device)[:, None]
+        k_cache.transpose(1, 2)[rows, slots] = k  # [B, S, Hkv, D] view, rows (b, slots[b, t])
+        v_cache.transpose(1, 2)[rows, slots] = v
+
+    def keep(self, src_slots: torch.Tensor, count: torch.Tensor) -> None:
+        """For each request ``b``, move the rows at ``src_slots[b, :count[b]]`` (increasing,
+        each at or past its destination) to slots ``lengths[b], lengths[b] + 1, ...`` in
+        every layer: the accepted path of a verified draft tree into place. ``lengths`` does
+        not change (``commit`` advances it). All sources are read before any row is written,
+        so overlapping moves are safe."""
+        a = src_slots.shape[1]
+        steps = torch.arange(a, device=src_slots.device)
+        live = steps[None, :] < count[:, None]
+        # a dead entry copies slot 0 onto itself: the same bits, no branch on the host
+        src = torch.where(live, src_slots, 0)
+        dst = torch.where(live, self.lengths[:, None] + steps, 0)
+        n_layers, b, h, _, d = self.k.shape
+        src_index = src[None, :, None, :, None].expand(n_layers, b, h, a, d)
+        dst_index = dst[None, :, None, :, None].expand(n_layers, b, h, a, d)
+        for side in (self.k, self.v):
+            side.scatter_(3, dst_index, side.gather(3, src_index))
+
+    def commit(self, counts: torch.Tensor) -> None:
+        """Advance every request's length by ``counts`` [B] (device tensor or int)."""
+        self.lengths += counts
+
+    def rollback(self, lengths: torch.Tensor | list[int]) -> None:
+        """Set every request's committed length (a shorter one drops the tokens past it)."""
+        lengths = torch.as_tensor(lengths, dtype=torch.long)
+        if lengths.shape != self.lengths.shape:
+            raise W12Error(f"rollback: {tuple(lengths.shape)} lengths for a cache of batch "
+                           f"{self.batch}")
+        if lengths.min() < 0 or lengths.max() > self.seq_len:
+            raise W12Error(f"rollback to lengths {lengths.tolist()}: the cache holds "
+                           f"{self.seq_len} positions")
+        self.lengths.copy_(lengths)

@@ -1,0 +1,13 @@
+"""Speculative decoding on the engine: draft trees, drafters, verification, the decode loop.
+
+``tree`` (the tree type and the best-first builder), ``drafters`` (prompt lookup, early exit),
+``verify`` (one target forward over the tree, acceptance, cache compaction), ``decode`` (the
+loop that emits exactly what plain decoding emits).
+"""
+
+from engine.speculative.decode import SpecStats, speculative_generate
+from engine.speculative.drafters import Drafter, EarlyExitDrafter, NgramDrafter, make_drafter
+from engine.speculative.tree import DraftTree, best_first
+
+__all__ = ["DraftTree", "Drafter", "EarlyExitDrafter", "NgramDrafter", "SpecStats",
+           "best_first", "make_drafter", "speculative_generate"]

@@ -1,0 +1,191 @@
+"""Timing speculative decoding against plain decoding, in the same run, on one engine.
+
+Definitions (docs/ARCHITECTURE.md): tau = tokens committed per verify step, bonus included;
+T_AR = one plain decode step; T_step(N) = one speculative iteration at node budget N
+(drafting, the verify forward over N nodes, acceptance and the cache compaction); both are
+replays of the engine's own steps (CUDA graphs on a GPU), timed at the same context position
+with the same method, and c(N) = T_step(N) / T_AR. S = tau / c is the speed-up those predict;
+the measured speed-up is the tokens/s of speculative over plain generation of the same
+prompts, timed in the same run.
+
+On a model with real weights tau comes from generation. With ``forced_accept`` K (synthetic
+presets, whose random weights accept nothing meaningful) each step accepts K drafted tokens
+whatever the target picks, so tau = K + 1 by construction and only c(N) is a measurement;
+S = tau / c is then a projection.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from engine.generate import GREEDY, Engine, generate
+from engine.sampling import Sampling
+from engine.speculative.decode import SpecRunner, speculative_generate
+from engine.speculative.drafters import make_drafter
+from engine.weights import LoadedModel
+from w12.errors import W12Error
+
+TIMED_STEPS = 30
+
+
+@dataclass
+class SpecRow:
+    mode: str  # "plain", "chain" or "tree"
+    budget: int
+    drafter: str
+    tau: float  # tokens committed per step (plain: 1)
+    t_step_ms: float  # one step (plain: T_AR)
+    c: float  # T_step / T_AR
+    projected: float  # tau / c
+    tokens_per_s: float | None  # generation of the prompt set (None with forced acceptance)
+    speedup: float | None  # tokens/s over plain decoding's, same run
+    forced_accept: int | None = None
+
+
+def _timer(device: torch.device) -> Callable[[Callable[[], object], Callable[[], object]], float]:
+    """Median ms of ``work()`` over TIMED_STEPS runs, ``reset()`` before each (untimed)."""
+
+    def run(work, reset) -> float:
+        times = []
+        for _ in range(TIMED_STEPS + 3):
+            reset()
+            if device.type == "cuda":
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                work()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                began = time.perf_counter()
+                work()
+                times.append(1e3 * (time.perf_counter() - began))
+        times = sorted(times[3:])
+        return times[len(times) // 2]
+
+    return run
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _generate_timed(device, fn) -> tuple[object, float]:
+    _sync(device)
+    began = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return out, time.perf_counter() - began
+
+
+def bench_spec(
+    loaded: LoadedModel, prompts: list[list[int]], *, drafter: str, budgets: list[int],
+    modes: tuple[str, ...] = ("chain", "tree"), max_new_tokens: int = 128,
+    forced_accept: int | None = None, sampling: Sampling = GREEDY,
+    stop_ids: frozenset[int] = frozenset(), compile: bool = False, log=print,
+) -> list[SpecRow]:
+    """Plain decoding, then every (mode, budget), on one engine of batch 1."""
+    if not prompts:
+        raise W12Error("bench spec: no prompts")
+    if max(budgets) < 1 or min(budgets) < 1:
+        raise W12Error(f"node budgets {budgets}: each must be at least 1")
+    model, device = loaded.model, loaded.model.device
+    longest = max(map(len, prompts))
+    engine = Engine(model, batch=1, max_seq_len=longest + max_new_tokens + max(budgets) + 1,
+                    compile=compile)
+    timer = _timer(device)
+    context = len(prompts[0])
+
+    def rewind() -> None:
+        engine.cache.rollback([context])
+        engine.next_slot = context
+
+    first = engine.prefill([prompts[0]]).argmax(-1)
+    t_ar = timer(lambda: engine.step(first), rewind)
+    plain_tps = None
+    if forced_accept is None:
+        outs, seconds = _generate_timed(device, lambda: [
+            generate(engine, [p], max_new_tokens=max_new_tokens, sampling=sampling,
+                     stop_ids=stop_ids)[0] for p in prompts])
+        plain_tps = sum(map(len, outs)) / seconds
+    rows = [SpecRow("plain", 1, "-", 1.0, t_ar, 1.0, 1.0, plain_tps, 1.0 if plain_tps else None,
+                    forced_accept)]
+    log(format_row(rows[0]))
+    for mode in modes:
+        for budget in budgets:
+            rows.append(_bench_one(engine, loaded, prompts, drafter, mode, budget,
+                                   forced_accept, max_new_tokens, sampling, stop_ids, t_ar,
+                                   plain_tps, timer, context))
+            log(format_row(rows[-1]))
+    return rows
+
+
+def _bench_one(engine, loaded, prompts, drafter_name, mode, budget, forced_accept,
+               max_new_tokens, sampling, stop_ids, t_ar, plain_tps, timer, context) -> SpecRow:
+    device = loaded.model.device
+    drafter = make_drafter(drafter_name, loaded.model)
+    runner = SpecRunner(engine, drafter, budget=budget, tree=mode == "tree", sampling=sampling,
+                        forced_accept=forced_accept)
+    tps = speedup = None
+    if forced_accept is None:
+        results, seconds = _generate_timed(device, lambda: [
+            speculative_generate(engine, drafter, [p], max_new_tokens=max_new_tokens,
+                                 budget=budget, tree=mode == "tree", sampling=sampling,
+                                 stop_ids=stop_ids, runner=runner) for p in prompts])
+        committed = [c for _, stats in results for c in stats.committed]
+        tau = sum(committed) / len(committed)
+        tps = sum(len(out[0]) for out, _ in results) / seconds
+        speedup = tps / plain_tps
+    # T_step at the first prompt's context, the drafter primed with that prompt
+    root = engine.prefill([prompts[0]]).argmax(-1)
+    drafter.start([prompts[0]], root.tolist())
+
+    def rewind() -> None:
+        engine.cache.rollback([context])
+
+    t_step = timer(lambda: runner.step(root), rewind)
+    if forced_accept is not None:
+        tau = float(runner.step(root).accepted.float().mean() + 1)
+    c = t_step / t_ar
+    return SpecRow(mode, budget, drafter_name, tau, t_step, c, tau / c, tps, speedup,
+                   forced_accept)
+
+
+def format_row(r: SpecRow) -> str:
+    rate = "" if r.tokens_per_s is None else f"  {r.tokens_per_s:9.1f} tok/s"
+    gain = "" if r.speedup is None else f"  x{r.speedup:.3f} measured"
+    return (f"{r.mode:<6} N={r.budget:<4} {r.drafter:<14} tau {r.tau:6.3f}  "
+            f"step {r.t_step_ms:8.3f} ms  c {r.c:6.3f}  tau/c {r.projected:6.3f}{rate}{gain}")
+
+
+def summary(rows: list[SpecRow]) -> list[str]:
+    """The last lines: the best measured (or projected) speed-up per mode."""
+    lines = []
+    forced = rows[0].forced_accept is not None
+    for mode in ("chain", "tree"):
+        mine = [r for r in rows if r.mode == mode]
+        if not mine:
+            continue
+        if forced:
+            best = max(mine, key=lambda r: r.projected)
+            lines.append(f"{mode}: projected S = tau/c = {best.projected:.3f} at N={best.budget} "
+                         f"(tau forced to {best.tau:.2f}; a projection, not a measurement)")
+        else:
+            best = max(mine, key=lambda r: r.speedup)
+            lines.append(f"{mode}: {best.speedup:.3f}x plain decoding at N={best.budget} "
+                         f"(tau {best.tau:.2f}, c {best.c:.3f}; measured in this run)")
+    for r in rows:
+        if r.c < 1.0 and r.mode != "plain":
+            lines.append(f"warning: c({r.budget}) = {r.c:.3f} < 1 for {r.mode}: a step over "
+                         f"{r.budget} nodes timed faster than a plain step")
+    return lines
+
+
+def as_dicts(rows: list[SpecRow]) -> list[dict]:
+    return [asdict(r) for r in rows]

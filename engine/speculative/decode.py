@@ -1,0 +1,150 @@
+"""Speculative decoding loop: prefill, then draft -> verify -> commit until every row is done.
+
+The loop mirrors ``engine.generate.generate``: the same prefill, the same first token (the
+keyed pick from the prefill's logits), the same stop rules (a stop id ends a row and is kept;
+``max_new_tokens`` caps it). Each step commits one or more tokens per row; a row's output is
+cut at its first stop and at ``max_new_tokens``, so it is exactly the list plain decoding
+returns. A finished row stops advancing (its length is put back after each step), so the
+cache needs room for ``prompt + max_new_tokens + budget`` positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.generate import GREEDY, Engine, StopCheck
+from engine.sampling import Sampling, choose
+from engine.speculative.drafters import Drafter
+from engine.speculative.tree import DraftTree
+from engine.speculative.verify import Verdict, verify
+from w12.errors import W12Error
+
+
+@dataclass
+class SpecStats:
+    """Per verify step and row: how many tokens it committed (accepted drafts + 1)."""
+
+    committed: list[int] = field(default_factory=list)
+    steps: int = 0
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per verify step and active row, bonus included."""
+        return sum(self.committed) / len(self.committed) if self.committed else 0.0
+
+
+class SpecRunner:
+    """One draft -> verify -> commit iteration on an ``Engine``'s model and cache.
+
+    On a GPU the iteration is captured once in a CUDA graph (the drafter's work too when it is
+    device-only; a host drafter's tree is copied into the graph's input buffers), so a step
+    costs one replay. The verdict tensors are the graph's outputs: read them before the next
+    step."""
+
+    def __init__(self, engine: Engine, drafter: Drafter, *, budget: int, tree: bool,
+                 sampling: Sampling = GREEDY, forced_accept: int | None = None,
+                 cuda_graph: bool | None = None) -> None:
+        if budget < 1:
+            raise W12Error(f"node budget {budget}: must be at least 1")
+        self.engine, self.drafter, self.budget, self.tree = engine, drafter, budget, tree
+        self.sampling, self.forced_accept = sampling, forced_accept
+        device = engine.model.device
+        self.requests = torch.arange(engine.batch, device=device)
+        self.roots = torch.zeros(engine.batch, dtype=torch.long, device=device)
+        empty = torch.zeros(engine.batch, budget - 1, dtype=torch.long, device=device)
+        self.tree_in = DraftTree.chain(self.roots, empty, torch.zeros_like(self.roots))
+        self.graph = None
+        if cuda_graph if cuda_graph is not None else device.type == "cuda":
+            self._capture()
+
+    def _body(self) -> Verdict:
+        if self.drafter.on_device:
+            draft = self.drafter.propose(self.roots, self.engine.cache, self.budget, self.tree)
+        else:
+            draft = self.tree_in
+        return verify(self.engine.model, self.engine.cache, draft, self.sampling,
+                      self.requests, self.forced_accept)
+
+    @torch.inference_mode()
+    def _capture(self) -> None:
+        cache = self.engine.cache
+        saved = cache.lengths.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # compiles; writes only scratch slots past the lengths
+                self._body()
+                cache.lengths.copy_(saved)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.verdict = self._body()
+        cache.lengths.copy_(saved)
+
+    @torch.inference_mode()
+    def step(self, roots: torch.Tensor) -> Verdict:
+        """Draft from ``roots`` [B] (each request's last committed token), verify, commit."""
+        self.roots.copy_(roots)
+        if not self.drafter.on_device:
+            draft = self.drafter.propose(roots, self.engine.cache, self.budget, self.tree)
+            for name in ("tokens", "parents", "depth", "valid"):
+                getattr(self.tree_in, name).copy_(getattr(draft, name))
+        if self.graph is None:
+            return self._body()
+        self.graph.replay()
+        return self.verdict
+
+
+def speculative_generate(
+    engine: Engine, drafter: Drafter, prompts: list[list[int]], *, max_new_tokens: int,
+    budget: int, tree: bool = True, sampling: Sampling = GREEDY,
+    stop_ids: frozenset[int] = frozenset(), stop_check: StopCheck | None = None,
+    on_token: Callable[[int, int], None] | None = None, runner: SpecRunner | None = None,
+) -> tuple[list[list[int]], SpecStats]:
+    """New tokens per prompt (as ``engine.generate.generate`` would return them) and the
+    acceptance statistics. ``budget`` nodes per verify step (root included): 1 is plain
+    decoding through the verify path. ``runner``: reuse one (and its CUDA graph) across calls
+    on the same engine, drafter and settings."""
+    runner = runner or SpecRunner(engine, drafter, budget=budget, tree=tree, sampling=sampling)
+    lengths = engine.check_prompts(prompts, new_tokens=max_new_tokens + budget)
+    device = engine.model.device
+    logits = engine.prefill(prompts)
+    roots = choose(logits, sampling, runner.requests, torch.tensor(lengths, device=device))
+    first = roots.tolist()
+    outputs: list[list[int]] = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    stats = SpecStats()
+
+    def take(row: int, tokens: list[int]) -> None:
+        for token in tokens:
+            if done[row]:
+                return
+            outputs[row].append(token)
+            if on_token is not None:
+                on_token(row, token)
+            done[row] = (token in stop_ids or len(outputs[row]) == max_new_tokens
+                         or bool(stop_check and stop_check(row, outputs[row])))
+
+    for row, token in enumerate(first):
+        take(row, [token])
+    drafter.start(prompts, first)
+    cache = engine.cache
+    while not all(done):
+        active = torch.tensor([not d for d in done], device=device)
+        before = cache.lengths.clone()
+        verdict = runner.step(roots)
+        cache.lengths.copy_(torch.where(active, cache.lengths, before))
+        counts = (verdict.accepted + 1).tolist()
+        emitted = verdict.emitted.tolist()
+        committed = [emitted[row][: counts[row]] for row in range(len(prompts))]
+        for row in range(len(prompts)):
+            if not done[row]:
+                stats.committed.append(counts[row])
+                take(row, committed[row])
+        stats.steps += 1
+        drafter.observe(committed)
+        roots = verdict.emitted.gather(1, verdict.accepted[:, None])[:, 0]
+    return outputs, stats

@@ -1,0 +1,171 @@
+"""Drafters: what proposes the tokens a verify step checks.
+
+Every drafter answers one question per step: given each request's root (the last committed
+token, at position ``cache.lengths``) and a node budget, which tree to verify
+(``propose``). It also hears which tokens each request committed (``observe``), and is told
+when new prompts start (``start``). Two need no training:
+
+- ``NgramDrafter`` (prompt lookup): the tokens that followed the most recent earlier
+  occurrence of the request's last n tokens (n from ``max_ngram`` down to 1), in the prompt or
+  the output so far; a chain, or in tree mode a trie of the continuations of several matches.
+- ``EarlyExitDrafter`` (self-speculation): the target's own first K layers, final norm and LM
+  head, run autoregressively for the tree's depth; its per-position top-k feeds the best-first
+  builder (or its top-1 chain). It writes its keys and values into the target's cache at the
+  slots the verify step overwrites next, so the committed prefix of its K layers is the
+  target's own and needs no catching up.
+
+``make_drafter("ngram" | "early-exit:K", model)`` builds one from its command-line name.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention import AttentionPlan
+from engine.cache import KVCache
+from engine.model import Transformer
+from engine.speculative.tree import DraftTree, best_first
+from w12.errors import W12Error
+
+DRAFTER_NAMES = ("ngram", "early-exit:K")
+TREE_TOP_K = 8  # candidates per position for best-first trees
+MAX_TREE_DEPTH = 16  # deepest level a best-first tree explores
+
+
+class Drafter:
+    """The protocol (the base does nothing: subclasses override what they need).
+
+    ``on_device``: ``propose`` is device work only (no host reads, fixed shapes), so the
+    runner captures it in one CUDA graph with the verify step; a host drafter's tree is copied
+    into the graph's input buffers instead."""
+
+    name = "drafter"
+    on_device = False
+
+    def start(self, prompts: list[list[int]], first: list[int]) -> None:
+        """New requests: their prompts and first tokens (the roots of the first step)."""
+
+    def observe(self, committed: list[list[int]]) -> None:
+        """The tokens each request committed in the last step (accepted drafts + bonus)."""
+
+    def propose(self, roots: torch.Tensor, cache: KVCache, budget: int, tree: bool
+                ) -> DraftTree:
+        raise NotImplementedError
+
+
+class NgramDrafter(Drafter):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, matches: int = 4) -> None:
+        self.name = "ngram"
+        self.max_ngram, self.min_ngram, self.matches = max_ngram, min_ngram, matches
+        self.history: list[list[int]] = []
+
+    def start(self, prompts: list[list[int]], first: list[int]) -> None:
+        self.history = [list(p) + [t] for p, t in zip(prompts, first, strict=True)]
+
+    def observe(self, committed: list[list[int]]) -> None:
+        for row, tokens in enumerate(committed):
+            self.history[row].extend(tokens)
+
+    def continuations(self, seq: list[int], length: int, limit: int) -> list[list[int]]:
+        """Up to ``limit`` distinct continuations of ``length`` tokens after earlier
+        occurrences of ``seq``'s last n tokens, longest n and most recent match first."""
+        found: list[list[int]] = []
+        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
+            tail = seq[-n:]
+            for start in range(len(seq) - n - 1, -1, -1):
+                if seq[start:start + n] == tail:
+                    cont = seq[start + n:start + n + length]
+                    if cont and cont not in found:
+                        found.append(cont)
+                        if len(found) == limit:
+                            return found
+        return found
+
+    def propose(self, roots, cache, budget, tree):
+        rows = [self._row(seq, budget, tree) for seq in self.history]
+        return _tree_from_rows(roots, rows, budget)
+
+    def _row(self, seq: list[int], budget: int, tree: bool) -> list[tuple[int, int]]:
+        """(token, parent) of the drafted nodes, parents as node indices (root = 0)."""
+        conts = self.continuations(seq, budget - 1, self.matches if tree else 1)
+        nodes: list[tuple[int, int]] = []
+        children: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+        for cont in conts:
+            parent = 0
+            for token in cont:
+                if (parent, token) not in children:
+                    if len(nodes) == budget - 1:
+                        break
+                    nodes.append((token, parent))
+                    children[(parent, token)] = len(nodes)
+                parent = children[(parent, token)]
+        return nodes
+
+
+def _tree_from_rows(roots: torch.Tensor, rows: list[list[tuple[int, int]]], budget: int
+                    ) -> DraftTree:
+    """A padded tree of ``budget`` nodes per request from host (token, parent) lists."""
+    b = len(rows)
+    tokens = torch.zeros(b, budget, dtype=torch.long)
+    parents = torch.zeros(b, budget, dtype=torch.long)
+    depth = torch.ones(b, budget, dtype=torch.long)
+    valid = torch.zeros(b, budget, dtype=torch.bool)
+    parents[:, 0], depth[:, 0], valid[:, 0] = -1, 0, True
+    for row, nodes in enumerate(rows):
+        for i, (token, parent) in enumerate(nodes, start=1):
+            tokens[row, i], parents[row, i], valid[row, i] = token, parent, True
+            depth[row, i] = depth[row, parent] + 1
+    device = roots.device
+    tokens = tokens.to(device)
+    tokens[:, 0] = roots
+    return DraftTree(tokens, parents.to(device), depth.to(device), valid.to(device))
+
+
+class EarlyExitDrafter(Drafter):
+    on_device = True
+
+    def __init__(self, model: Transformer, layers: int, top_k: int = TREE_TOP_K,
+                 max_depth: int = MAX_TREE_DEPTH) -> None:
+        if not 1 <= layers < model.args.n_layers:
+            raise W12Error(f"early-exit:{layers}: the target has {model.args.n_layers} layers; "
+                           f"K must be 1..{model.args.n_layers - 1}")
+        self.name = f"early-exit:{layers}"
+        self.model, self.layers, self.top_k, self.max_depth = model, layers, top_k, max_depth
+
+    @torch.inference_mode()
+    def propose(self, roots, cache, budget, tree):
+        depth = budget - 1 if not tree else min(budget - 1, self.max_depth)
+        k = 1 if not tree else min(self.top_k, budget - 1)
+        if depth == 0:
+            return DraftTree.chain(roots, roots[:, None][:, :0])
+        top_tokens, top_logp = self.draft(roots, cache, depth, k)
+        if not tree:
+            return DraftTree.chain(roots, top_tokens[:, :, 0])
+        return best_first(roots, top_tokens, top_logp, budget)
+
+    def draft(self, roots: torch.Tensor, cache: KVCache, depth: int, k: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, depth, k] top tokens and log-probabilities along the drafter's greedy chain."""
+        tokens, logps = [], []
+        token = roots
+        for d in range(depth):
+            lengths = cache.lengths + d
+            logits = self.model(token[:, None], lengths[:, None], cache,
+                                AttentionPlan.decode(lengths), n_layers=self.layers)[:, 0]
+            logp, top = logits.log_softmax(dim=-1).topk(k, dim=-1)
+            tokens.append(top)
+            logps.append(logp)
+            token = top[:, 0]
+        return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
+
+
+def make_drafter(name: str, model: Transformer) -> Drafter:
+    """A drafter from its command-line name: ``ngram`` or ``early-exit:K``."""
+    if name == "ngram":
+        return NgramDrafter()
+    if name.startswith("early-exit:"):
+        layers = name.split(":", 1)[1]
+        if not layers.isdigit():
+            raise W12Error(f"drafter {name!r}: K must be a number of layers, e.g. early-exit:4")
+        return EarlyExitDrafter(model, int(layers))
+    raise W12Error(f"unknown drafter {name!r} (known: {', '.join(DRAFTER_NAMES)})")

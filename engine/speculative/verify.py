@@ -1,0 +1,96 @@
+"""Verification: one target forward over every node of a draft tree, then acceptance.
+
+The target runs all N nodes at once: node n at position L + depth(n), its key and value written
+at slot L + n, attending to the committed prefix and to its own path (``AttentionPlan.tree``).
+At every node the target picks the token it would emit next (``engine.sampling.choose``, keyed
+by the position that token takes, L + depth(n) + 1). The walk starts at the root, follows the
+child whose token equals the target's pick at its parent, and stops where no child matches;
+the target's pick at the last node reached is the bonus token. Every step commits the accepted
+drafted tokens plus the bonus (at least one token: the root's pick is plain decoding's token).
+
+Because each row of the forward has the bits a plain decode step would give it (batch-invariant
+W12 GEMMs, tree attention with the decode step's reduction order, row-wise norms), every pick
+equals plain decoding's pick at that position, greedy or sampled: the output is plain
+decoding's, token for token. Nothing here waits for the host, so the whole step can be captured
+in a CUDA graph per node budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import AttentionPlan
+from engine.cache import KVCache
+from engine.model import Transformer
+from engine.sampling import Sampling, choose
+from engine.speculative.tree import DraftTree
+
+
+@dataclass
+class Verdict:
+    """What one verify step decided, per request (device tensors)."""
+
+    accepted: torch.Tensor  # [B] drafted tokens accepted (the tokens committed are this + 1)
+    path: torch.Tensor  # [B, N] node indices from the root to the last accepted node, then -1
+    emitted: torch.Tensor  # [B, N] the committed tokens: accepted drafts then the bonus, then -1
+
+
+def accept(tree: DraftTree, picks: torch.Tensor, paths: torch.Tensor) -> Verdict:
+    """Walk each tree along the target's picks [B, N] (``paths`` = ``tree.paths()``)."""
+    b, n = tree.tokens.shape
+    parent_pick = picks.gather(1, tree.parents.clamp(min=0))
+    match = tree.valid & ((tree.tokens == parent_pick) | (tree.parents < 0))
+    on_path = match.gather(1, paths.clamp(min=0).view(b, -1)).view(b, n, n) | (paths < 0)
+    reached = on_path.all(dim=-1)  # every node of the path matched
+    # the deepest reached node (siblings hold distinct tokens: one per depth), lowest index
+    rank = torch.where(reached, tree.depth * n + (n - 1 - torch.arange(n, device=picks.device)),
+                       -1)
+    last = rank.argmax(dim=1)
+    accepted = tree.depth.gather(1, last[:, None])[:, 0]
+    path = paths.gather(1, last[:, None, None].expand(b, 1, n))[:, 0]
+    drafted = tree.tokens.gather(1, path.clamp(min=0))
+    steps = torch.arange(n, device=picks.device)
+    bonus = picks.gather(1, last[:, None])
+    # emitted[i] = drafted token at depth i + 1 for i < accepted, the bonus at i = accepted
+    shifted = torch.cat([drafted[:, 1:], drafted[:, :1]], dim=1)
+    emitted = torch.where(steps < accepted[:, None], shifted,
+                          torch.where(steps == accepted[:, None], bonus, -1))
+    return Verdict(accepted, path, emitted)
+
+
+def forced_picks(tree: DraftTree, accept_count: int) -> torch.Tensor:
+    """Picks [B, N] that accept exactly the first ``accept_count`` nodes of each tree's
+    first-child chain (fewer where the tree is shallower): the timing of a verify step at a
+    fixed acceptance, for models whose own picks mean nothing (random weights)."""
+    b, n = tree.tokens.shape
+    nodes = torch.arange(n, device=tree.tokens.device).expand(b, n)
+    child_of = torch.where(tree.valid & (tree.parents >= 0), tree.parents, n)
+    first_child = torch.full((b, n + 1), n, dtype=torch.long, device=tree.tokens.device)
+    first_child.scatter_reduce_(1, child_of, nodes, reduce="amin")
+    first_child = first_child[:, :n]
+    child_token = tree.tokens.gather(1, first_child.clamp(max=n - 1))
+    go_on = (first_child < n) & (tree.depth < accept_count)
+    return torch.where(go_on, child_token, -1)
+
+
+def verify(model: Transformer, cache: KVCache, tree: DraftTree, sampling: Sampling,
+           requests: torch.Tensor, forced_accept: int | None = None) -> Verdict:
+    """Run ``tree`` through the target, accept, move the accepted rows into place and advance
+    every request's length by the tokens it commits. ``forced_accept``: accept that many
+    drafted tokens whatever the target picks (timing only; see ``forced_picks``)."""
+    lengths = cache.lengths
+    paths = tree.paths()
+    pos = lengths[:, None] + tree.depth
+    logits = model(tree.tokens, pos, cache, AttentionPlan.tree(lengths, paths))
+    b, n, vocab = logits.shape
+    picks = choose(logits.view(b * n, vocab), sampling, requests.repeat_interleave(n),
+                   (pos + 1).view(-1)).view(b, n)
+    if forced_accept is not None:
+        picks = forced_picks(tree, forced_accept)  # the target's picks ran all the same
+    verdict = accept(tree, picks, paths)
+    committed = verdict.accepted + 1
+    cache.keep(torch.where(verdict.path >= 0, verdict.path + lengths[:, None], -1), committed)
+    cache.commit(committed)
+    return verdict

@@ -1,0 +1,177 @@
+"""Speculative decoding on the engine: trees, acceptance, cache compaction, and outputs equal to
+plain decoding's (greedy and keyed sampling) with every drafter, chain and tree, on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.cache import KVCache
+from engine.generate import Engine, generate
+from engine.sampling import Sampling
+from engine.speculative import Drafter, DraftTree, best_first, make_drafter, speculative_generate
+from engine.speculative import verify as verify_module
+from engine.speculative.tree import best_first_reference
+from engine.speculative.verify import accept
+from engine.weights import load_model
+from w12.errors import W12Error
+
+PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [3, 4], [100, 20, 30, 40, 50]]
+SAMPLED = Sampling(temperature=0.9, top_p=0.9, seed=11)
+
+
+def hand_tree() -> DraftTree:
+    """root(0) -> a(1) -> c(3) -> d(4);  root -> b(2)."""
+    tokens = torch.tensor([[10, 11, 12, 13, 14]])
+    parents = torch.tensor([[-1, 0, 0, 1, 3]])
+    depth = torch.tensor([[0, 1, 1, 2, 3]])
+    return DraftTree(tokens, parents, depth, torch.ones(1, 5, dtype=torch.bool))
+
+
+def test_paths_and_ancestor_mask():
+    tree = hand_tree()
+    assert tree.paths()[0].tolist() == [[0, -1, -1, -1, -1], [0, 1, -1, -1, -1],
+                                        [0, 2, -1, -1, -1], [0, 1, 3, -1, -1],
+                                        [0, 1, 3, 4, -1]]
+    assert tree.ancestor_mask()[0, 4].tolist() == [True, True, False, True, True]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_best_first_is_the_heap_search(seed):
+    gen = torch.Generator().manual_seed(seed)
+    depth, k = int(torch.randint(1, 6, (1,), generator=gen)), int(torch.randint(1, 5, (1,),
+                                                                                 generator=gen))
+    budget = int(torch.randint(1, 40, (1,), generator=gen))
+    logp = (torch.randn(2, depth, 60, generator=gen) * 3).log_softmax(-1)
+    top_logp, top_tokens = logp.topk(k, dim=-1)
+    tree = best_first(torch.tensor([1, 2]), top_tokens, top_logp, budget)
+    assert tree.size == budget
+    assert (tree.parents[:, 1:] < torch.arange(1, budget)).all()
+    paths = tree.paths()
+    for row in range(2):
+        got = [tuple(tree.tokens[row, i].item() for i in paths[row, n].tolist() if i >= 0)[1:]
+               for n in range(1, budget) if tree.valid[row, n]]
+        want = best_first_reference(top_tokens[row].tolist(), top_logp[row].tolist(), budget)
+        assert sorted(got) == sorted(want)
+
+
+def test_accept_follows_the_matching_child():
+    tree = hand_tree()
+    paths = tree.paths()
+    # target picks: at root 11 (node a), at a 13 (node c), at c 99 (no child 14): bonus 99
+    picks = torch.tensor([[11, 13, 0, 99, 0]])
+    verdict = accept(tree, picks, paths)
+    assert verdict.accepted.tolist() == [2]
+    assert verdict.path[0].tolist() == [0, 1, 3, -1, -1]
+    assert verdict.emitted[0].tolist() == [11, 13, 99, -1, -1]
+    # nothing matches: the root's pick alone
+    none = accept(tree, torch.tensor([[50, 0, 0, 0, 0]]), paths)
+    assert none.accepted.tolist() == [0] and none.emitted[0].tolist() == [50, -1, -1, -1, -1]
+    # a padding node is never accepted, whatever its token
+    padded = DraftTree(tree.tokens, tree.parents, tree.depth,
+                       torch.tensor([[True, False, True, True, True]]))
+    assert accept(padded, picks, paths).accepted.tolist() == [0]
+
+
+def test_keep_moves_overlapping_paths_in_every_layer():
+    cache = KVCache(3, 2, 2, 16, 4, dtype=torch.float32, device=torch.device("cpu"))
+    cache.k.copy_(torch.randn_like(cache.k))
+    cache.v.copy_(torch.randn_like(cache.v))
+    before_k, before_v = cache.k.clone(), cache.v.clone()
+    cache.rollback([4, 7])
+    src = torch.tensor([[4, 6, 7, -1], [7, 9, -1, -1]])  # request 0 moves 6->5 and 7->6
+    cache.keep(src, torch.tensor([3, 1]))
+    for side, before in ((cache.k, before_k), (cache.v, before_v)):
+        assert torch.equal(side[:, 0, :, 4:7], before[:, 0, :, [4, 6, 7]])
+        assert torch.equal(side[:, 1], before[:, 1])  # count 1: the root stays where it is
+        assert torch.equal(side[:, 0, :, :4], before[:, 0, :, :4])
+        assert torch.equal(side[:, 0, :, 7:], before[:, 0, :, 7:])
+    assert cache.lengths.tolist() == [4, 7]
+
+
+class OracleDrafter(Drafter):
+    """Proposes the known continuation (a chain), or in tree mode the continuation with a decoy
+    sibling at every level: acceptance runs deep, so the walk and the compaction are used."""
+
+    def __init__(self, answers: list[list[int]], vocab: int) -> None:
+        self.answers, self.vocab = answers, vocab
+        self.done = [0] * len(answers)
+
+    def start(self, prompts, first):
+        self.done = [1] * len(prompts)
+
+    def observe(self, committed):
+        self.done = [d + len(c) for d, c in zip(self.done, committed, strict=True)]
+
+    def propose(self, roots, cache, budget, tree):
+        rows = []
+        for row, answer in enumerate(self.answers):
+            future = answer[self.done[row]:]
+            nodes, parent = [], 0
+            for token in future:
+                if len(nodes) + (2 if tree else 1) > budget - 1:
+                    break
+                if tree:
+                    nodes.append(((token + 1) % self.vocab, parent))
+                nodes.append((token, parent))
+                parent = len(nodes)
+            rows.append(nodes)
+        from engine.speculative.drafters import _tree_from_rows
+
+        return _tree_from_rows(roots, rows, budget)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("sampling", [Sampling(), SAMPLED], ids=["greedy", "sampled"])
+def test_speculative_equals_plain_decoding(tiny_folder, kind, sampling):
+    model = load_model(tiny_folder(kind), dtype=torch.float32).model
+    plain = generate(Engine(model, batch=3, max_seq_len=96), PROMPTS, max_new_tokens=24,
+                     sampling=sampling)
+    drafters = {"ngram": lambda: make_drafter("ngram", model),
+                "early-exit:1": lambda: make_drafter("early-exit:1", model),
+                "oracle": lambda: OracleDrafter(plain, model.args.vocab_size)}
+    for name, drafter in drafters.items():
+        for tree, budget in ((False, 5), (True, 9), (True, 1)):
+            engine = Engine(model, batch=3, max_seq_len=96)
+            out, stats = speculative_generate(engine, drafter(), PROMPTS, max_new_tokens=24,
+                                              budget=budget, tree=tree, sampling=sampling)
+            assert out == plain, (name, tree, budget)
+            if name == "oracle" and budget > 1:
+                assert stats.tau > 2.5, (tree, stats.tau)
+
+
+def test_stop_ids_cut_rows_as_plain_decoding_does(tiny_folder):
+    model = load_model(tiny_folder("llama"), dtype=torch.float32).model
+    free = generate(Engine(model, batch=3, max_seq_len=96), PROMPTS, max_new_tokens=20)
+    stop = frozenset({free[0][5], free[2][2]})
+    plain = generate(Engine(model, batch=3, max_seq_len=96), PROMPTS, max_new_tokens=20,
+                     stop_ids=stop)
+    spec, _ = speculative_generate(Engine(model, batch=3, max_seq_len=96),
+                                   OracleDrafter(free, 160), PROMPTS, max_new_tokens=20,
+                                   budget=6, tree=False, stop_ids=stop)
+    assert spec == plain and len(spec[0]) == 6
+
+
+def test_a_verify_that_keys_noise_wrongly_is_caught(tiny_folder, monkeypatch):
+    """The equality above can fail: picks keyed by the wrong position change sampled text."""
+    model = load_model(tiny_folder("llama"), dtype=torch.float32).model
+    plain = generate(Engine(model, batch=3, max_seq_len=96), PROMPTS, max_new_tokens=24,
+                     sampling=SAMPLED)
+    real = verify_module.choose
+    monkeypatch.setattr(verify_module, "choose",
+                        lambda logits, s, req, pos: real(logits, s, req, pos + 1))
+    spec, _ = speculative_generate(Engine(model, batch=3, max_seq_len=96),
+                                   make_drafter("ngram", model), PROMPTS, max_new_tokens=24,
+                                   budget=4, tree=False, sampling=SAMPLED)
+    assert spec != plain
+
+
+def test_bad_drafter_and_budget_are_refused(tiny_folder):
+    model = load_model(tiny_folder("llama"), dtype=torch.float32).model
+    with pytest.raises(W12Error, match="unknown drafter"):
+        make_drafter("medusa", model)
+    with pytest.raises(W12Error, match="K must be 1..1"):
+        make_drafter("early-exit:2", model)
+    with pytest.raises(W12Error, match="must be at least 1"):
+        speculative_generate(Engine(model, batch=1, max_seq_len=64), make_drafter("ngram", model),
+                             [[1, 2]], max_new_tokens=4, budget=0)
