@@ -21,9 +21,8 @@ import torch
 
 from engine import ops
 from engine.model import Transformer
+from engine.w12_backend import SMALL_M_MAX, invariant_rows
 from w12.errors import W12Error
-from w12_kernels.gemm import invariant_rows
-from w12_kernels.gemm.config import SMALL_M_MAX
 
 
 @dataclass(frozen=True)

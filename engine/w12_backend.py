@@ -1,9 +1,11 @@
 """The engine's one door to the W12 GEMM: load-time preparation and the per-call matmul.
 
 ``prepare`` turns a ``W12Tensor`` (already on the model's device) into whatever packed object
-``w12_kernels.gemm`` runs on; ``w12_matmul`` computes ``x @ W.T + b`` with it. Keeping the
-kernel package behind these two functions means the model code never changes when the kernel
-layout does.
+``w12_kernels.gemm`` runs on; ``w12_matmul`` computes ``x @ W.T + b`` with it;
+``invariant_rows(SMALL_M_MAX)`` marks calls (prefill) whose rows need not match other calls'
+bits. Keeping the kernel package behind this module means the model code never changes when the
+kernel layout does (an import-linter contract in ``pyproject.toml`` holds the rest of the engine
+to it).
 """
 
 from __future__ import annotations
@@ -13,17 +15,16 @@ import dataclasses
 import torch
 
 from w12.tensor import W12Tensor
+from w12_kernels.gemm import SMALL_M_MAX, invariant_rows, prepare_weight, w12_linear
+
+__all__ = ["SMALL_M_MAX", "cat_rows", "invariant_rows", "prepare", "tensor_bytes", "w12_matmul"]
 
 
 def prepare(w: W12Tensor):
-    from w12_kernels.gemm import prepare_weight
-
     return prepare_weight(w)
 
 
 def w12_matmul(x: torch.Tensor, packed, bias: torch.Tensor | None) -> torch.Tensor:
-    from w12_kernels.gemm import w12_linear
-
     return w12_linear(x, packed, bias)
 
 
