@@ -97,7 +97,7 @@ def peak():
     with open(report, "w") as out:
         out.write(kb)
 atexit.register(peak)
-from w12.cli import main
+from w12_cli import main
 main(prog_name="w12")
 """
 

@@ -28,9 +28,10 @@ import torch
 
 from converters.demo_models import demo_hf_folder
 from converters.hf import ConvertOptions, convert_folder
-from spec_tuning.cli import explain_loaded, forcing_verdict, prove, stock_baseline
 from spec_tuning.controller import Controller
 from spec_tuning.engine_adapter import SystemSpec, load_system, prompt_requests
+from spec_tuning.explain import explain_loaded
+from spec_tuning.prove import forcing_verdict, prove, stock_baseline
 
 
 def environment() -> dict:

@@ -43,14 +43,14 @@ fi
 for MODE in bf16 w12; do
   echo "== tune explain $MODEL --mode $MODE --batch $BATCH (context $CONTEXT, tree sizes $TREE_SIZES)"
   if [[ $MODE == bf16 ]]; then PNG=("${PNG_BF16[@]}"); else PNG=("${PNG_W12[@]}"); fi
-  "$PYTHON" -m spec_tuning.cli explain "$MODEL" --mode "$MODE" --batch "$BATCH" \
+  "$PYTHON" -m w12_cli tune explain "$MODEL" --mode "$MODE" --batch "$BATCH" \
     --device "$DEVICE" --context "$CONTEXT" --tree-sizes "$TREE_SIZES" \
     --json "$OUT_DIR/explain-$MODE.json" ${PNG[@]+"${PNG[@]}"}
 done
 
 if [[ $PROVE == 1 ]]; then
   echo "== tune prove: W12 candidate against BF16 stock on $MODEL"
-  "$PYTHON" -m spec_tuning.cli prove "$MODEL" "$MODEL" --candidate-mode w12 \
+  "$PYTHON" -m w12_cli tune prove "$MODEL" "$MODEL" --candidate-mode w12 \
     --prompts "$PROMPTS" --tokens "$TOKENS" --batch "$BATCH" --context "$CONTEXT" \
     --device "$DEVICE" --out "$OUT_DIR/prove" --force-final --json "$OUT_DIR/prove.json"
 fi

@@ -24,7 +24,6 @@ import pytest
 from click.testing import CliRunner
 
 from engine.generate import Engine, generate
-from spec_tuning.cli import forcing_verdict, tune_group
 from spec_tuning.controller import read_log
 from spec_tuning.engine_adapter import (
     EngineGreedy,
@@ -41,6 +40,8 @@ from spec_tuning.engine_adapter import (
 )
 from spec_tuning.forcing import build_reference, judge
 from spec_tuning.profiler import KernelTiming, StepProfile
+from spec_tuning.prove import forcing_verdict
+from w12_cli.tune import tune_group
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS, TOKENS, DEFECT_AT = 16, 32, 4
@@ -221,7 +222,7 @@ def test_explain_errors_are_one_line():
 
 def test_module_entry_point_explains_on_cpu():
     result = subprocess.run(
-        [sys.executable, "-m", "spec_tuning.cli", "explain", "synthetic:tiny-qwen3", "--batch",
+        [sys.executable, "-m", "w12_cli", "tune", "explain", "synthetic:tiny-qwen3", "--batch",
          "1", "--device", "cpu", "--context", "32"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
