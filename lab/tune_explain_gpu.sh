@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Cost-model decomposition of the reference engine's decode step on a GPU, BF16 and W12
 # weights, then (PROVE=1) all three tuning judges on W12 against BF16.
-#   bash benchmarks/tune_explain_gpu.sh
+#   bash lab/tune_explain_gpu.sh
 # Settings (environment): MODEL (synthetic:qwen3-8b), DEVICE (cuda), BATCH (1), CONTEXT (512),
 # TREE_SIZES (1,4,16), PROVE (1), PROMPTS (64), TOKENS (128), OUT_DIR (w12-tune-gpu), PYTHON.
 # Needs only torch and triton; the PNG charts are written when matplotlib is installed.

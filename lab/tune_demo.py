@@ -10,7 +10,7 @@
    the cost model of the stock's decode step at batch 1 (tree sizes 1 and 4, tau unknown).
 3. ``prove``: the three judges in one call on a sealed split, for a serving config that
    batches four requests per engine step (faster on any machine; same model).
-The last lines are the summary table. Run: python benchmarks/tune_demo.py [--json out.json]
+The last lines are the summary table. Run: python lab/tune_demo.py [--json out.json]
 """
 
 from __future__ import annotations
