@@ -6,14 +6,7 @@ import json
 
 import click
 
-from w12_cli.options import (
-    Group,
-    compile_default,
-    compile_ops,
-    device,
-    json_out,
-    positive_int_list,
-)
+from w12_cli.options import Group, compile_default, compile_ops, device, json_out, positive_int_list
 
 
 def _attention_kinds(ctx, param, value: str) -> tuple[str, ...]:

@@ -17,14 +17,7 @@ from pathlib import Path
 
 import click
 
-from w12_cli.options import (
-    Group,
-    compile_default,
-    compile_ops,
-    device,
-    json_out,
-    positive_int_list,
-)
+from w12_cli.options import Group, compile_default, compile_ops, device, json_out, positive_int_list
 
 
 def _taus(ctx, param, values: tuple[str, ...]) -> dict[int, float]:
