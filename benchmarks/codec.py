@@ -2,7 +2,9 @@
 
 The baseline is a plain copy of the same BF16 tensor, timed in the same run, so the ratios say
 how far each codec pass is from a memory copy on this machine. Throughput counts BF16 bytes
-(2 per weight) for both directions; every figure is the median of ``--repeats`` runs.
+(2 per weight) for both directions; every figure is the median of ``--repeats`` rounds in which
+the copy and the codec passes run in turn (``harness.time_host``), after one untimed round
+(numba compilation and page faults stay out of the numbers).
 
     python benchmarks/codec.py [--rows 4096 --cols 4096 --repeats 7] [--models] [--json out.json]
 """
@@ -10,24 +12,16 @@ how far each codec pass is from a memory copy on this machine. Throughput counts
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import time
 
 import torch
+from harness import environment, project_on_path, time_host, write_json
 
-import w12
-from w12.codec_torch import encode as torch_encode
+project_on_path()
 
+import w12  # noqa: E402
+from w12.codec_torch import encode as torch_encode  # noqa: E402
 
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up: numba compilation and page faults stay out of the numbers
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+PASSES = ("copy", "encode", "decode", "torch_encode")
 
 
 def codec_rows(rows: int, cols: int, repeats: int) -> dict:
@@ -36,19 +30,15 @@ def codec_rows(rows: int, cols: int, repeats: int) -> dict:
     mb = t.numel() * 2 / 1e6
     w = w12.encode(t)
     assert torch.equal(w.decode().view(torch.int16), t.view(torch.int16))
-    copy_s = median_seconds(lambda: t.clone(), repeats)
-    enc_s = median_seconds(lambda: w12.encode(t), repeats)
-    dec_s = median_seconds(w.decode, repeats)
-    torch_enc_s = median_seconds(lambda: torch_encode(t), max(1, repeats // 2))
+    calls = (lambda: t.clone(), lambda: w12.encode(t), w.decode, lambda: torch_encode(t))
+    time_host(calls, rounds=1)  # untimed round
+    seconds = time_host(calls, rounds=repeats)
     return {
         "shape": [rows, cols],
         "threads": torch.get_num_threads(),
         "bits_per_weight": w.bits_per_weight,
         "escape_rate": w.num_escapes / t.numel(),
-        "copy_MBps": mb / copy_s,
-        "encode_MBps": mb / enc_s,
-        "decode_MBps": mb / dec_s,
-        "torch_encode_MBps": mb / torch_enc_s,
+        **{f"{name}_MBps": mb / s for name, s in zip(PASSES, seconds, strict=True)},
     }
 
 
@@ -101,7 +91,7 @@ def main() -> None:
     print(f"N(0, 0.02) BF16 {args.rows}x{args.cols}, {c['threads']} threads, median of "
           f"{args.repeats}")
     print(f"{'pass':<16}{'MB/s of BF16':>14}{'vs copy':>10}")
-    for key in ("copy", "encode", "decode", "torch_encode"):
+    for key in PASSES:
         print(f"{key:<16}{c[key + '_MBps']:>14.0f}{c[key + '_MBps'] / c['copy_MBps']:>10.2f}")
     for m in result.get("models", []):
         print(f"{m['model']:<44} {m['weights']:>12,d} weights  {m['bits_per_weight']:.4f} bits/w"
@@ -110,9 +100,8 @@ def main() -> None:
           f"{c['escape_rate']:.2e}")
     print(f"encode {c['encode_MBps']:.0f} MB/s (bar >= 200), decode {c['decode_MBps']:.0f} MB/s "
           f"(bar >= 500)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    settings = {k: v for k, v in vars(args).items() if k != "json"}  # not where it ran
+    write_json(args.json, [c, *result.get("models", [])], environment("cpu"), settings=settings)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ model as a GGUF file (dequantised to BF16 on the way) and as its BF16 folder, an
 Llama-shaped BF16 checkpoint of ``--synthetic-gb`` in two shards, converted with the default shard
 size and with ``--max-shard-size`` (the W12 writer spools tensors to disk, so the two should
 agree). The last
-lines print peak / bar ratios; ``--json`` writes the rows.
+lines print peak / bar ratios; ``--json`` writes the rows with the harness's environment record.
 
     python benchmarks/convert_memory.py [--synthetic-gb 1.5] [--workdir DIR] [--json out.json]
 """
@@ -25,8 +25,11 @@ import time
 from pathlib import Path
 
 import torch
+from harness import ROOT, environment, project_on_path, write_json
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+project_on_path()
 
 GB = 10**9
 
@@ -91,21 +94,22 @@ def largest_tensor_bytes(src: Path) -> int:
 _CHILD = """
 import atexit, sys
 report = sys.argv.pop(1)
+sys.path.insert(0, sys.argv.pop(1))
 def peak():
     with open("/proc/self/status") as status:
         kb = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
     with open(report, "w") as out:
         out.write(kb)
 atexit.register(peak)
-from w12.cli import main
+from w12_cli import main
 main(prog_name="w12")
 """
 
 
 def measure(src: Path, dst: Path, extra: list[str], report: Path) -> tuple[int, float, int]:
     """Peak RSS (bytes), seconds and exit code of one ``w12 convert`` child process."""
-    command = [sys.executable, "-c", _CHILD, str(report), "convert", "-q", "--force", str(src),
-               str(dst), *extra]
+    command = [sys.executable, "-c", _CHILD, str(report), str(ROOT), "convert", "-q", "--force",
+               str(src), str(dst), *extra]
     started = time.perf_counter()
     code = subprocess.run(command, check=False).returncode
     seconds = time.perf_counter() - started
@@ -154,8 +158,7 @@ def main() -> None:
     for r in rows:
         verdict = "within" if r["peak_rss_bytes"] <= r["bar_bytes"] else "OVER"
         print(f"peak / bar  {r['case']:<48} {r['peak_rss_bytes'] / r['bar_bytes']:.2f} ({verdict})")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+    write_json(args.json, rows, environment("cpu"), synthetic_gb=args.synthetic_gb)
     if args.workdir is None:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -9,50 +9,22 @@ fresh static cache and a captured CUDA-graph decode step; ``--tokens`` greedy st
 back to back after ``--warmup`` steps. Printed per row: tokens/s, ms per step, bytes of weights
 one step streams and the bandwidth that achieves; the last lines are the W12/BF16 speed-ups
 and the memory W12 frees for the KV cache. Needs only torch (and triton for the W12 kernels);
-a folder model also reads its config and safetensors files.
+a folder model also reads its config and safetensors files. ``--json`` writes the harness's
+record: the environment, one row per model, mode and batch, the settings and the summaries.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
+from harness import environment, project_on_path, write_json
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+project_on_path()
 
 from engine.bench import as_dicts, bench_decode, summary  # noqa: E402
-
-
-def _commit() -> str:
-    try:
-        root = Path(__file__).resolve().parents[1]
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                             text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True,
-                               text=True, timeout=10).stdout.strip()
-        return (out.stdout.strip() or "uncommitted") + (" (modified)" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def _environment(device: str) -> dict:
-    env = {"torch": torch.__version__, "commit": _commit(), "date": time.strftime("%Y-%m-%d")}
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except ImportError:
-        env["triton"] = None
-    if device.startswith("cuda"):
-        props = torch.cuda.get_device_properties(torch.device(device))
-        env["gpu"] = props.name
-        env["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
-    return env
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,11 +48,12 @@ def main(argv: list[str] | None = None) -> int:
 
     batches = [int(b) for b in args.batch.split(",")]
     compile_ops = args.device.startswith("cuda") and not args.no_compile
-    report = {"environment": _environment(args.device), "settings": vars(args) | {
-        # the file's name only: a directory would record where the run happened
-        "json": args.json.name if args.json else None, "compile": compile_ops}, "models": {}}
-    print(f"# {report['environment']}  compile={compile_ops}  attention={args.attention}",
-          flush=True)
+    env = environment(args.device)
+    # the file's name only: a directory would record where the run happened
+    settings = vars(args) | {"json": args.json.name if args.json else None,
+                             "compile": compile_ops}
+    rows, summaries = [], {}
+    print(f"# {env}  compile={compile_ops}  attention={args.attention}", flush=True)
     for model in args.models.split(","):
         results = bench_decode(
             model, batches=batches, tokens=args.tokens, modes=tuple(args.modes.split(",")),
@@ -88,13 +61,12 @@ def main(argv: list[str] | None = None) -> int:
             warmup=args.warmup, seed=args.seed, log=lambda line: print(line, flush=True),
             attention=tuple(args.attention.split(",")),
         )
-        lines = summary(results)
-        report["models"][model] = {"results": as_dicts(results), "summary": lines}
-        for line in lines:
+        rows += as_dicts(results)
+        summaries[model] = summary(results)
+        for line in summaries[model]:
             print(line, flush=True)
-        if args.json is not None:  # after every model, so a later failure keeps the numbers
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(report, indent=2))
+        # after every model, so that a later failure keeps the numbers
+        write_json(args.json, rows, env, settings=settings, summary=summaries)
     return 0
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from engine import ops
+from engine.w12_backend import tree_attention
 from w12.errors import W12Error
 
 ATTENTION_KINDS = ("auto", "torch", "triton")
@@ -101,8 +102,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Ten
     if plan.causal:
         return ops.causal_attention(q, k, v)
     if kind == "triton":
-        from w12_kernels.tree_attention import tree_attention
-
         return tree_attention(q, k_cache, v_cache, plan.prefix_len, plan.path_slots)
     visible = visible_slots(plan, k_cache.shape[2])
     return ops.cached_attention(q, k_cache, v_cache, visible, op_set.masked_softmax)

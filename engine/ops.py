@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from w12_kernels.norm import add_rms_norm, rms_norm
+from engine.w12_backend import add_rms_norm, rms_norm
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

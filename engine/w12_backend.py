@@ -1,10 +1,13 @@
-"""The engine's one door to the W12 GEMM: load-time preparation and the per-call matmul.
+"""The engine's one door to the kernel families of ``w12_kernels``.
 
 ``prepare`` turns a ``W12Tensor`` (already on the model's device) into whatever packed object
 ``w12_kernels.gemm`` runs on; ``w12_matmul`` computes ``x @ W.T + b`` with it;
-``invariant_rows`` and ``SMALL_M_MAX`` say up to how many rows a call's row bits must not depend
-on the others. Keeping the kernel package behind this module means the model code never
-changes when the kernel layout does.
+``invariant_rows(SMALL_M_MAX)`` marks calls (prefill) whose rows need not match other calls'
+bits. ``rms_norm`` / ``add_rms_norm`` (``w12_kernels.norm``) and ``tree_attention`` /
+``compact_kv`` (``w12_kernels.tree_attention``) are the row norms and the draft-tree attention,
+each giving a row the same bits whatever else shares the call. Keeping the kernel packages
+behind this module means the model code never changes when a kernel layout does (an
+import-linter contract in ``pyproject.toml`` holds the rest of the engine to it).
 """
 
 from __future__ import annotations
@@ -14,22 +17,31 @@ import dataclasses
 import torch
 
 from w12.tensor import W12Tensor
-from w12_kernels.gemm import invariant_rows
-from w12_kernels.gemm.config import SMALL_M_MAX
+from w12_kernels.gemm import SMALL_M_MAX, invariant_rows, prepare_weight, w12_linear
+from w12_kernels.norm import add_rms_norm, rms_norm
 
-__all__ = ["SMALL_M_MAX", "cat_rows", "invariant_rows", "prepare", "tensor_bytes", "w12_matmul"]
+__all__ = ["SMALL_M_MAX", "add_rms_norm", "cat_rows", "compact_kv", "invariant_rows", "prepare",
+           "rms_norm", "tensor_bytes", "tree_attention", "w12_matmul"]
 
 
 def prepare(w: W12Tensor):
-    from w12_kernels.gemm import prepare_weight
-
     return prepare_weight(w)
 
 
 def w12_matmul(x: torch.Tensor, packed, bias: torch.Tensor | None) -> torch.Tensor:
-    from w12_kernels.gemm import w12_linear
-
     return w12_linear(x, packed, bias)
+
+
+def tree_attention(q, k_cache, v_cache, prefix_len, path_slots):
+    from w12_kernels.tree_attention import tree_attention as attend
+
+    return attend(q, k_cache, v_cache, prefix_len, path_slots)
+
+
+def compact_kv(k_all, v_all, src_slots, dst_start, count) -> None:
+    from w12_kernels.tree_attention import compact_kv as compact
+
+    compact(k_all, v_all, src_slots, dst_start, count)
 
 
 def cat_rows(parts: list[W12Tensor]) -> W12Tensor:

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
+from engine.attention import AttentionPlan
 from engine.bench import streamed_bytes
 from engine.generate import Engine
 from engine.model import ModelArgs, Transformer
@@ -484,8 +485,12 @@ def _step_function(model: Transformer, *, batch: int, n_tokens: int, context: in
     # like the engine's step, since the engine has no multi-token step of its own.
     tokens = torch.randint(0, model.args.vocab_size, (batch, n_tokens), generator=gen).to(device)
     pos = (context + torch.arange(n_tokens)).expand(batch, n_tokens).contiguous().to(device)
-    forward = _graphed(lambda: model(tokens, pos), device) if graph else (
-        lambda: model(tokens, pos))
+    plan = AttentionPlan.chain(engine.cache.lengths, n_tokens)  # the prompt's length, fixed
+
+    def chained():
+        return model(tokens, pos, engine.cache, plan)
+
+    forward = _graphed(chained, device) if graph else chained
     return forward, lambda: float(context + n_tokens)
 
 

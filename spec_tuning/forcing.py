@@ -12,7 +12,7 @@ the stock's under two rules, both at the fixed levels below:
   cancel and only discordant positions move the estimate, as in McNemar's test. Unlike
   McNemar's test it does not treat positions as independent: a prompt that is hard for one
   system tends to be hard at many positions, which makes position-level standard errors too
-  small and the test too eager to reject (``benchmarks/stat_power.py`` measures this). The
+  small and the test too eager to reject (``lab/stat_power.py`` measures this). The
   excess is therefore a ratio estimator over prompts with a cluster-robust standard error and
   a Student-t quantile on J-1 degrees of freedom (J prompts); the simulations in the tests
   check its false-reject rate at the H0 boundary with strongly clustered prompts.

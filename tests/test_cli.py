@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,8 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
-from w12.cli import main, parse_size
+from w12_cli import main
+from w12_cli.format import parse_size
 
 
 def _source(folder: Path, *, dtype=torch.bfloat16, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -133,3 +136,19 @@ def test_parse_size():
     assert parse_size("2GB") == 2 * 10**9 and parse_size("512MiB") == 512 * 2**20
     assert parse_size("1.5 gb") == 1_500_000_000 and parse_size("1000") == 1000
 
+
+
+def test_help_lists_every_command_without_loading_the_packages():
+    """``w12 --help`` imports each command's module, but no package above ``w12``: they load
+    when a command runs."""
+    code = ("import sys\nfrom w12_cli import main\ntry:\n    main(['--help'], prog_name='w12')\n"
+            "except SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('engine', 'spec_tuning',"
+            " 'converters', 'w12_kernels', 'sglang_integration', 'sglang')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    commands = ("bench", "convert", "decode", "demo", "generate", "inspect", "serve", "tune",
+                "verify")
+    assert all(f"\n  {name} " in result.stdout for name in commands), result.stdout
+    assert result.stdout.strip().splitlines()[-1] == "[]"

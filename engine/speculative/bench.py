@@ -24,9 +24,10 @@ import torch
 
 from engine.generate import GREEDY, Engine, generate
 from engine.sampling import Sampling
+from engine.speculative.api import load_target, read_prompts
 from engine.speculative.decode import SpecRunner, speculative_generate
 from engine.speculative.drafters import make_drafter
-from engine.weights import LoadedModel
+from engine.weights import SYNTHETIC_PREFIX, LoadedModel, load_model
 from w12.errors import W12Error
 
 TIMED_STEPS = 30
@@ -155,6 +156,25 @@ def _bench_one(engine, loaded, prompts, drafter_name, mode, budget, forced_accep
     c = t_step / t_ar
     return SpecRow(mode, budget, drafter_name, tau, t_step, c, tau / c, tps, speedup,
                    forced_accept)
+
+
+def load_for_bench(spec: str, prompts_path: str | None, *, limit: int | None, mode: str | None,
+                   device: str, forced_accept: int | None, context: int, seed: int = 0
+                   ) -> tuple[LoadedModel, list[list[int]], frozenset[int]]:
+    """The model and its prompts: text prompts through its tokenizer, or (synthetic presets,
+    which need ``forced_accept``) ``limit`` (default 2) random prompts of ``context`` tokens."""
+    if not str(spec).startswith(SYNTHETIC_PREFIX):
+        if prompts_path is None:
+            raise W12Error("bench spec: --prompts is needed for a model with a tokenizer")
+        target = load_target(spec, read_prompts(prompts_path, limit), mode=mode, device=device)
+        return target.loaded, target.prompts, target.stop_ids
+    if forced_accept is None:
+        raise W12Error(f"{spec}: random weights accept nothing meaningful; time them with "
+                       "--forced-accept K")
+    loaded = load_model(spec, mode=mode, device=device, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(0, loaded.args.vocab_size, (limit or 2, context), generator=gen)
+    return loaded, prompts.tolist(), frozenset()
 
 
 def format_row(r: SpecRow) -> str:

@@ -17,9 +17,9 @@ from converters import demo_models
 from converters.demo_models import PackagedModel, extract_member, minilm_folder, obtain
 from converters.hf import ConvertOptions, convert_folder
 from converters.verify import verify_folder
-from w12.cli import main
 from w12.container import FolderReader
 from w12.errors import W12Error
+from w12_cli import main
 
 
 def _decoded(folder: Path) -> dict[str, torch.Tensor]:

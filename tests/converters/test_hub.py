@@ -18,7 +18,7 @@ REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"
 def _w12(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     """Run the real CLI in a fresh process: huggingface_hub reads its variables at import."""
     full_env = {**os.environ, **env}
-    return subprocess.run([sys.executable, "-m", "w12.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "w12_cli", *args], capture_output=True,
                           text=True, env=full_env, timeout=300)
 
 

@@ -9,9 +9,10 @@ import torch
 from click.testing import CliRunner
 
 from engine.api import GenerateOptions, complete
-from engine.cli import bench_group, generate_command
 from engine.tokenizer import Tokenizer
 from engine.weights import load_model
+from w12_cli.bench import bench_group
+from w12_cli.generate import generate_command
 
 PROMPT = "What is the capital of France?"
 

@@ -8,11 +8,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from engine.cli import bench_group, generate_command
 from engine.generate import Engine, generate
 from engine.model import ModelArgs
 from engine.weights import load_model
 from w12.errors import W12Error
+from w12_cli.bench import bench_group
+from w12_cli.generate import generate_command
 
 
 def one_line(exc_info) -> str:

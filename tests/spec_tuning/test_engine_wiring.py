@@ -4,16 +4,14 @@ Demo model (SmolLM2-135M-Instruct, CPU): greedy reference decoding through the e
 stock system teacher-forced along it, and three candidates: a planted defect from position
 P = 4 (rejected), a W12 folder made by the converter (accepted), and a second load of the same
 BF16 model (accepted). Sizes are small (16 prompts x 32 tokens) so this file stays fast;
-``benchmarks/tune_demo.py`` runs the full-size version. Tiny synthetic preset: ``explain``,
-``prove`` and the GPU script's command line, on the CPU.
+``lab/tune_demo.py`` runs the full-size version. Tiny synthetic preset: ``w12 tune explain``
+and ``w12 tune prove``, on the CPU.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import subprocess
 import sys
 import warnings
@@ -24,7 +22,6 @@ import pytest
 from click.testing import CliRunner
 
 from engine.generate import Engine, generate
-from spec_tuning.cli import forcing_verdict, tune_group
 from spec_tuning.controller import read_log
 from spec_tuning.engine_adapter import (
     EngineGreedy,
@@ -41,6 +38,8 @@ from spec_tuning.engine_adapter import (
 )
 from spec_tuning.forcing import build_reference, judge
 from spec_tuning.profiler import KernelTiming, StepProfile
+from spec_tuning.prove import forcing_verdict
+from w12_cli.tune import tune_group
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS, TOKENS, DEFECT_AT = 16, 32, 4
@@ -221,23 +220,12 @@ def test_explain_errors_are_one_line():
 
 def test_module_entry_point_explains_on_cpu():
     result = subprocess.run(
-        [sys.executable, "-m", "spec_tuning.cli", "explain", "synthetic:tiny-qwen3", "--batch",
+        [sys.executable, "-m", "w12_cli", "tune", "explain", "synthetic:tiny-qwen3", "--batch",
          "1", "--device", "cpu", "--context", "32"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "T_floor" in result.stdout and "check: acceptance x kernels x overhead" in \
         result.stdout
-
-
-@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_gpu_script_runs_on_cpu_with_a_tiny_preset(tmp_path):
-    env = dict(os.environ, MODEL="synthetic:tiny-qwen3", DEVICE="cpu", CONTEXT="32",
-               TREE_SIZES="1,2", PROVE="0", OUT_DIR=str(tmp_path), PYTHON=sys.executable)
-    result = subprocess.run(["bash", str(ROOT / "benchmarks" / "tune_explain_gpu.sh")],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.count("check: acceptance x kernels x overhead") == 2  # bf16 and w12
-    assert (tmp_path / "explain-bf16.json").is_file() and (tmp_path / "explain-w12.json").is_file()
 
 
 def test_prove_rejects_a_planted_defect_and_keeps_the_final_set_sealed(tmp_path):

@@ -23,12 +23,14 @@ Without a GPU it decodes with numba and calls ``torch.nn.functional.linear``.
 readable float64 reference.
 """
 
+from w12_kernels.gemm.config import SMALL_M_MAX
 from w12_kernels.gemm.launcher import backend, invariant_rows
 from w12_kernels.gemm.layout import DECODE_BIAS, PackedW12, decode_weight, prepare_weight
 from w12_kernels.gemm.op import w12_linear
 
 __all__ = [
     "DECODE_BIAS",
+    "SMALL_M_MAX",
     "PackedW12",
     "backend",
     "decode_weight",

@@ -1,25 +1,21 @@
-"""The ``w12`` command line: parse, call one typed function, print.
+"""The format commands: ``convert``, ``verify``, ``inspect``, ``decode`` and ``demo``.
 
-Commands: ``convert``, ``verify``, ``inspect``, ``decode`` and ``demo``. The work lives in
-``converters`` (which sits above ``w12``) and ``w12.stats``; ``converters`` is imported inside
-each command so that ``import w12`` never pulls it in. Every ``W12Error`` (and every OS error such
-as a full disk) is printed as one ``error: ...`` line on stderr with exit code 2, as click does
-for usage errors; ``verify`` exits with 1 when the folders differ. Progress bars go to stderr.
+Each calls one function of ``converters`` (``api.convert``, ``api.verify``,
+``export.decode_folder``, ``demo_models.run_demo``) or ``w12.stats.inspect_folder``, imported
+when the command runs, and prints its report; progress bars go to stderr (``--quiet`` turns
+them off). ``verify`` (and ``demo``) exit with 1 when a tensor differs.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
-import logging
 import re
 import sys
 from pathlib import Path
 
 import click
 
-import w12
-from w12.errors import W12Error
+from w12_cli.options import Command, quiet
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -39,55 +35,12 @@ def parse_size(text: str) -> int:
     return size
 
 
-# Commands that live in packages above ``w12``: imported only when named, so that ``import w12``
-# and the format commands never load the engine or the tuner.
-_LAZY_COMMANDS = {
-    "generate": ("engine.cli", "generate_command"),
-    "bench": ("engine.cli", "bench_group"),
-    "tune": ("spec_tuning.cli", "tune_group"),
-    "serve": ("sglang_integration.cli", "serve_command"),
-}
+max_shard_size = click.option("--max-shard-size", default="2GB", show_default=True,
+                              callback=lambda ctx, param, value: parse_size(value),
+                              help="Largest output shard (2GB, 500MB, 512MiB...).")
 
 
-class _Group(click.Group):
-    """Turns user-caused errors raised by any command into one line and exit code 2."""
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(set(super().list_commands(ctx)) | set(_LAZY_COMMANDS))
-
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name in _LAZY_COMMANDS and name not in self.commands:
-            module_name, attribute = _LAZY_COMMANDS[name]
-            try:
-                module = importlib.import_module(module_name)
-            except ModuleNotFoundError as exc:
-                raise click.ClickException(f"'{name}' needs {exc.name}, which is missing") from exc
-            return getattr(module, attribute)
-        return super().get_command(ctx, name)
-
-    def invoke(self, ctx: click.Context):
-        try:
-            return super().invoke(ctx)
-        except (W12Error, OSError) as exc:
-            message = " ".join(str(exc).split()) or type(exc).__name__
-            click.echo(f"error: {message}", err=True)
-            ctx.exit(2)
-
-
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(w12.__version__, prog_name="w12")
-def main() -> None:
-    """W12: lossless 12-bit storage for BF16 weights."""
-    logging.basicConfig(format="warning: %(message)s", level=logging.WARNING, stream=sys.stderr)
-
-
-_quiet = click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
-_max_shard = click.option("--max-shard-size", default="2GB", show_default=True,
-                          callback=lambda ctx, param, value: parse_size(value),
-                          help="Largest output shard (2GB, 500MB, 512MiB...).")
-
-
-@main.command()
+@click.command(cls=Command)
 @click.argument("src")
 @click.argument("dst", type=click.Path(path_type=Path))
 @click.option("--force", is_flag=True, help="Replace DST if it exists.")
@@ -95,8 +48,8 @@ _max_shard = click.option("--max-shard-size", default="2GB", show_default=True,
 @click.option("--lm-head", is_flag=True, help="Also convert the LM head.")
 @click.option("--cast-to-bf16", is_flag=True,
               help="Cast FP32/FP16 tensors to BF16 first (lossless relative to that cast).")
-@_max_shard
-@_quiet
+@max_shard_size
+@quiet
 def convert(src: str, dst: Path, force: bool, embeddings: bool, lm_head: bool,
             cast_to_bf16: bool, max_shard_size: int, quiet: bool) -> None:
     """Convert SRC (HF folder, .gguf file, or hub id owner/name) into the W12 folder DST."""
@@ -115,10 +68,10 @@ def convert(src: str, dst: Path, force: bool, embeddings: bool, lm_head: bool,
     click.echo(f"wrote {report.dst}")
 
 
-@main.command()
+@click.command(cls=Command)
 @click.argument("src")
 @click.argument("dst", type=click.Path(path_type=Path))
-@_quiet
+@quiet
 def verify(src: str, dst: Path, quiet: bool) -> None:
     """Check bit for bit that the W12 folder DST holds exactly the tensors of SRC."""
     from converters.api import verify as run
@@ -135,7 +88,7 @@ def verify(src: str, dst: Path, quiet: bool) -> None:
                f"{report.lossless_relative_to})")
 
 
-@main.command()
+@click.command(cls=Command)
 @click.argument("dst", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
 @click.option("--tensors/--no-tensors", default=True, help="List every tensor (text output).")
@@ -165,12 +118,12 @@ def inspect(dst: Path, as_json: bool, tensors: bool) -> None:
         click.echo(line)
 
 
-@main.command()
+@click.command(cls=Command)
 @click.argument("dst", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
-@_max_shard
-@_quiet
+@max_shard_size
+@quiet
 def decode(dst: Path, out: Path, force: bool, max_shard_size: int, quiet: bool) -> None:
     """Write the BF16 Hugging Face folder that the W12 folder DST encodes into OUT."""
     from converters.export import decode_folder
@@ -183,11 +136,11 @@ def decode(dst: Path, out: Path, force: bool, max_shard_size: int, quiet: bool) 
     click.echo(f"wrote {report.dst}")
 
 
-@main.command()
+@click.command(cls=Command)
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="W12 output folder (default: in the W12 cache).")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
-@_quiet
+@quiet
 def demo(out: Path | None, force: bool, quiet: bool) -> None:
     """Get SmolLM2-135M-Instruct, convert GGUF -> BF16 -> W12, verify, and summarise."""
     from converters.demo_models import run_demo
@@ -212,7 +165,3 @@ def demo(out: Path | None, force: bool, quiet: bool) -> None:
 
 def _mb(nbytes: int) -> str:
     return f"{nbytes / 1e6:,.1f} MB"
-
-
-if __name__ == "__main__":
-    main()

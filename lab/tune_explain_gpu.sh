@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Cost-model decomposition of the reference engine's decode step on a GPU, BF16 and W12
 # weights, then (PROVE=1) all three tuning judges on W12 against BF16.
-#   bash benchmarks/tune_explain_gpu.sh
+#   bash lab/tune_explain_gpu.sh
 # Settings (environment): MODEL (synthetic:qwen3-8b), DEVICE (cuda), BATCH (1), CONTEXT (512),
 # TREE_SIZES (1,4,16), PROVE (1), PROMPTS (64), TOKENS (128), OUT_DIR (w12-tune-gpu), PYTHON.
 # Needs only torch and triton; the PNG charts are written when matplotlib is installed.
@@ -43,14 +43,14 @@ fi
 for MODE in bf16 w12; do
   echo "== tune explain $MODEL --mode $MODE --batch $BATCH (context $CONTEXT, tree sizes $TREE_SIZES)"
   if [[ $MODE == bf16 ]]; then PNG=("${PNG_BF16[@]}"); else PNG=("${PNG_W12[@]}"); fi
-  "$PYTHON" -m spec_tuning.cli explain "$MODEL" --mode "$MODE" --batch "$BATCH" \
+  "$PYTHON" -m w12_cli tune explain "$MODEL" --mode "$MODE" --batch "$BATCH" \
     --device "$DEVICE" --context "$CONTEXT" --tree-sizes "$TREE_SIZES" \
     --json "$OUT_DIR/explain-$MODE.json" ${PNG[@]+"${PNG[@]}"}
 done
 
 if [[ $PROVE == 1 ]]; then
   echo "== tune prove: W12 candidate against BF16 stock on $MODEL"
-  "$PYTHON" -m spec_tuning.cli prove "$MODEL" "$MODEL" --candidate-mode w12 \
+  "$PYTHON" -m w12_cli tune prove "$MODEL" "$MODEL" --candidate-mode w12 \
     --prompts "$PROMPTS" --tokens "$TOKENS" --batch "$BATCH" --context "$CONTEXT" \
     --device "$DEVICE" --out "$OUT_DIR/prove" --force-final --json "$OUT_DIR/prove.json"
 fi

@@ -1,6 +1,6 @@
 """Host time per call of ``w12_linear`` and of the layers under it, against ``F.linear``.
 
-    python benchmarks/host_overhead.py [--profile]
+    python lab/host_overhead.py [--profile]
 
 A 512x512 weight, so the GPU work of a call is a few microseconds and back-to-back calls are
 bound by the host: each line is wall time per call over ``--calls`` calls (after 100 untimed
@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("benchmarks/host_overhead.py needs a CUDA GPU")
+        sys.exit("lab/host_overhead.py needs a CUDA GPU")
     t = (torch.randn(512, 512) * 0.02).to(torch.bfloat16)
     pw = prepare_weight(w12.encode(t), device="cuda")
     wb = t.cuda()

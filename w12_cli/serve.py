@@ -1,12 +1,14 @@
-"""``w12 serve``: the click command; the work is in ``serve.serve`` (imported when run)."""
+"""``w12 serve``: SGLang with W12 registered (``sglang_integration.serve.serve``)."""
 
 from __future__ import annotations
 
 import click
 
+from w12_cli.options import Command
 
-@click.command("serve", context_settings={"ignore_unknown_options": True,
-                                          "help_option_names": []})
+
+@click.command("serve", cls=Command,
+               context_settings={"ignore_unknown_options": True, "help_option_names": []})
 @click.option("--bench-one-batch", is_flag=True,
               help="Run SGLang's bench_one_batch instead of its server.")
 @click.argument("sglang_args", nargs=-1, type=click.UNPROCESSED)

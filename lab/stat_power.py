@@ -4,7 +4,7 @@ Prints, for the settings shown, how often each rule fires at its H0 boundary (mu
 below 5%) and against planted shifts: a +1.5 pp mismatch excess for the forcing mismatch rule,
 the planted logits defect on the simulated model for the whole forcing verdict, and a 2%
 throughput gain at 0.5% run-to-run noise for the controller. Seeds are fixed, so the output is
-reproducible. Run: python benchmarks/stat_power.py [--quick] [--json out.json]
+reproducible. Run: python lab/stat_power.py [--quick] [--json out.json]
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
    the cost model of the stock's decode step at batch 1 (tree sizes 1 and 4, tau unknown).
 3. ``prove``: the three judges in one call on a sealed split, for a serving config that
    batches four requests per engine step (faster on any machine; same model).
-The last lines are the summary table. Run: python benchmarks/tune_demo.py [--json out.json]
+The last lines are the summary table. Run: python lab/tune_demo.py [--json out.json]
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ import torch
 
 from converters.demo_models import demo_hf_folder
 from converters.hf import ConvertOptions, convert_folder
-from spec_tuning.cli import explain_loaded, forcing_verdict, prove, stock_baseline
 from spec_tuning.controller import Controller
 from spec_tuning.engine_adapter import SystemSpec, load_system, prompt_requests
+from spec_tuning.explain import explain_loaded
+from spec_tuning.prove import forcing_verdict, prove, stock_baseline
 
 
 def environment() -> dict:

@@ -1,0 +1,193 @@
+"""``w12 tune``: the tuning judges on the reference engine, as three commands.
+
+* ``explain MODEL``: the cost-model decomposition of one decode step
+  (``spec_tuning.explain.explain_model``), as a table and a PNG.
+* ``forcing MODEL_BF16 CANDIDATE``: the token-forcing verdict of a candidate against the stock
+  BF16 system along greedy BF16 reference tokens (``spec_tuning.prove.forcing_run``).
+* ``prove MODEL_BF16 CANDIDATE``: all three judges in one run on a sealed split of the prompt
+  set (``spec_tuning.prove.prove``).
+
+Progress messages go to stderr, results to stdout and, with ``--json``, to a file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from w12_cli.options import Group, compile_default, compile_ops, device, json_out, positive_int_list
+
+
+def _taus(ctx, param, values: tuple[str, ...]) -> dict[int, float]:
+    taus = {}
+    for value in values:
+        n, _, tau = value.partition("=")
+        try:
+            taus[int(n)] = float(tau)
+        except ValueError:
+            raise click.BadParameter(f"{value!r} is not N=VALUE, like 4=2.3") from None
+        if int(n) < 1 or not float(tau) > 0:
+            raise click.BadParameter(f"{value!r}: N must be >= 1 and tau > 0")
+    return taus
+
+
+def _floats(ctx, param, value: str | None) -> tuple[float, ...]:
+    if not value:
+        return ()
+    try:
+        return tuple(float(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a list of probabilities") from None
+
+
+def _progress(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _write_json(path: Path | None, data: dict) -> None:
+    if path is not None:
+        path.write_text(json.dumps(data, indent=2, default=str))
+
+
+_seed = click.option("--seed", default=0, show_default=True,
+                     help="Seed of synthetic weights, random prompts and the sealed split.")
+_candidate_mode = click.option("--candidate-mode", type=click.Choice(["bf16", "w12"]),
+                               default=None,
+                               help="Candidate weights (default: W12 for a W12 folder, else "
+                                    "BF16).")
+_defect = click.option("--planted-defect", "planted_defect", type=click.IntRange(0),
+                       default=None, metavar="P",
+                       help="Add +2 to every 7th vocabulary id of the candidate's logits from "
+                            "generated position P on (the judge must reject it).")
+_source = click.option("--source", type=click.Choice(["auto", "humaneval", "builtin", "random"]),
+                       default="auto", show_default=True,
+                       help="Prompts: HumanEval if installed, else built-in instructions; "
+                            "random token prompts for models without a tokenizer.")
+_scoring = click.option("--scoring", type=click.Choice(["forward", "steps"]), default="forward",
+                        show_default=True,
+                        help="Teacher forcing in one causal forward, or token by token "
+                             "through the engine's decode step.")
+
+
+@click.group("tune", cls=Group)
+def tune_group() -> None:
+    """Prove speed-ups: token forcing, paired runs, cost model."""
+
+
+@tune_group.command("explain")
+@click.argument("model")
+@click.option("--mode", type=click.Choice(["bf16", "w12"]), default=None,
+              help="Weights (default: W12 for a W12 folder, else BF16).")
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(1))
+@click.option("--tree-sizes", default="1", show_default=True, callback=positive_int_list,
+              help="Tokens per row of the verify step, comma-separated (1 = plain decoding).")
+@click.option("--tau", "taus", multiple=True, callback=_taus, metavar="N=VALUE",
+              help="Measured accepted tokens per step for tree size N; repeatable.")
+@click.option("--rank-accept", default=None, callback=_floats, metavar="P1,P2,...",
+              help="Drafter's per-rank acceptance probabilities: tau_best from the best tree.")
+@click.option("--context", default=512, show_default=True, type=click.IntRange(1),
+              help="Tokens already in the cache at the profiled step.")
+@click.option("--png", type=click.Path(path_type=Path), default=None,
+              help="Write the chart here (needs matplotlib).")
+@device
+@compile_ops
+@_seed
+@json_out
+def explain_command(model, mode, batch, tree_sizes, taus, rank_accept, context, png, device,
+                    compile_, seed, json_path):
+    """Decompose the speed-up headroom of MODEL's decode step: acceptance x kernels x overhead.
+
+    MODEL is a BF16 or W12 folder, or synthetic:PRESET (qwen3-8b, qwen3-32b, llama-3.1-8b,
+    smollm2-135m, tiny-qwen3).
+    """
+    from spec_tuning.explain import explain_model
+
+    result = explain_model(model, mode=mode, device=device, seed=seed, batch=batch,
+                           tree_sizes=tree_sizes, taus=taus, rank_accept=rank_accept,
+                           context=context, compile=compile_default(compile_, device), png=png,
+                           log=_progress)
+    click.echo(result.text)
+    _write_json(json_path, result.data)
+
+
+@tune_group.command("forcing")
+@click.argument("model_bf16")
+@click.argument("candidate")
+@_candidate_mode
+@_defect
+@click.option("--prompts", default=32, show_default=True, type=click.IntRange(2))
+@click.option("--tokens", default=128, show_default=True, type=click.IntRange(1),
+              help="Reference tokens per prompt (fewer when it stops).")
+@click.option("--batch", default=8, show_default=True, type=click.IntRange(1),
+              help="Rows per engine batch for the reference and the scoring.")
+@_source
+@_scoring
+@device
+@_seed
+@json_out
+def forcing_command(model_bf16, candidate, candidate_mode, planted_defect, prompts, tokens,
+                    batch, source, scoring, device, seed, json_path):
+    """Is CANDIDATE lossless against MODEL_BF16? Token-forcing verdict on the prompt set.
+
+    Reference tokens are greedy BF16 decoding of MODEL_BF16; stock (MODEL_BF16) and CANDIDATE
+    are both run teacher-forced along them.
+    """
+    from spec_tuning.prove import forcing_run
+
+    result = forcing_run(model_bf16, candidate, candidate_mode=candidate_mode,
+                         planted_defect=planted_defect, prompts=prompts, tokens=tokens,
+                         source=source, method=scoring, batch=batch,
+                         device=device, seed=seed, log=_progress)
+    click.echo(result.verdict.report())
+    _write_json(json_path, result.to_dict())
+
+
+@tune_group.command("prove")
+@click.argument("model_bf16")
+@click.argument("candidate")
+@_candidate_mode
+@_defect
+@click.option("--prompts", default=64, show_default=True, type=click.IntRange(2),
+              help="Prompts for token forcing.")
+@click.option("--tokens", default=128, show_default=True, type=click.IntRange(1))
+@click.option("--run-prompts", default=4, show_default=True, type=click.IntRange(1),
+              help="Requests per timed run.")
+@click.option("--run-tokens", default=32, show_default=True, type=click.IntRange(1),
+              help="Tokens generated per request in a timed run.")
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(1),
+              help="Serving batch of the stock system.")
+@click.option("--candidate-batch", default=None, type=click.IntRange(1),
+              help="Serving batch of the candidate (default: --batch).")
+@click.option("--context", default=512, show_default=True, type=click.IntRange(1),
+              help="Cached tokens at the step the cost model profiles.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("w12-tune"),
+              show_default=True, help="Folder for the controller and sealed-split logs.")
+@click.option("--force-final", is_flag=True,
+              help="Open the final set even if this split's final set was opened before.")
+@_source
+@_scoring
+@device
+@compile_ops
+@_seed
+@json_out
+def prove_command(model_bf16, candidate, candidate_mode, planted_defect, prompts, tokens,
+                  run_prompts, run_tokens, batch, candidate_batch, context, out_dir, force_final,
+                  source, scoring, device, compile_, seed, json_path):
+    """Run all three judges on CANDIDATE against MODEL_BF16 on a sealed prompt split.
+
+    Token forcing and paired runs on the tuning part decide; the candidate's decode step is
+    decomposed by the cost model; a candidate that passes both judges is measured once more
+    on the held-out final part, whose opening is logged in --out.
+    """
+    from spec_tuning.prove import prove
+
+    result = prove(model_bf16, candidate, out_dir=out_dir, candidate_mode=candidate_mode,
+                   planted_defect=planted_defect, prompts=prompts, tokens=tokens,
+                   run_prompts=run_prompts, run_tokens=run_tokens, batch=batch,
+                   candidate_batch=candidate_batch, source=source, method=scoring,
+                   context=context, device=device, compile=compile_default(compile_, device),
+                   seed=seed, force_final=force_final, log=_progress)
+    click.echo(result.text)
+    _write_json(json_path, result.data)
