@@ -107,6 +107,17 @@ def test_cpu_path_invariant_to_batch_padding_and_cache_size():
     assert torch.equal(both.view(torch.int16), larger.view(torch.int16))
 
 
+def test_cache_as_a_layer_view_and_empty_batch():
+    """A layer of a [layers, B, Hkv, S, D] cache gives the bits of a contiguous copy; T = 0
+    returns an empty output."""
+    q, k, v, prefix_len, path = make_case(2, 5, 8, 2, 64, [40, 90], 0, seed=6)
+    k_all, v_all = torch.stack([k, k.flip(2)]), torch.stack([v.flip(2), v])
+    view = tree_attention(q, k_all[0], v_all[1], prefix_len, path)
+    assert torch.equal(view.view(torch.int16),
+                       tree_attention(q, k, v, prefix_len, path).view(torch.int16))
+    assert tree_attention(q[:, :0], k, v, prefix_len, path[:, :0]).shape == (2, 0, 512)
+
+
 def test_cpu_path_invariant_to_threads():
     numba = pytest.importorskip("numba")
     case = tree_case(40, 5)
@@ -224,6 +235,15 @@ def test_gpu_invariant_to_batch_and_cache_size():
     grown = [torch.cat([x, torch.randn_like(x)], 2) for x in (k, v)]
     larger = tree_attention(q, *grown, prefix_len, path)
     assert torch.equal(both.view(torch.int16), larger.view(torch.int16))
+
+
+@CUDA
+def test_gpu_cache_as_a_layer_view():
+    q, k, v, prefix_len, path = _cuda(make_case(2, 5, 32, 8, 128, [40, 900], 0, seed=6))
+    k_all, v_all = torch.stack([k, k.flip(2)]), torch.stack([v.flip(2), v])
+    view = tree_attention(q, k_all[0], v_all[1], prefix_len, path)
+    assert torch.equal(view.view(torch.int16),
+                       tree_attention(q, k, v, prefix_len, path).view(torch.int16))
 
 
 @CUDA

@@ -95,30 +95,28 @@ def tree_attention_split_kernel(
         if shared:
             k = tl.load(k_base + pos[:, None].to(tl.int64) * sk_s + d[None, :])
             v = tl.load(v_base + pos[:, None].to(tl.int64) * sv_s + d[None, :])
-            s = _dot_scores(q, k, ON_GPU)
-            vis = row_ok[:, None] & (pos < prefix)[None, :]
+            s = tl.where(row_ok[:, None], _dot_scores(q, k, ON_GPU), float("-inf"))
         else:
             v = tl.zeros((BLOCK, D), v_ptr.dtype.element_ty)
-            s = tl.zeros((BLOCK_R, BLOCK), tl.float32)
-            vis = tl.zeros((BLOCK_R, BLOCK), tl.int1)
+            s = tl.full((BLOCK_R, BLOCK), float("-inf"), tl.float32)
             for n in range(NODES):
                 slot, seen_n = _node_lanes(path_ptr, group_off + n * sp_t, group * NODES + n < T,
                                            pos, prefix, P)
                 if tl.max(seen_n.to(tl.int32), axis=0) > 0:
                     kn = tl.load(k_base + slot[:, None].to(tl.int64) * sk_s + d[None, :],
                                  mask=seen_n[:, None], other=0.0)
-                    mine = (row_node == n)[:, None]
+                    mine = (row_node == n)[:, None] & seen_n[None, :]
                     s = tl.where(mine, _dot_scores(q, kn, ON_GPU), s)
-                    vis = tl.where(mine, seen_n[None, :], vis)
 
-        # the online-softmax update, in log2 units of the raw scores (c = scale * log2 e)
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
+        # the online-softmax update, in log2 units of the raw scores (c = scale * log2 e);
+        # a hidden lane's score is -inf, a row with none visible in this block is not `seen`
+        m_block = tl.max(s, axis=1)
+        seen = m_block > float("-inf")
+        m_new = tl.maximum(m, m_block)
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2((m - m_use) * c)
         p = tl.exp2((s - m_use[:, None]) * c)
         l_new = l_sum * alpha + tl.sum(p, axis=1)
-        seen = tl.max(vis.to(tl.int32), axis=1) > 0
         scaled = acc * alpha[:, None]
 
         if shared:
@@ -148,32 +146,35 @@ def tree_attention_split_kernel(
 @triton.jit(do_not_specialize=["T", "B", "so_b"])
 def tree_attention_combine_kernel(
     m_ptr, l_ptr, acc_ptr, out_ptr, so_b, so_t, B, T, HQ, c,
-    D: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr, ON_GPU: tl.constexpr,
+    D: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr,
+    ON_GPU: tl.constexpr,
 ):
-    """One program per (block of ``ROWS`` (node, head) rows, request): the splits of each row
-    merged in split order, then normalised; a row no split saw (padding) is written as 0."""
+    """One program per (block of ``ROWS`` (node, head) rows, request): each row's splits
+    weighted by 2^(c (m_s - max m)) and summed in split order, then normalised. A split that
+    saw nothing of a row (m = -inf; its sum and accumulator were never written) leaves the
+    sums exactly as they were; a row no split saw (padding) is written as 0."""
     b = tl.program_id(1)
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     d = tl.arange(0, D)
     ok = r < T * HQ
-    m = tl.full((ROWS,), float("-inf"), tl.float32)
+    base = b.to(tl.int64) * T * HQ + r
+    stride = B.to(tl.int64) * T * HQ  # from one split to the next
+    splits = tl.arange(0, SPLITS_POW2)
+    m_all = tl.load(m_ptr + splits[:, None] * stride + base[None, :],
+                    mask=(splits < SPLITS)[:, None] & ok[None, :], other=float("-inf"))
+    m_max = tl.max(m_all, axis=0)
+    m_use = tl.where(m_max == float("-inf"), 0.0, m_max)
     l_sum = tl.zeros((ROWS,), tl.float32)
     acc = tl.zeros((ROWS, D), tl.float32)
-    for s in range(SPLITS):
-        row = (s * B + b).to(tl.int64) * T * HQ + r
+    for s in tl.static_range(SPLITS):  # unrolled: every split's loads can be in flight at once
+        row = s * stride + base
         m_s = tl.load(m_ptr + row, mask=ok, other=float("-inf"))
-        live = m_s > float("-inf")
-        l_s = tl.load(l_ptr + row, mask=live, other=0.0)
-        a_s = tl.load(acc_ptr + row[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
-        m_new = tl.maximum(m, m_s)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        w_old = tl.exp2((m - m_use) * c)
+        l_s = tl.load(l_ptr + row, mask=ok, other=0.0)
+        a_s = tl.load(acc_ptr + row[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
         w_s = tl.exp2((m_s - m_use) * c)
-        l_new = l_sum * w_old + l_s * w_s
-        acc_new = acc * w_old[:, None] + a_s * w_s[:, None]
-        m = tl.where(live, m_new, m)
-        l_sum = tl.where(live, l_new, l_sum)
-        acc = tl.where(live[:, None], acc_new, acc)
+        live = m_s > float("-inf")
+        l_sum = tl.where(live, l_sum + l_s * w_s, l_sum)
+        acc = tl.where(live[:, None], acc + a_s * w_s[:, None], acc)
     out = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
     if not ON_GPU:
         out = _round_bf16(out)

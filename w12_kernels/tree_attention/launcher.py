@@ -36,10 +36,12 @@ def _pow2(n: int) -> int:
 
 
 def default_config(g: int, d: int) -> TreeAttentionConfig:
-    """At least four nodes per program where 64 rows allow it (the prefix blocks are loaded
-    once for all of them), 16 rows (the decode kernel's tile) for G <= 4, 32 for G <= 8."""
-    del d  # one block of 64 keys suits D = 64 and 128 alike
-    return TreeAttentionConfig(block_rows=max(16, _pow2(g), min(MAX_BLOCK_ROWS, _pow2(4 * g))))
+    """At least four nodes per program where the tile allows it (the prefix blocks are loaded
+    once for all of them): 16 rows (the decode kernel's tile) for G <= 4, 32 for G <= 8, at
+    most 64 rows for D <= 64 and 32 for D = 128; eight warps from 32 rows or D = 128 up. With
+    these, the sm_90 build of every G <= 8 at D = 64 and 128 spills no registers."""
+    rows = max(16, _pow2(g), min(64 if d <= 64 else 32, _pow2(4 * g)))
+    return TreeAttentionConfig(block_rows=rows, num_warps=8 if d >= 128 or rows >= 32 else 4)
 
 
 def _fail(msg: str) -> None:
@@ -89,6 +91,9 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         _fail(f"out {tuple(out.shape)} {out.dtype} must be a contiguous bf16 "
               f"[{b}, {t}, {g * k_cache.shape[1] * d}]")
     scale = d**-0.5 if scale is None else float(scale)
+    if b * t == 0:
+        return torch.zeros((b, t, q.shape[2] * d), dtype=q.dtype, device=q.device) \
+            if out is None else out
     if q.device.type == "cuda":
         return launch_tree_attention(q, k_cache, v_cache, prefix_len, path_slots, scale,
                                      config or default_config(g, d), out)
@@ -128,10 +133,11 @@ def launch_tree_attention(q, k_cache, v_cache, prefix_len, path_slots, scale: fl
     )
     if out is None:
         out = torch.empty((b, t, hq * d), dtype=q.dtype, device=q.device)
-    rows = 16
+    rows = 8  # per combine program: all 16 splits' loads in flight without spilling
     kernel.tree_attention_combine_kernel[(_cdiv(t * hq, rows), b)](
         m_ws, l_ws, acc_ws, out, out.stride(0), out.stride(1), b, t, hq, c,
-        D=d, ROWS=rows, SPLITS=splits, ON_GPU=on_gpu, num_warps=4,
+        D=d, ROWS=rows, SPLITS=splits, SPLITS_POW2=_pow2(splits), ON_GPU=on_gpu,
+        num_warps=4,
     )
     return out
 
