@@ -220,8 +220,9 @@ def test_gpu_node_equals_decode_step(model, t):
     hq, hkv, d = GPU_MODELS[model]
     for seed in range(2):
         q, k, v, prefix_len, path = tree_case(t, seed, hq, hkv, d)
-        if seed:  # a long context: every split busy, several blocks each
-            q, k, v, prefix_len, path = make_case(2, t, hq, hkv, d, [2500, 1234], 1, seed)
+        if seed:  # long contexts: every split busy, several blocks each; a padding node
+            q, k, v, prefix_len, path = make_case(2, t, hq, hkv, d, [2500, 1234], int(t > 1),
+                                                  seed)
         bad = invariance_failures(tree_attention, _cuda((q, k, v, prefix_len, path)))
         assert not bad, f"{len(bad)} of {t} nodes differ from their decode step: {bad[:5]}"
 
