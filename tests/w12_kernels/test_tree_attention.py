@@ -288,7 +288,7 @@ def test_gpu_compact_kv(case):
 
 
 @CUDA
-def test_gpu_compact_kv_in_a_graph_with_layer_views():
+def test_gpu_compact_kv_in_a_graph():
     """All layers of a [layers, B, Hkv, S, D] cache in one captured launch; count 0 moves
     nothing."""
     k, v, src, dst, count = runner.compact_inputs(4, 3, 2, 64, 128, [[0, 2, 3, 7], [], [1]],

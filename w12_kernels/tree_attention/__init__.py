@@ -13,7 +13,8 @@ Usage::
 [B, T, P] int32 the slots of positions L, L+1, ..., L+depth of each node (root first, the node
 last, then -1; a row of -1 is a padding node, written as 0). Node t of request b attends over
 positions 0..L+depth with KV head ``head // G``, scores and softmax in float32; ``scale``
-defaults to D**-0.5. A decode step is T=1 with ``path_slots[b, 0] = [L]``.
+defaults to D**-0.5. A decode step is T=1 with ``path_slots[b, 0] = [L]``. Any T and P >= 1;
+G = Hq / Hkv up to 64; D a power of two in 16..128; every entry after a path's end is -1.
 
 The promise is batch invariance: a node's output has the same bits as a decode step at its
 position over the same keys, whatever T, B, S, the tree's shape or the slots its ancestors

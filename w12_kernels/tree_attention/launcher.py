@@ -59,8 +59,8 @@ def check_inputs(q, k_cache, v_cache, prefix_len, path_slots) -> tuple[int, int,
         _fail(f"q {tuple(q.shape)} and cache {tuple(k_cache.shape)} disagree on B or D")
     if hq % hkv or not 1 <= hq // hkv <= MAX_BLOCK_ROWS:
         _fail(f"{hq} query heads over {hkv} KV heads (needs 1..{MAX_BLOCK_ROWS} per KV head)")
-    if d & (d - 1) or not 16 <= d <= 256:
-        _fail(f"head dim {d} (needs a power of two in 16..256)")
+    if d & (d - 1) or not 16 <= d <= 128:
+        _fail(f"head dim {d} (needs a power of two in 16..128)")
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if x.dtype != torch.bfloat16:
             _fail(f"{name} is {x.dtype}, needs torch.bfloat16")
