@@ -47,14 +47,23 @@ def _round_bf16(x):
 
 @triton.jit
 def _node_lanes(path_ptr, node_off, real, pos, prefix, P):
-    """Cache slot of each lane (position) for one node, and whether the node sees it (a node
-    past T or of padding sees nothing)."""
+    """Cache slot of each lane (position) of a block for one node, whether the node sees it
+    (the prefix below ``prefix``, then its path; nothing for a node past T or of padding), and
+    whether it sees any."""
     node_ok = tl.load(path_ptr + node_off, mask=real, other=-1) >= 0
     idx = pos - prefix
     width = tl.where(real, P, 0)
     entry = tl.load(path_ptr + node_off + idx, mask=(idx >= 0) & (idx < width), other=-1)
     slot = tl.where(node_ok, tl.where(pos < prefix, pos, entry), -1)
-    return slot, slot >= 0
+    return slot, slot >= 0, tl.max((slot >= 0).to(tl.int32), axis=0) > 0
+
+
+@triton.jit
+def _rows(base, stride, slot, seen, D: tl.constexpr):
+    """Cache rows (keys or values) at ``slot``, zero where not ``seen``."""
+    d = tl.arange(0, D)
+    return tl.load(base + slot[:, None].to(tl.int64) * stride + d[None, :], mask=seen[:, None],
+                   other=0.0)
 
 
 @triton.jit(do_not_specialize=["T", "P", "B", "sq_b", "sp_b", "sp_t"])
@@ -100,13 +109,11 @@ def tree_attention_split_kernel(
             v = tl.zeros((BLOCK, D), v_ptr.dtype.element_ty)
             s = tl.full((BLOCK_R, BLOCK), float("-inf"), tl.float32)
             for n in range(NODES):
-                slot, seen_n = _node_lanes(path_ptr, group_off + n * sp_t, group * NODES + n < T,
-                                           pos, prefix, P)
-                if tl.max(seen_n.to(tl.int32), axis=0) > 0:
-                    kn = tl.load(k_base + slot[:, None].to(tl.int64) * sk_s + d[None, :],
-                                 mask=seen_n[:, None], other=0.0)
-                    mine = (row_node == n)[:, None] & seen_n[None, :]
-                    s = tl.where(mine, _dot_scores(q, kn, ON_GPU), s)
+                slot, seen_n, some = _node_lanes(path_ptr, group_off + n * sp_t,
+                                                 group * NODES + n < T, pos, prefix, P)
+                if some:
+                    scores = _dot_scores(q, _rows(k_base, sk_s, slot, seen_n, D), ON_GPU)
+                    s = tl.where((row_node == n)[:, None] & seen_n[None, :], scores, s)
 
         # the online-softmax update, in log2 units of the raw scores (c = scale * log2 e);
         # a hidden lane's score is -inf, a row with none visible in this block is not `seen`
@@ -124,13 +131,11 @@ def tree_attention_split_kernel(
         else:
             acc_new = scaled
             for n in range(NODES):
-                slot, seen_n = _node_lanes(path_ptr, group_off + n * sp_t, group * NODES + n < T,
-                                           pos, prefix, P)
-                if tl.max(seen_n.to(tl.int32), axis=0) > 0:
-                    vn = tl.load(v_base + slot[:, None].to(tl.int64) * sv_s + d[None, :],
-                                 mask=seen_n[:, None], other=0.0)
-                    acc_new = tl.where((row_node == n)[:, None],
-                                       _dot_values(p, vn, scaled, ON_GPU), acc_new)
+                slot, seen_n, some = _node_lanes(path_ptr, group_off + n * sp_t,
+                                                 group * NODES + n < T, pos, prefix, P)
+                if some:
+                    summed = _dot_values(p, _rows(v_base, sv_s, slot, seen_n, D), scaled, ON_GPU)
+                    acc_new = tl.where((row_node == n)[:, None], summed, acc_new)
         # rows without a visible lane in this block keep their state bit for bit
         m = tl.where(seen, m_new, m)
         l_sum = tl.where(seen, l_new, l_sum)
