@@ -22,8 +22,7 @@ import torch
 from engine import ops
 from engine.model import Transformer
 from w12.errors import W12Error
-from w12_kernels.gemm import invariant_rows
-from w12_kernels.gemm.config import SMALL_M_MAX
+from w12_kernels.gemm import SMALL_M_MAX, invariant_rows
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,7 @@ from sglang_integration import shard
 from w12 import container, spec
 from w12.errors import W12Error
 from w12.tensor import PLANE_DTYPES, W12Tensor
-from w12_kernels.gemm import prepare_weight, w12_linear
-from w12_kernels.gemm.config import SMALL_M_MAX
+from w12_kernels.gemm import SMALL_M_MAX, prepare_weight, w12_linear
 
 NAME = container.QUANT_METHOD
 # Names of the checkpoint parts of SGLang's fused layers when the model declares none.

@@ -1,118 +1,46 @@
-// W12 GEMM kernels in CUDA C, compiled at run time with NVRTC (see cuda.py).
+// The small-M W12 GEMM (M <= 64) on mma.sync, compiled at run time with NVRTC (launcher.py).
 //
-// Weights are read in the chunk layout of layout.py: a chunk is 16 rows x 64 columns, 1536
-// bytes, three 16-byte loads per lane of a warp, and holds the A operands of four
-// mma.m16n8k16 (weights on the MMA's M side, activation rows on its N side, 8 per n-tile).
-// Nothing goes through shared memory on the way to the tensor cores: each lane decodes its
-// own words into the exact fragment registers, so the main loop is loads, 11 integer
-// operations per 8 weights, and MMAs.
+// Weights are read in the chunk layout of layout.py (weights on the MMA's M side, activation
+// rows on its N side, 8 per n-tile). Nothing goes through shared memory on the way to the
+// tensor cores: each lane decodes its own words into the exact fragment registers, so the main
+// loop is loads, 11 integer operations per 8 weights, and MMAs.
 //
-// w12_gemm_small<NT, P, XPF, TL, MINB, XS, TG, WB, WS>: y[M, N] = x[M, K] @ W^T for M <= 8 NT. One
+// w12_gemm_small<NT, P, TL, MINB, XS, TG, WB, WS>: y[M, N] = x[M, K] @ W^T for M <= 8 NT. One
 // block per TG groups of TL consecutive 16-row tiles; each group's kw warps split the chunk
 // columns, warp w taking columns w, w + kw, w + 2 kw, ... of every tile of its group (so a
 // group reads one contiguous run of kw chunks per tile at a time, each activation fragment a
 // warp loads serves TL tiles, and the TG warps of a block that take the same columns run side
 // by side, so that the activations one of them loads are in L1 for the others); each warp
 // keeps P columns of weight loads in flight (a ring of registers indexed by compile-time
-// constants). Activations: loaded just before use, or with XPF one column ahead into
-// registers, or with XS >= 2 through a ring of XS stages in shared memory filled by cp.async
-// XS - 1 columns ahead (the n-tile rows past M re-read row M - 1; their sums are never
-// stored). Both streams advance as running 32-bit offsets, and the column loop is unrolled
-// so that ring slots and stages are constants (#45). With WS >= 2 the weights, too, go
-// through shared memory instead of the register ring: each lane copies its own 48 bytes of a chunk by cp.async (L2 only) into a
-// ring of WS stages, WS - 1 columns ahead, so the bytes in flight do not cost registers. MINB
-// caps the registers so that MINB blocks of WB warps (at least the kw TG of the launch; 8
-// where TG is 1 and kw <= 8) fit on a multiprocessor. The block sums each tile's kw partial
-// tiles in shared memory in warp order 0..kw-1. None of TG, TL, P, XPF, XS, WS, MINB changes
-// a sum: each row's products are accumulated in the same order whatever they are. No atomics,
-// and kw depends on the weight shape only, so the bits of an output row do not depend on M.
+// constants). Activations: loaded just before use, or with XS >= 2 through a ring of XS
+// stages in shared memory filled by cp.async XS - 1 columns ahead (the n-tile rows past M
+// re-read row M - 1; their sums are never stored). Both streams advance as running 32-bit
+// offsets, and the column loop is unrolled so that ring slots and stages are constants. With
+// WS >= 2 the weights, too, go through shared memory instead of the register ring: each lane
+// copies its own 48 bytes of a chunk by cp.async (L2 only) into a ring of WS stages, WS - 1
+// columns ahead, so the bytes in flight do not cost registers. MINB caps the registers so
+// that MINB blocks of WB warps (at least the kw TG of the launch; 8 where TG is 1 and
+// kw <= 8) fit on a multiprocessor. The block sums each tile's kw partial tiles in shared
+// memory in warp order 0..kw-1. None of TG, TL, P, XS, WS, MINB changes a sum: each row's
+// products are accumulated in the same order whatever they are. No atomics, and kw depends
+// on the weight shape only, so the bits of an output row do not depend on M.
 // The epilogue scales each row by 2^(e0 - 112), adds the escape corrections in list order and
 // the bias, and rounds to BF16; a row's scale, escape range and first two escapes are brought
 // into shared memory before the main loop, and the activations of those escapes are loaded for
 // all of the block's tiles at once after the epilogue's first barrier (so the epilogue waits on
-// one round trip, not a chain of global loads per escape; docs/PERF_GEMM.md #53). The partial
-// tiles go through shared memory as one float4 per lane, and each thread of the epilogue
-// finishes a share of an MMA lane fragment (its four outputs, one row's two, or one, by the
-// threads a fragment has) from one 16-, 8- or 4-byte load per warp's partial tile (#54).
+// one round trip, not a chain of global loads per escape). The partial tiles go through
+// shared memory as one float4 per lane, and each thread of the epilogue finishes a share of
+// an MMA lane fragment (its four outputs, one row's two, or one, by the threads a fragment
+// has) from one 16-, 8- or 4-byte load per warp's partial tile.
 //
 // w12_gemm_small_cl<..., CL>: the same kernel with each tile group's kw warps spread over the CL
 // blocks of a thread-block cluster (kw / CL warps a block; warp w of the group in block
-// w / (kw / CL)): smaller blocks for the same K split (in the table on the 5120-row layers).
-// Every warp stores its partial tiles into every block of the cluster, one cluster barrier, then
-// each block stores its share of the outputs from its own shared memory: the same sums in the
-// same order as w12_gemm_small (docs/PERF_GEMM.md #52).
-//
-// w12_decode: the in-window weights as BF16 [N, K] (escapes come out as record 0;
-// w12_write_escapes writes them in after it).
+// w / (kw / CL)): smaller blocks for the same K split, which fill the multiprocessors more
+// evenly on some layers. Every warp stores its partial tiles into every block of the cluster,
+// one cluster barrier, then each block stores its share of the outputs from its own shared
+// memory: the same sums in the same order as w12_gemm_small.
 
-typedef unsigned short bf16_t;
-typedef unsigned int u32;
-
-struct alignas(16) Words4 {
-  u32 x, y, z, w;
-};
-
-// W12_TIMELINE (benchmarks/small_timeline.py only; not defined in the kernels the library
-// compiles, whose code it leaves unchanged): lane 0 of every warp of w12_gemm_small writes
-// %globaltimer at points of its run into w12_tl, 8 words a warp (warp id = block * warps per
-// block + warp): 0 entry, 1 the first column's MMAs issued (its weights and activations in),
-// 2 the middle column's, 3 the main loop done, 4 the partial tiles summed (the epilogue's
-// first barrier), 5 the last output stored; word 7 the multiprocessor.
-#ifdef W12_TIMELINE
-constexpr int W12_TL_WORDS = 1 << 21;
-__device__ unsigned long long w12_tl[W12_TL_WORDS];
-__device__ __forceinline__ void w12_mark(int k) {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-  if ((threadIdx.x & 31) == 0) {
-    const size_t at = ((size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 8;
-    if (at + 8 <= (size_t)W12_TL_WORDS) {
-      w12_tl[at + k] = t;
-      if (k == 0) {
-        u32 sm;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        w12_tl[at + 7] = sm;
-      }
-    }
-  }
-}
-#define W12_MARK(k) w12_mark(k)
-#else
-#define W12_MARK(k) ((void)0)
-#endif
-
-__device__ __forceinline__ Words4 load_stream(const Words4* p) {
-  Words4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ Words4 load_cached(const void* p) {
-  Words4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-// Three words (low bytes of weights 0..3, of 4..7, the sign/exponent bits) -> four BF16 pairs
-// in the order of an m16n8k16 A fragment (layout.py, B_POSITIONS).
-__device__ __forceinline__ void decode8(u32 lo_a, u32 lo_b, u32 top, u32 (&r)[4]) {
-  u32 p0, p1, p2, p3, t1, t2, t3;
-  asm("prmt.b32 %0, %1, 0x38383838, 0x4140;" : "=r"(p0) : "r"(lo_a));
-  asm("prmt.b32 %0, %1, 0x38383838, 0x4342;" : "=r"(p1) : "r"(lo_a));
-  asm("prmt.b32 %0, %1, 0x38383838, 0x4140;" : "=r"(p2) : "r"(lo_b));
-  asm("prmt.b32 %0, %1, 0x38383838, 0x4342;" : "=r"(p3) : "r"(lo_b));
-  t1 = top << 4;
-  t2 = top << 8;
-  asm("shf.r.wrap.b32 %0, %1, %1, 4;" : "=r"(t3) : "r"(top));
-  asm("lop3.b32 %0, %1, 0x87008700, %2, 0xEA;" : "=r"(r[0]) : "r"(top), "r"(p0));
-  asm("lop3.b32 %0, %1, 0x87008700, %2, 0xEA;" : "=r"(r[1]) : "r"(t1), "r"(p1));
-  asm("lop3.b32 %0, %1, 0x87008700, %2, 0xEA;" : "=r"(r[2]) : "r"(t2), "r"(p2));
-  asm("lop3.b32 %0, %1, 0x87008700, %2, 0xEA;" : "=r"(r[3]) : "r"(t3), "r"(p3));
-}
+#include "common.cuh"
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   asm volatile(
@@ -122,96 +50,11 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const u32 (&a)[4], u32 b
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ float bf16_to_float(bf16_t v) {
-  return __uint_as_float(((u32)v) << 16);
-}
-
-__device__ __forceinline__ bf16_t float_to_bf16(float v) {
-  bf16_t r;
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
-  return r;
-}
-
-// Thread-block clusters (kernels_large.cu, and w12_gemm_small_cl): every thread of every block
-// of the cluster meets here; memory written before is visible to the cluster after.
-__device__ __forceinline__ void cluster_sync_all() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n"
-               "barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-  return (u32)__cvta_generic_to_shared(p);
-}
-
-// the float at shared-memory address p of block ``rank`` of the cluster
-__device__ __forceinline__ float load_cluster(const float* p, int rank) {
-  u32 remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)),
-               "r"(rank));
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-}
-
 // 4 bytes global -> shared, asynchronously (zeros where ``bytes`` is 0)
 __device__ __forceinline__ void cp_async4(void* dst, const void* src, int bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(
                    (u32)__cvta_generic_to_shared(dst)), "l"(src), "r"(bytes)
                : "memory");
-}
-
-// The epilogue's data of one output row: its scale 2^(e0 - 112), its escape range e0..e1 of
-// the lists with the first escape's column and delta (col0 < 0: none), and its bias.
-struct EpiRow {
-  float scale, delta0, bias;
-  int e0, e1, col0;
-};
-
-__device__ __forceinline__ void epi_rows(EpiRow& e, int row, int n_rows, const float* scale,
-                                         const int* rowptr, const bf16_t* bias) {
-  const bool live = row < n_rows;
-  e.scale = live ? scale[row] : 0.0f;
-  e.e0 = live ? rowptr[row] : 0;
-  e.e1 = live ? rowptr[row + 1] : 0;
-  e.bias = live && bias != nullptr ? bf16_to_float(bias[row]) : 0.0f;
-  e.col0 = -1;
-  e.delta0 = 0.0f;
-}
-
-__device__ __forceinline__ void epi_first_escape(EpiRow& e, const int* esc_col,
-                                                 const float* esc_delta) {
-  if (e.e0 < e.e1) {
-    e.col0 = esc_col[e.e0];
-    e.delta0 = esc_delta[e.e0];
-  }
-}
-
-// One output: the row's sum ``v`` times its scale, plus its escape corrections in list order
-// and its bias, rounded to BF16 and stored at y[tok, row].
-__device__ __forceinline__ void store_output(float v, const EpiRow& e, int row, int tok,
-                                             const bf16_t* x, bf16_t* y, const int* esc_col,
-                                             const float* esc_delta, const bf16_t* bias,
-                                             int n_rows, int ldx) {
-  float out = v * e.scale;
-  if (e.col0 >= 0) {
-    const bf16_t* xt = x + (size_t)tok * ldx;
-    out += bf16_to_float(xt[e.col0]) * e.delta0;
-    for (int q = e.e0 + 1; q < e.e1; ++q) out += bf16_to_float(xt[esc_col[q]]) * esc_delta[q];
-  }
-  if (bias != nullptr) out += e.bias;
-  y[(size_t)tok * n_rows + row] = float_to_bf16(out);
-}
-
-// The same for a caller without preloaded rows (the warpgroup-MMA kernels): the row's data
-// loaded here.
-__device__ __forceinline__ void store_output(float v, int row, int tok, const bf16_t* x,
-                                             bf16_t* y, const float* scale, const int* rowptr,
-                                             const int* esc_col, const float* esc_delta,
-                                             const bf16_t* bias, int n_rows, int ldx) {
-  EpiRow e;
-  epi_rows(e, row, n_rows, scale, rowptr, bias);
-  epi_first_escape(e, esc_col, esc_delta);
-  store_output(v, e, row, tok, x, y, esc_col, esc_delta, bias, n_rows, ldx);
 }
 
 template <int NT>
@@ -232,9 +75,8 @@ __device__ __forceinline__ void chunk_mma(const Words4& w0, const Words4& w1, co
 // Activations: lane (g, t) of n-tile nt reads row min(8 nt + g, M - 1) of x (xro: that row's
 // element offset; rows past M repeat row M - 1: their sums are never stored, so no branch and
 // no zero fill), columns 16 t .. 16 t + 15 of a chunk: xc = 64 chunk + 16 t, a running offset
-// of the warp's column stream, advanced here by xstep (docs/PERF_GEMM.md #45: the compiler
-// used to rebuild each n-tile's row pointer from the thread index in every column, ~20
-// instructions an n-tile).
+// of the warp's column stream, advanced here by xstep (without it the compiler rebuilds each
+// n-tile's row pointer from the thread index in every column, ~20 instructions an n-tile).
 template <int NT>
 __device__ __forceinline__ void load_x(u32 (&xv)[NT][8], const bf16_t* x, u32& xc, u32 xstep,
                                        const int (&xro)[NT]) {
@@ -364,7 +206,7 @@ __device__ __forceinline__ void epi_escapes(u32* epi, int er, int ej, int erows,
   }
 }
 
-// The epilogue works on positions (docs/PERF_GEMM.md #54). Lane 4 g + t of n-tile nt holds, in
+// The epilogue works on positions. Lane 4 g + t of n-tile nt holds, in
 // the mma.m16n8k16 C layout, rows g, g + 8 of its tile and tokens 8 nt + 2 t, + 1 (registers
 // 0..3: (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)). The partial tiles are stored as one
 // float4 per lane ([kw][NT][32]). A position is a share of one lane fragment f: with the split
@@ -544,7 +386,7 @@ __device__ __forceinline__ void store_tile(const u32* rows, const float4* gp, in
   }
 }
 
-template <int NT, int P, bool XPF, int TL, int MINB, int XS, int TG, int WB, int WS, int CL>
+template <int NT, int P, int TL, int MINB, int XS, int TG, int WB, int WS, int CL>
 __device__ __forceinline__ void small_body(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
     const float* __restrict__ scale, const int* __restrict__ rowptr,
@@ -554,7 +396,6 @@ __device__ __forceinline__ void small_body(
   // [TG kw][WS][TL][3][32][4]; with CL > 1: [TL][TG][kw][NT * 4][32]
   extern __shared__ float partial[];
   static_assert(CL == 1 || (XS == 0 && WS == 0), "a cluster's blocks take no stages");
-  W12_MARK(0);
   const int kwl = CL > 1 ? kw / CL : kw;  // warps of a tile group in this block
   int rank = 0;  // this block's part of the kw warps: warps rank * kwl .. + kwl - 1
   if constexpr (CL > 1) {
@@ -575,7 +416,7 @@ __device__ __forceinline__ void small_body(
   const int step = kw;
   const int n = (nchunks - first + kw - 1) / kw;
   // The warp's weight and activation streams as running 32-bit offsets, advanced by one
-  // column (step chunks) per load (#45): wc[tt] the Words4 index of this lane's words of the
+  // column (step chunks) per load: wc[tt] the Words4 index of this lane's words of the
   // next column to load in tile tt (tiles past the last one re-read the last tile; their rows
   // are >= N and never stored), xc the element offset of its activations' column.
   u32 wc[TL];
@@ -589,7 +430,7 @@ __device__ __forceinline__ void small_body(
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) xro[nt] = min(nt * 8 + g, M - 1) * ldx;
 
-  // The epilogue's rows (docs/PERF_GEMM.md #39): once the first weight loads are issued, the
+  // The epilogue's rows: once the first weight loads are issued, the
   // threads (er, 0) bring row er % 16 of tile group er / 16 of every tile (its scale, escape
   // range and first ESC_STAGED escapes; scale and escapes by cp.async) into shared memory, so
   // that no register is held across the main loop and the epilogue waits on no chain of loads.
@@ -628,8 +469,6 @@ __device__ __forceinline__ void small_body(
     }
   }
 
-  u32 xa[NT][8], xb[NT][8];
-  if (XPF && n > 0) load_x<NT>(xa, x, xc, xstep, xro);
   // XS > 0: a ring of XS activation stages per warp in shared memory, XS - 1 columns ahead
   u32* xstages =
       reinterpret_cast<u32*>(partial + TG * kw * NT * 4 * 32) + warp * XS * NT * 256;
@@ -679,18 +518,15 @@ __device__ __forceinline__ void small_body(
 #pragma unroll
           for (int tt = 0; tt < TL; ++tt)
             chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
-          if (ii == 0) W12_MARK(1);
-          if (ii == n / 2) W12_MARK(2);
         }
       }
     }
   }
   if constexpr (WS == 0) {
     epi_escapes<TL>(epi, er, ej, erows, e0r, e1r, esc_col, esc_delta);
-    // the unroll: a multiple of the ring's P + 1 slots, of the XS stages, and of 2 with XPF
+    // the unroll: a multiple of the ring's P + 1 slots and of the XS stages
     constexpr int U0 = P + 1;
-    constexpr int U1 = XS > 0 && U0 % XS != 0 ? U0 * XS : U0;
-    constexpr int U = XPF && U1 % 2 != 0 ? 2 * U1 : U1;
+    constexpr int U = XS > 0 && U0 % XS != 0 ? U0 * XS : U0;
     static_assert(XS == 0 || U % XS == 0, "unroll");
     for (int i = 0; i < n; i += U) {
 #pragma unroll
@@ -710,13 +546,6 @@ __device__ __forceinline__ void small_body(
 #pragma unroll
             for (int tt = 0; tt < TL; ++tt)
               chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
-          } else if (XPF) {  // activations one column ahead; U is even, so s's parity is ii's
-            u32(&cur)[NT][8] = (s & 1) ? xb : xa;
-            u32(&nxt)[NT][8] = (s & 1) ? xa : xb;
-            if (ii + 1 < n) load_x<NT>(nxt, x, xc, xstep, xro);
-#pragma unroll
-            for (int tt = 0; tt < TL; ++tt)
-              chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], cur, acc[tt]);
           } else {
             u32 xv[NT][8];
             load_x<NT>(xv, x, xc, xstep, xro);
@@ -724,18 +553,15 @@ __device__ __forceinline__ void small_body(
             for (int tt = 0; tt < TL; ++tt)
               chunk_mma<NT>(w[tt][0], w[tt][1], w[tt][2], xv, acc[tt]);
           }
-          if (ii == 0) W12_MARK(1);
-          if (ii == n / 2) W12_MARK(2);
         }
       }
     }
   }
-  W12_MARK(3);
 
-  // The partial tiles through shared memory, then the block's outputs from there by positions
-  // (#54), each output the sum of its tile's kw partial tiles in warp order. The escape
-  // activations of the thread's first position of every tile of the block are loaded right
-  // after the first barrier (#53).
+  // The partial tiles through shared memory, then the block's outputs from there by positions,
+  // each output the sum of its tile's kw partial tiles in warp order. The escape activations
+  // of the thread's first position of every tile of the block are loaded right after the
+  // first barrier.
   asm volatile("cp.async.wait_all;" ::: "memory");  // the epilogue's rows are in
   u32 tid;  // (a fresh read: nothing derived from it is held across the main loop)
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
@@ -751,7 +577,7 @@ __device__ __forceinline__ void small_body(
     // share of the positions (block rank: the rank-th CL-th of them) from its own shared
     // memory. (Reading the other blocks' partials after the barrier instead cost a remote round
     // trip per partial, one after another: 14-17% slower than the unclustered kernel on the
-    // same warps, docs/PERF_GEMM.md #52.) Nothing is read from another block after the barrier,
+    // same warps.) Nothing is read from another block after the barrier,
     // so no block waits for the others to leave.
     u32 remote[CL];
     asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block has started
@@ -772,10 +598,9 @@ __device__ __forceinline__ void small_body(
                        "f"(acc[tt][nt][2]), "f"(acc[tt][nt][3]) : "memory");
       }
     cluster_sync_all();  // (release, acquire) every block's partials are in
-    W12_MARK(4);
   }
   // The rest with the partial sums' bound cut to the smallest of 2, 4, 8 or KWB that holds kw
-  // (predicated loads and adds for warps past kw cost the kw 2 layers 1-4% at 32 rows, #53),
+  // (predicated loads and adds for warps past kw cost the kw 2 layers 1-4% at 32 rows),
   // which also sets the positions' split.
   auto finish = [&](auto kbc) {
     constexpr int KB = decltype(kbc)::value;
@@ -799,7 +624,7 @@ __device__ __forceinline__ void small_body(
       return;
     }
     // one tile at a time through one tile's partial tiles of shared memory (all tiles' at once
-    // ran 2-4% slower on the many-block layers at 32 rows, #53)
+    // runs 2-4% slower on the many-block layers at 32 rows)
     float4* mine = reinterpret_cast<float4*>(partial) + (size_t)(tid >> 5) * NT * 32;
     const float4* gp = part4 + (size_t)gq * kw * NT * 32;
 #pragma unroll
@@ -811,7 +636,6 @@ __device__ __forceinline__ void small_body(
             make_float4(acc[tt][nt][0], acc[tt][nt][1], acc[tt][nt][2], acc[tt][nt][3]);
       __syncthreads();
       if (tt == 0) {
-        W12_MARK(4);
 #pragma unroll
         for (int t2 = 0; t2 < TL; ++t2)
           if (idx < PT)
@@ -832,116 +656,28 @@ __device__ __forceinline__ void small_body(
       if (kw <= 8) return finish(IntC<8>());
     finish(IntC<KWB>());
   }();
-  W12_MARK(5);
 }
 
-template <int NT, int P, bool XPF, int TL, int MINB, int XS, int TG, int WB, int WS>
+template <int NT, int P, int TL, int MINB, int XS, int TG, int WB, int WS>
 __global__ void __launch_bounds__(32 * WB, MINB) w12_gemm_small(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
     const float* __restrict__ scale, const int* __restrict__ rowptr,
     const int* __restrict__ esc_col, const float* __restrict__ esc_delta,
     const bf16_t* __restrict__ bias, int M, int N, int ntiles, int nchunks, int ldx, int kw) {
-  small_body<NT, P, XPF, TL, MINB, XS, TG, WB, WS, 1>(chunks, x, y, scale, rowptr, esc_col,
+  small_body<NT, P, TL, MINB, XS, TG, WB, WS, 1>(chunks, x, y, scale, rowptr, esc_col,
                                                       esc_delta, bias, M, N, ntiles, nchunks,
                                                       ldx, kw);
 }
 
 // The same sums with each tile group's kw warps spread over the CL blocks of a cluster
 // (blocks CL b .. CL b + CL - 1 take tile block b): blocks of kw / CL warps.
-template <int NT, int P, bool XPF, int TL, int MINB, int XS, int TG, int WB, int WS, int CL>
+template <int NT, int P, int TL, int MINB, int XS, int TG, int WB, int WS, int CL>
 __global__ void __launch_bounds__(32 * WB, MINB) __cluster_dims__(CL, 1, 1) w12_gemm_small_cl(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
     const float* __restrict__ scale, const int* __restrict__ rowptr,
     const int* __restrict__ esc_col, const float* __restrict__ esc_delta,
     const bf16_t* __restrict__ bias, int M, int N, int ntiles, int nchunks, int ldx, int kw) {
-  small_body<NT, P, XPF, TL, MINB, XS, TG, WB, WS, CL>(chunks, x, y, scale, rowptr, esc_col,
+  small_body<NT, P, TL, MINB, XS, TG, WB, WS, CL>(chunks, x, y, scale, rowptr, esc_col,
                                                        esc_delta, bias, M, N, ntiles,
                                                        nchunks, ldx, kw);
-}
-
-__device__ __forceinline__ u32 scale_pair(u32 pair, float s) {
-  const float lo = __uint_as_float(pair << 16) * s;
-  const float hi = __uint_as_float(pair & 0xFFFF0000u) * s;
-  u32 r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-// The decode, one warp per chunk (grid-stride): lane (g, t) decodes columns 16t..16t+15 of rows
-// g and g + 8 into the warp's own 16 x 64 tile of shared memory (rows padded by 16 bytes, so
-// neither the lanes' 16-byte writes nor the row reads collide on a bank), then the warp writes
-// the tile back as 4 stores of 4 full 128-byte rows. Storing each lane's own fragment instead
-// covered half of every 32-byte sector per store and ran at 2.0-2.3 TB/s against 3.3-3.6 TB/s
-// on the H200 (docs/PERF_GEMM.md).
-constexpr int DECODE_ROW_WORDS = 36;  // 64 BF16 + 8 padding, in 32-bit words
-
-__global__ void __launch_bounds__(256) w12_decode(const Words4* __restrict__ chunks,
-                                                  const float* __restrict__ scale,
-                                                  bf16_t* __restrict__ out, int N, int K,
-                                                  int nchunks, long long total_chunks) {
-  __shared__ __align__(16) u32 tiles[8][16 * DECODE_ROW_WORDS];
-  const int lane = threadIdx.x & 31;
-  const int g = lane >> 2;
-  const int t = lane & 3;
-  u32* tile = tiles[threadIdx.x >> 5];
-  const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
-  for (long long id = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-       id < total_chunks; id += warps) {
-    const Words4* p = chunks + id * 96 + lane;
-    const Words4 w0 = load_stream(p), w1 = load_stream(p + 32), w2 = load_stream(p + 64);
-    const u32 lo_a[4] = {w0.x, w0.y, w0.z, w0.w};
-    const u32 lo_b[4] = {w1.x, w1.y, w1.z, w1.w};
-    const u32 top[4] = {w2.x, w2.y, w2.z, w2.w};
-    const long long tile_row = id / nchunks;
-    const int c = (int)(id - tile_row * nchunks);
-    u32 a[4][4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) decode8(lo_a[j], lo_b[j], top[j], a[j]);
-    __syncwarp();  // the previous chunk's rows are read
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = g + 8 * half;
-      const long long row = tile_row * 16 + r;
-      const float s = row < N ? scale[row] : 0.0f;
-      u32 v[8];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        v[2 * j] = scale_pair(a[j][half], s);
-        v[2 * j + 1] = scale_pair(a[j][2 + half], s);
-      }
-      uint4* dst = reinterpret_cast<uint4*>(tile + r * DECODE_ROW_WORDS + 8 * t);
-      dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
-      dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
-    }
-    __syncwarp();
-    const int piece = lane & 7;  // 8 columns
-    const int col = c * 64 + 8 * piece;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = 4 * i + (lane >> 3);
-      const long long row = tile_row * 16 + r;
-      if (row >= N || col >= K) continue;
-      const uint4 v = *reinterpret_cast<const uint4*>(tile + r * DECODE_ROW_WORDS + 4 * piece);
-      bf16_t* dst = out + row * K + col;
-      if (col + 8 <= K && (K & 7) == 0) {
-        *reinterpret_cast<uint4*>(dst) = v;
-      } else {
-        const u32 w[4] = {v.x, v.y, v.z, v.w};
-        for (int e = 0; e < 8 && col + e < K; ++e)
-          dst[e] = (bf16_t)((w[e >> 1] >> (16 * (e & 1))) & 0xFFFFu);
-      }
-    }
-  }
-}
-
-// out[row[i], col[i]] = val[i] (BF16 bits) for every escape, after the decode: one launch
-// (positions are unique, so the result does not depend on the order of the writes).
-__global__ void __launch_bounds__(256) w12_write_escapes(bf16_t* __restrict__ out,
-                                                         const int* __restrict__ row,
-                                                         const int* __restrict__ col,
-                                                         const bf16_t* __restrict__ val,
-                                                         long long count, int K) {
-  const long long step = (long long)gridDim.x * blockDim.x;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += step)
-    out[(long long)row[i] * K + col[i]] = val[i];
 }

@@ -1,10 +1,10 @@
 // The W12 GEMM for 9..128 activation rows with Hopper's warpgroup MMA, giving the bits of the
-// mma.sync kernel of kernels.cu (w12_gemm_small) for the same K split (N = 128: what two
-// 64-row passes of it give, in one pass over the weight). Compiled after
-// kernels.cu (its loads, decode8 and store_output) and after the wgmma wrappers that wgmma.py
-// generates (struct Wgmma<N>: one m64nNk16 bf16 MMA with A from registers and B from shared
-// memory, accumulating in float32).
-//
+// mma.sync kernel (small/kernels.cu, w12_gemm_small) for the same K split (N = 128: what two
+// 64-row passes of it give, in one pass over the weight).
+
+#include "common.cuh"
+#include "wgmma.cuh"
+
 // w12_x_image<N>: the activations rearranged once per call into stage images (the B operand's
 // order below), so that a column's activations reach shared memory in one bulk copy.
 //
@@ -25,9 +25,9 @@
 // registers; two sets, even and odd columns), and run four wgmma m64nNk16; the MMAs of a
 // column stay in flight while the next column is decoded (wait_group 1 retires the column
 // before), after which one lane per warp frees the stage (empty). Nothing in the MMA warps
-// fences or waits on a global load: the shared-memory stores an earlier version made before
-// its MMAs needed a proxy fence, which compiles to MEMBAR.ALL.CTA and so waited for the
-// weight loads in flight as well (docs/PERF_GEMM.md #38).
+// fences or waits on a global load: decoded weights stored to shared memory before the MMAs
+// would need a proxy fence, which compiles to MEMBAR.ALL.CTA and so waits for the weight
+// loads in flight as well.
 //
 // The fold, in order q = 0..kw-1: with split 1 in shared memory, the KB partials of each set
 // added to a running sum; with split > 1 every block stores its partial tiles in a float32
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(128 * KB * RG + 32) w12_gemm_wg(
           asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
           const unsigned long long desc = desc0 + (unsigned long long)((i % R) * (STAGE / 16));
 #pragma unroll
-          for (int j = 0; j < 4; ++j) Wgmma<N>::mma(acc[u % S], cur[j], desc + j * (N * 2));
+          for (int j = 0; j < 4; ++j) WgmmaRS<N>::mma(acc[u % S], cur[j], desc + j * (N * 2));
           asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
           asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // column i - 1 done
           wg_keep(a[(u + 1) % 2]);

@@ -1,64 +1,57 @@
-// The large-M W12 GEMM on Hopper's warpgroup MMA (cuda_large.py). Compiled after kernels.cu
-// (decode8, store_output) and the WgmmaSS<N> wrapper.
+// The large-M W12 GEMM on Hopper's warpgroup MMA (launcher.py), for the rows beyond the
+// small-M path.
 //
-// Shared-memory operands are K-major with the 128-byte swizzle: row r (a token, or a weight
-// row) holds the 64 K values of one chunk column in 128 bytes at r * 128, its 16-byte unit u
-// (K values 8 u .. 8 u + 7 of the MMA order) stored at unit u ^ (r % 8), so that the tensor
-// cores read 8 rows of one unit from 8 different bank groups (the non-swizzled layout timed
-// the same here: the kernel is limited elsewhere, docs/PERF_GEMM.md). The K order is that of
-// the weight fragments (layout.py): K index kk of MMA step j is column 16 ((kk % 8) / 2) + 4 j
-// + 2 (kk / 8) + kk % 2 of the chunk, so unit u = 2 j + h holds the chunk's 32-bit words
-// 8 t + u, t = 0..3.
+// Shared-memory operands are K-major with the 128-byte swizzle: row r (a token) holds the 64 K
+// values of one chunk column in 128 bytes at r * 128, its 16-byte unit u (K values 8 u .. 8 u +
+// 7 of the MMA order) stored at unit u ^ (r % 8), so that the tensor cores read 8 rows of one
+// unit from 8 different bank groups. The K order is that of the weight fragments (layout.py):
+// K index kk of MMA step j is column 16 ((kk % 8) / 2) + 4 j + 2 (kk / 8) + kk % 2 of the
+// chunk, so unit u = 2 j + h holds the chunk's 32-bit words 8 t + u, t = 0..3.
 //
 // w12_permute_x: the activations as the images of the stages the GEMM copies in whole: for
 // every block of BN tokens and every 64-column chunk, BN * 128 contiguous bytes in that
-// layout. Tokens past M and columns past K come out as zeros. (Not with W12_XORDER: the
-// GEMM then copies its stages straight from x, in x's own K order; see XORDER below.)
+// layout. Tokens past M and columns past K come out as zeros. (Not with XORDER: the GEMM then
+// copies its stages straight from x, in x's own K order; see XORDER below.)
 //
-// wgl_body<BN, WGS, SX, SW, SPLIT, AREG, PERS, MC>: y[M, N] = x[M, K] @ W^T. A block holds WGS
-// consumer warpgroups, each with 64 weight rows, BN activation rows shared by all of them, and one
-// producer warp. The producer starts bulk copies (cp.async.bulk, completing on "full"
-// mbarriers) of each chunk column's activation image into one of SX stages and of its chunk
-// words (4 WGS tiles) into one of SW stages, as far ahead as the stages allow: a weight stage
-// is refilled once every consumer warp has read it, an activation stage once every
-// warpgroup's MMAs of it are done ("empty" mbarriers). Each warpgroup goes on its own: its
-// warps decode their tiles' words into the A fragments of the mma.sync kernel and store them
-// into one of three A buffers, meet at the warpgroup's barrier, and run four wgmma
-// m64nBNk16 with both operands from shared memory, two columns of MMAs left in flight (with
-// AREG 1 the decoded fragments stay in registers as the MMA's A operand instead; AREG 2 adds a
-// producer warpgroup that hands its registers to the MMA warpgroups through setmaxnreg, so
-// that 256 activation rows fit, docs/PERF_GEMM.md #22; AREG 3 is that with WGS 1: both MMA
-// warpgroups on the block's 64 weight rows, each taking every other chunk column, their sums
-// added in the epilogue, so that a block of half the rows keeps two warpgroups' MMAs in
-// flight, docs/PERF_GEMM.md #65). With
-// SPLIT > 1 the chunk columns are cut into SPLIT contiguous ranges, one per block of a
-// thread-block cluster (1, 1, SPLIT), and the partial tiles are added in rank order 0, 1, ...
-// through distributed shared memory (deterministic, no atomics, no workspace). With MC 2 (a
-// producer warpgroup, not stream-K) two blocks of neighbouring weight rows share each
-// activation stage: clusters (2, 1, SPLIT), each block's producer copying one half of the
-// stage into both blocks (multicast), docs/PERF_GEMM.md #66. The sums are the same as MC 1's
-// where MC 1's blocks hand over float32 (not W12_NARROW).
+// wgl_body<BN, WGS, SX, SW, SPLIT, AREG, PERS, XORDER, WREUSE, L2HINT>: y[M, N] = x[M, K] @ W^T.
+// A block holds WGS consumer warpgroups, each with 64 weight rows, BN activation rows shared
+// by all of them, and a producer warp (AREG 1) or warpgroup (AREG 2, 3). The producer starts
+// copies (completing on "full" mbarriers) of each chunk column's activation image into one of
+// SX stages and of its chunk words (4 WGS tiles, one tensor copy) into one of SW stages, as far
+// ahead as the stages allow: a weight stage is refilled once every consumer warp has read it,
+// an activation stage once every warpgroup's MMAs of it are done ("empty" mbarriers). Each
+// warpgroup goes on its own: its warps decode their tiles' words straight into the A fragment
+// registers of wgmma m64nBNk16 (the register operand; B, the activations, from shared
+// memory), two columns of MMAs left in flight. AREG 2 makes the producer a warpgroup that
+// hands its registers to the MMA warpgroups through setmaxnreg, so that 256 activation rows
+// fit; AREG 3 is that with WGS 1: both MMA warpgroups on the block's 64 weight rows, each
+// taking every other chunk column, their sums added in the epilogue, so that a block of half
+// the rows keeps two warpgroups' MMAs in flight. With SPLIT > 1 the chunk columns are cut
+// into SPLIT contiguous ranges, one per block of a thread-block cluster (1, 1, SPLIT), and the
+// partial tiles are added in rank order 0, 1, ... through distributed shared memory
+// (deterministic, no atomics, no workspace). PERS 1 is stream-K (see below).
 //
 // Escapes: every escape whose exact value v, divided by its row's scale 2^(e0 - 112), is a
-// BF16 zero or normal number a (patch_value) is written as a into the decoded tile, over the
-// record-0 value there, by the warp that decodes the tile (each warp walks its tile's escapes
-// in chunk order, esc_order, 32 at a time, one per lane); the tensor cores then multiply the
-// exact weight (a times the power of two the epilogue applies). The epilogue is store_output's
-// arithmetic (scale, escape corrections in list order, bias, BF16), with the corrections of
-// the patched escapes left out: only escapes that cannot be patched (inf, NaN, values whose
-// scaled form would be subnormal or out of range) still cost activation loads there. With the
-// decoded weights in registers (AREG) a lane reads its escape's chunk column, patch, register
-// slot and value as one entry computed at load time (esc_entry, layout.py), and every kernel
-// reads each row's first escape to correct there too (esc_fix): one load where a chain of
-// dependent loads used to hold the start of the main loop (docs/PERF_GEMM.md #70).
+// BF16 zero or normal number a (patch_value) is written as a into the decoded fragments, over
+// the record-0 value there, by the warp that decodes the tile (each warp walks its tile's
+// escapes in chunk order, 32 at a time, one per lane, each an entry computed at load time:
+// esc_entry, layout.py); the tensor cores then multiply the exact weight (a times the power
+// of two the epilogue applies). The epilogue is store_output's arithmetic (scale, escape
+// corrections in list order, bias, BF16), with the corrections of the patched escapes left
+// out: only escapes that cannot be patched (inf, NaN, values whose scaled form would be
+// subnormal or out of range) still cost activation loads there, from each row's first such
+// escape on (esc_fix, also computed at load time).
 //
-// What shaped it (docs/PERF_GEMM.md, #19, #20): with the A operand in registers, ptxas reused
-// the fragment registers of the MMAs still in flight for the next column's decode (wrong
-// sums); a branch on the thread index around the MMAs, or a spin loop inside one, made ptxas
+// What shaped it: with the A operand in registers, ptxas reuses the fragment registers of the
+// MMAs still in flight for the next column's decode unless they are kept alive (keep_regs); a
+// branch on the thread index around the MMAs, or a spin loop inside one, makes ptxas
 // serialize them (ptxas C7518; the roles are warp-uniform, the arrivals predicated). The
-// copies are started by a warp that never runs the proxy fence, so that no fence waits on
-// them. An unrolled epilogue loop several times the size of the main loop ran ~3x slower
+// copies are started by a warp that never runs a proxy fence, so that no fence waits on them.
+// An unrolled epilogue loop several times the size of the main loop runs several times slower
 // than a short one.
+
+#include "common.cuh"
+#include "wgmma.cuh"
 
 extern "C" __global__ void __launch_bounds__(256)
 w12_permute_x(const bf16_t* __restrict__ x, u32* __restrict__ xp, int M, int K, int ldx,
@@ -93,10 +86,10 @@ w12_permute_x(const bf16_t* __restrict__ x, u32* __restrict__ xp, int M, int K, 
   image[s] = make_uint4(v[0], v[1], v[2], v[3]);
 }
 
-// Narrow partial sums (W12_NARROW, docs/PERF_GEMM.md #81): what one block hands another (a
-// stream-K piece, a two-range block's push of the other share) as the top 24 bits of each
-// float32 (sign, exponent and 15 of the 23 mantissa bits: truncated, a relative error below
-// 2^-15, against the 2^-9 of the BF16 output), four floats in three words.
+// Narrow partial sums: what one block hands another (a stream-K piece, a two-range block's
+// push of the other share) goes as the top 24 bits of each float32 (sign, exponent and 15 of
+// the 23 mantissa bits: truncated, a relative error below 2^-15, against the 2^-9 of the BF16
+// output), four floats in three words: 25% fewer bytes on the slowest step of the epilogue.
 // (the packing in one volatile asm, so that the compiler cannot move it above the MMAs' wait:
 // reading the accumulators there made ptxas serialize the main loop's MMAs, C7514)
 __device__ __forceinline__ uint3 pack24(float a, float b, float c, float d) {
@@ -138,70 +131,42 @@ __device__ __forceinline__ void unpack24x16(uint4 p0, uint4 p1, uint4 p2, float4
   v[2] = unpack24(make_uint3(p1.z, p1.w, p2.x));
   v[3] = unpack24(make_uint3(p2.y, p2.z, p2.w));
 }
-#ifdef W12_NARROW
-constexpr bool NARROW = true;
-#else
-constexpr bool NARROW = false;
-#endif
 
-// The activations straight from x (W12_XORDER, docs/PERF_GEMM.md #83): no image pass. The MMA
+// XORDER (a table entry's choice): the activations straight from x, no image pass. The MMA
 // then sums each chunk column in x's own K order (K index kk of MMA step j is column 16 j + kk),
 // so a lane's A fragment of step j comes from chunk lane 4 g + j of its tile (layout.py): words
 // t >> 1 and 2 + (t >> 1) of plane t & 1 (the low bytes) and of plane 2 (the top bits). The
 // activations come by one tensor copy a stage from x (128-byte swizzle: the layout the image
 // had), and the chunk words by a tensor copy with the 128-byte swizzle too, so that those
 // gathers meet at most two lanes' words per bank.
-#ifdef W12_XORDER
-constexpr bool XORDER = true;
-#else
-constexpr bool XORDER = false;
-#endif
 
-// The token blocks of one tile block together (W12_WREUSE, docs/PERF_GEMM.md #84): where M takes
+// WREUSE (a table entry's choice): the token blocks of one tile block together. Where M takes
 // several token blocks, each of them reads the tile block's chunk columns, so that a layer's
-// weights are read once a token block. Launched in the grid's order (x fastest), block (x, y) is
-// tile block x, token block y, so the token blocks of one tile block start a whole grid row
-// apart: once the weights outgrow the L2, each token block reads them from memory again. With
-// W12_WREUSE the host launches the grid with x and y swapped (x the token block, y the tile
-// block; not with MC 2, whose pairs are neighbouring tile blocks), so that those blocks run at
-// once, on the same columns at about the same pace; and stream-K's unit u is tile block u % (the
-// launch's tile blocks), token block u / (them), so that with the steps cut in about equal
-// shares, block b and block b + gridDim.x / (token blocks) work on the same tile block's same
-// columns at about the same time.
-#ifdef W12_WREUSE
-constexpr bool WREUSE = true;
-#else
-constexpr bool WREUSE = false;
-#endif
+// weights are read once a token block. Launched in the grid's order (x fastest), block (x, y)
+// is tile block x, token block y, so the token blocks of one tile block start a whole grid
+// row apart: once the weights outgrow the L2, each token block reads them from memory again.
+// With WREUSE the host launches the grid with x and y swapped (x the token block, y the tile
+// block), so that those blocks run at once, on the same columns at about the same pace; and
+// stream-K's unit u is tile block u % (the launch's tile blocks), token block u / (them), so
+// that with the steps cut in about equal shares, block b and block b + gridDim.x / (token
+// blocks) work on the same tile block's same columns at about the same time.
 
-// L2 eviction hints on the bulk copies (W12_L2HINT, docs/PERF_GEMM.md #91): the activations'
-// stages (image or x; not multicast's) copied with an evict_last policy, the chunk words with
+// L2HINT (a table entry's choice): L2 eviction hints on the copies, the activations' stages
+// (image or x) copied with an evict_last policy, the chunk words with
 // evict_first. Each activation stage is read by every tile block of its token block, at times
 // spread over the whole call where the blocks' shares start at different columns (stream-K),
 // while the weights stream past once or twice; without the hints weight lines evict activation
 // lines that are read again, and those then come from memory. The same bits either way.
-#ifdef W12_L2HINT
-constexpr bool L2HINT = true;
-#else
-constexpr bool L2HINT = false;
-#endif
 
-// The next escape column kept per warp (W12_ESCNEXT): with the decoded weights in registers
-// (AREG), each column's escape check was a vote over the warp's batch (is any lane's escape in
-// this column?), then a shuffle of lane 31's column (is the batch used up?), ~12 instructions
-// and two cross-lane round trips a column although nearly every column has no escape. With it a
-// warp keeps the smallest column of its batch's escapes past the column last checked (enext,
-// the same in every lane: a warp-wide min, __reduce_min_sync, after each check that ran) and
-// runs that check only at a column >= enext: one compare and a branch elsewhere. The batches
-// are in chunk order, so no later batch holds a column below it. The same patches, so the same
-// bits either way.
-#ifdef W12_ESCNEXT
-constexpr bool ESCNEXT = true;
-#else
-constexpr bool ESCNEXT = false;
-#endif
+// The next escape column kept per warp: a column's escape check is a vote over the warp's
+// batch (is any lane's escape in this column?), then a shuffle of lane 31's column (is the
+// batch used up?), ~12 instructions and two cross-lane round trips, although nearly every
+// column has no escape. So a warp keeps the smallest column of its batch's escapes past the
+// column last checked (enext, the same in every lane: a warp-wide min, __reduce_min_sync,
+// after each check that ran) and runs that check only at a column >= enext: one compare and a
+// branch elsewhere. The batches are in chunk order, so no later batch holds a column below it.
 
-// The L2 policies of W12_L2HINT's copies: keep (the activations) or evict first (the weights).
+// The L2 policies of L2HINT's copies: keep (the activations) or evict first (the weights).
 __device__ __forceinline__ unsigned long long l2_keep() {
   unsigned long long p;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
@@ -236,29 +201,19 @@ __device__ __forceinline__ void mbar_wait(const unsigned long long* bar, u32 par
   } while (!done);
 }
 
-// (`weights`: the chunk words, else activations; it picks W12_L2HINT's policy)
+template <bool L2HINT>
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes,
-                                          unsigned long long* bar, bool weights = false) {
+                                          unsigned long long* bar) {
   if constexpr (L2HINT) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
                  ".L2::cache_hint [%0], [%1], %2, [%3], %4;"
                  :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)),
-                    "l"(weights ? l2_stream() : l2_keep()) : "memory");
+                    "l"(l2_keep()) : "memory");
     return;
   }
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
                "[%0], [%1], %2, [%3];"
                :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
-}
-
-// bulk_copy to the same offsets of dst and bar in each block of the cluster in ``mask`` (bit r:
-// the block of cluster rank r), each barrier getting the bytes' completion
-__device__ __forceinline__ void bulk_copy_multicast(void* dst, const void* src, u32 bytes,
-                                                    unsigned long long* bar, u32 mask) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-               ".multicast::cluster [%0], [%1], %2, [%3], %4;"
-               :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)),
-                  "h"((unsigned short)mask) : "memory");
 }
 
 // A CUtensorMap, passed by value as a __grid_constant__ kernel parameter.
@@ -267,16 +222,17 @@ struct alignas(64) TensorMap {
 };
 
 // Stream-K's schedule (PERS), passed by value as a __grid_constant__ kernel parameter: block b
-// takes steps q[b] .. q[b + 1] - 1 (cuda_large.stream_k_cuts; at most 256 blocks).
+// takes steps q[b] .. q[b + 1] - 1 (stream_k.py, stream_k_cuts; at most 256 blocks).
 struct StreamKCuts {
   int q[257];
 };
 
 // The chunk words of `tiles` consecutive 16-row tiles (the box of `map`, the generic address
 // of a __grid_constant__ TensorMap) from tile `tile` on, chunk column `col`, into dst as
-// [tiles][1536 bytes], by one tensor copy (cuda_large.py, ``_weight_map``: the chunks as a 3-D
+// [tiles][1536 bytes], by one tensor copy (launcher.py, ``_weight_map``: the chunks as a 3-D
 // tensor of 8-byte words, 192 a chunk x columns x tiles). Tiles past the last come in as
 // zeros (and count as bytes all the same).
+template <bool L2HINT>
 __device__ __forceinline__ void tile_copy(void* dst, const void* map, int col, int tile,
                                           unsigned long long* bar) {
   if constexpr (L2HINT) {
@@ -293,8 +249,9 @@ __device__ __forceinline__ void tile_copy(void* dst, const void* map, int col, i
 }
 
 // (XORDER) Rows tok .. tok + BN - 1, columns col .. col + 63 of x (the box of `map`: x as a
-// 2-D tensor of 2-byte elements, 128-byte swizzle, cuda_large.py ``_x_map``) into dst: row r at
+// 2-D tensor of 2-byte elements, 128-byte swizzle, launcher.py ``_x_map``) into dst: row r at
 // r * 128, its 16-byte unit u at u ^ (r % 8); rows past M and columns past K come in as zeros.
+template <bool L2HINT>
 __device__ __forceinline__ void x_copy(void* dst, const void* map, int col, int tok,
                                        unsigned long long* bar) {
   if constexpr (L2HINT) {
@@ -310,9 +267,10 @@ __device__ __forceinline__ void x_copy(void* dst, const void* map, int col, int 
                : "memory");
 }
 
-// (XORDER) tile_copy with the 128-byte swizzle (cuda_large.py, ``_weight_map``'s swizzled
+// (XORDER) tile_copy with the 128-byte swizzle (launcher.py, ``_weight_map``'s swizzled
 // form: 16 8-byte words x 12 rows a chunk x columns x tiles): the same bytes, 128-byte row q
 // of the stage holding its 16-byte unit u at u ^ (q % 8).
+template <bool L2HINT>
 __device__ __forceinline__ void tile_copy_sw(void* dst, const void* map, int col, int tile,
                                              unsigned long long* bar) {
   if constexpr (L2HINT) {
@@ -390,31 +348,24 @@ __device__ __forceinline__ void wait_flag(const unsigned* p) {
   asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
 
-template <int BN, int WGS, int SX, int SW, int SPLIT, int AREG, int PERS, int MC>
+template <int BN, int WGS, int SX, int SW, int SPLIT, int AREG, int PERS, bool XORDER,
+          bool WREUSE, bool L2HINT>
 __device__ __forceinline__ void wgl_body(
     const Words4* __restrict__ chunks, const bf16_t* __restrict__ xp,
     const bf16_t* __restrict__ x, int ldx, bf16_t* __restrict__ y,
     const float* __restrict__ scale, const int* __restrict__ rowptr,
-    const int* __restrict__ esc_row, const int* __restrict__ esc_col,
-    const bf16_t* __restrict__ esc_val, const float* __restrict__ esc_delta,
-    const int* __restrict__ esc_order, const uint2* __restrict__ esc_entry,
+    const int* __restrict__ esc_col, const bf16_t* __restrict__ esc_val,
+    const float* __restrict__ esc_delta, const uint2* __restrict__ esc_entry,
     const int* __restrict__ esc_fix, const bf16_t* __restrict__ bias, int M, int n_rows,
     int ntiles, int nchunks, float* __restrict__ work, unsigned* __restrict__ flags,
     const void* __restrict__ wmap, int tile_base, const int* __restrict__ cuts,
     const void* __restrict__ xmap) {
   static_assert(BN % 64 == 0 && BN <= 256, "BN: 64, 128, 192 or 256 activation rows");
-  static_assert(!XORDER || (AREG != 0 && MC == 1), "x's order: A in registers, no multicast");
+  static_assert(AREG >= 1 && AREG <= 3, "AREG: the A operand in registers, 1, 2 or 3");
   static_assert(SX >= 3 && SW >= 2 && SPLIT >= 1 && SPLIT <= 4, "config");
   static_assert(PERS == 0 || (AREG == 2 && SPLIT == 1), "stream-K: producer warpgroup, one range");
   static_assert(AREG != 3 || WGS == 1, "interleaved columns: one group of 64 weight rows");
-  static_assert(MC == 1 || (MC == 2 && AREG >= 2 && PERS == 0), "multicast: pairs, no stream-K");
-  // MC 2: the blocks 2 j and 2 j + 1 (two groups of weight rows, the same tokens and K range)
-  // form a pair in the cluster (2, 1, SPLIT); each block's producer copies one half of every
-  // activation stage into both blocks' shared memory (multicast), so that a multiprocessor
-  // receives half the activation bytes per MMA. A stage is then refilled once the MMAs of both
-  // blocks are done with it (each MMA warpgroup arrives on its own block's empty barrier and on
-  // the other's).
-  constexpr bool CL = SPLIT * MC > 1;  // a cluster
+  constexpr bool CL = SPLIT > 1;  // a cluster
   // AREG 3: two MMA warpgroups on the block's one group of 64 weight rows, warpgroup w taking
   // the block's columns w, w + 2, w + 4, ... (each stage read by one warpgroup), their sums
   // added in the epilogue (warpgroup 0's, then warpgroup 1's: a fixed order)
@@ -422,23 +373,19 @@ __device__ __forceinline__ void wgl_body(
   constexpr int MWG = KIL ? 2 : WGS;      // MMA warpgroups
   constexpr int D = KIL ? 2 : 1;          // columns from one of a warpgroup's to its next
   constexpr int THREADS = 128 * MWG;
-  constexpr int NA = 3;                   // A buffers: column i decoded while i-1, i-2 multiply
   constexpr int XSTAGE = BN * 128;        // activation bytes per stage
   constexpr int WSTAGE = 4 * WGS * 1536;  // chunk bytes per stage
   constexpr int R = 64 * WGS;             // weight rows per block
   constexpr int PST = R + 4;              // floats per token row of the partial tile
-  constexpr int ABUF = 64 * 64 * 2;       // bytes of one warpgroup's decoded column
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   unsigned char* wstages = smem + SX * XSTAGE;
-  unsigned char* abufs = wstages + SW * WSTAGE;  // [NA][WGS][ABUF], none with AREG
-  unsigned long long* xfull =
-      reinterpret_cast<unsigned long long*>(abufs + (AREG != 0 ? 0 : NA * WGS * ABUF));
+  unsigned long long* xfull = reinterpret_cast<unsigned long long*>(wstages + SW * WSTAGE);
   unsigned long long* wfull = xfull + SX;
   unsigned long long* xempty = wfull + SW;  // arrived at by each warpgroup's MMAs being done
   unsigned long long* wempty = xempty + SX;  // arrived at by each consumer warp's loads
   // PERS: what a segment needs that its consumers would otherwise wait for, written by the
-  // producer warpgroup's idle warps a segment ahead (docs/PERF_GEMM.md #60): each consumer
+  // producer warpgroup's idle warps a segment ahead: each consumer
   // warp's first escape batch (escring: ecol, then eok << 31 | epos << 16 | eval; escwarp:
   // ebase, eend), needed at the segment's start, and the epilogue's row data (rowring: scale,
   // bias, first and end of the escapes to correct), needed at its end. One slot each, with a
@@ -456,18 +403,15 @@ __device__ __forceinline__ void wgl_body(
   const int warp = (tid >> 5) & 3;
   const int lane = tid & 31;
   // (the tile block - tile_base and the token block: WREUSE's launch has them as y and x)
-  constexpr bool SWAP = WREUSE && PERS == 0 && MC == 1;
+  constexpr bool SWAP = WREUSE && PERS == 0;
   const unsigned bx = SWAP ? blockIdx.y : blockIdx.x, by = SWAP ? blockIdx.x : blockIdx.y;
   int tok0 = by * BN;
-  const int rank = SPLIT > 1 ? (int)blockIdx.z : 0;  // cluster (MC, 1, SPLIT): K range = z
-  const int pr = MC > 1 ? (int)(blockIdx.x & 1) : 0;  // the block's place in its pair
-  // the cluster rank of the block of K range q in this block's pair (x fastest)
-  auto crank = [&](int q) { return q * MC + pr; };
+  const int rank = SPLIT > 1 ? (int)blockIdx.z : 0;  // cluster (1, 1, SPLIT): K range = z
   const int per = (nchunks + SPLIT - 1) / SPLIT;
   const int c0 = min(nchunks, rank * per);
   const int n = min(nchunks, c0 + per) - c0;
   // (the block's tile block: tile_base + blockIdx.x, so that one launch may take the tile
-  // blocks from tile_base on, cuda_large.gemm_wgl's ``tail``; with PERS the units are those
+  // blocks from tile_base on, launcher.gemm_wgl's ``tail``; with PERS the units are those
   // of the tile blocks from tile_base on)
   const int tblock = (int)bx + tile_base;
   int tile0 = tblock * 4 * WGS;
@@ -476,7 +420,7 @@ __device__ __forceinline__ void wgl_body(
   // PERS (stream-K): the block takes steps q0 .. q1 - 1 of all units' chunk columns (unit u =
   // tile block tile_base + u / tblocks, token block u % tblocks, or as WREUSE says; step q =
   // column q % nchunks of unit q / nchunks), q0 = cuts[blockIdx.x] and q1 = cuts[blockIdx.x + 1]
-  // (the host's schedule, cuda_large.stream_k_cuts: increasing, cuts[0] = 0, cuts[gridDim.x] =
+  // (the host's schedule, stream_k.stream_k_cuts: increasing, cuts[0] = 0, cuts[gridDim.x] =
   // all the units' steps, at least one step a block), in segments of one unit each: unit u0 + s
   // for segment s, its columns clo .. chi - 1, stage counter column + qoff (counted from the
   // block's first step). A segment from column 0 stores the outputs of its unit, after adding
@@ -487,9 +431,8 @@ __device__ __forceinline__ void wgl_body(
   // multiprocessor, gridDim.x at most the multiprocessors), so no block waits forever.
   int u0 = 0, nseg = 1, clo = 0, chi = nchunks, qoff = 0;
   const int tblocks = (M + BN - 1) / BN;
-  // (q0 and q1 read from the parameter where needed; that they come from a parameter moves
-  // the main loop's stage counting to the uniform datapath: 429 instructions a trip against
-  // 417 with the equal shares computed in the kernel, docs/PERF_GEMM.md #78)
+  // (q0 and q1 read from the parameter where needed: that they come from a parameter moves
+  // the main loop's stage counting to the uniform datapath)
   auto cut = [&](int j) { return PERS != 0 ? cuts[blockIdx.x + j] : 0; };
   if constexpr (PERS != 0) {
     u0 = cut(0) / nchunks;
@@ -519,37 +462,21 @@ __device__ __forceinline__ void wgl_body(
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                  :: "r"(smem_addr(bar)), "r"(XSTAGE) : "memory");
     if constexpr (XORDER) {
-      x_copy(smem + st * XSTAGE, xmap, (c0 + col) * 64, tok0, bar);
+      x_copy<L2HINT>(smem + st * XSTAGE, xmap, (c0 + col) * 64, tok0, bar);
       return;
     }
-    if constexpr (MC > 1) {  // this block's half, to both blocks of the pair
-      constexpr int HALF = XSTAGE / MC;
-      bulk_copy_multicast(smem + st * XSTAGE + pr * HALF,
-                          ximg + (size_t)(c0 + col) * (XSTAGE / 2) + pr * (HALF / 2), HALF, bar,
-                          3u << (MC * rank));
-      return;
-    }
-    bulk_copy(smem + st * XSTAGE, ximg + (size_t)(c0 + col) * (XSTAGE / 2), XSTAGE,
-              bar);
+    bulk_copy<L2HINT>(smem + st * XSTAGE, ximg + (size_t)(c0 + col) * (XSTAGE / 2), XSTAGE,
+                      bar);
   };
   auto issue_w = [&](int st, int col) {
     unsigned long long* bar = wfull + st;
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                  :: "r"(smem_addr(bar)), "r"(WSTAGE) : "memory");
     if constexpr (XORDER) {  // (the map's swizzled form)
-      tile_copy_sw(wstages + st * WSTAGE, wmap, c0 + col, tile0, bar);
+      tile_copy_sw<L2HINT>(wstages + st * WSTAGE, wmap, c0 + col, tile0, bar);
       return;
     }
-    if (wmap != nullptr) {  // the block's tiles in one copy (docs/PERF_GEMM.md #63)
-      tile_copy(wstages + st * WSTAGE, wmap, c0 + col, tile0, bar);
-      return;
-    }
-#pragma unroll
-    for (int tt = 0; tt < 4 * WGS; ++tt) {
-      const int tile = min(tile0 + tt, ntiles - 1);  // rows past the last are not stored
-      bulk_copy(wstages + st * WSTAGE + tt * 1536,
-                chunks + ((size_t)tile * nchunks + c0 + col) * 96, 1536, bar, true);
-    }
+    tile_copy<L2HINT>(wstages + st * WSTAGE, wmap, c0 + col, tile0, bar);  // the block's tiles
   };
   // an arrival on `bar` by the threads where `on` holds, predicated rather than branched
   // around (a thread-dependent branch near the MMAs makes ptxas serialize them)
@@ -558,25 +485,6 @@ __device__ __forceinline__ void wgl_body(
                  "@p mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n}"
                  :: "r"(smem_addr(bar)), "r"((u32)on) : "memory");
   };
-  // (MC) an activation stage's release: an arrival on its empty barrier in both blocks of the
-  // pair, whose producers both write into this block's stage. (Release at the block's scope,
-  // as for one block: the MMAs' reads of the stage are complete, and the cluster-scope release
-  // compiled to a GPU-wide memory barrier each time, which made the kernel 1.7-3x slower.)
-  u32 xempty_other = 0;  // (MC) xempty in the other block of the pair
-  if constexpr (MC > 1)
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(xempty_other)
-                 : "r"(smem_addr(xempty)), "r"(MC * rank + (pr ^ 1)));
-  auto release_x = [&](bool on, unsigned long long* bar) {
-    if constexpr (MC > 1) {
-      const u32 other = xempty_other + (u32)((bar - xempty) * 8);
-      asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %2, 0;\n"
-                   "@p mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n"
-                   "@p mbarrier.arrive.release.cta.shared::cluster.b64 _, [%1];\n}"
-                   :: "r"(smem_addr(bar)), "r"(other), "r"((u32)on) : "memory");
-    } else {
-      arrive_if(on, bar);
-    }
-  };
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < SX + SW; ++s)
@@ -584,7 +492,7 @@ __device__ __forceinline__ void wgl_body(
 #pragma unroll
     for (int s = 0; s < SX; ++s)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
-                   :: "r"(smem_addr(xempty + s)), "r"(WGS * MC));
+                   :: "r"(smem_addr(xempty + s)), "r"(WGS));
 #pragma unroll
     for (int s = 0; s < SW; ++s)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
@@ -600,8 +508,7 @@ __device__ __forceinline__ void wgl_body(
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
-  // (MC: the other block of the pair copies into this block's stages from the start)
-  if (MC > 1) cluster_sync_all(); else __syncthreads();
+  __syncthreads();
   // What the epilogue needs of its row (thread (group, r) finishes row r, see the end), read
   // now so that the loads are long done by then: its scale, its bias and where its escapes
   // that the tiles cannot hold start (epatch: none when the row has none of those).
@@ -627,7 +534,7 @@ __device__ __forceinline__ void wgl_body(
   // so that no spin loop sits in a thread-dependent branch: that too makes ptxas serialize
   // the MMAs.)
   // Column 0's chunk words go first: they do not depend on the kernel before this one
-  // (w12_permute_x), which a launch with programmatic dependent launch (cuda_large.py, ``pdl``)
+  // (w12_permute_x), which a launch with programmatic dependent launch (launcher.py)
   // lets still run; griddepcontrol.wait then returns once its images are written and visible
   // (at once without that launch). Nothing else here reads what it writes.
   // (PERS: the block's segments one after another, the stage counter j running on)
@@ -736,7 +643,6 @@ __device__ __forceinline__ void wgl_body(
   // this lane's A values: register r of step j is row 16 warp + g + 8 (r % 2) of the
   // warpgroup, unit 2 j + r / 2, word t
   const int g = lane >> 2, t = lane & 3;
-  const int aoff = wg * ABUF + (16 * warp + g) * 128 + t * 4;
   const int woff = (wrow * 4 + warp) * 1536 + lane * 16;  // Words4 lane, lane + 32, lane + 64
   // (XORDER) the byte offsets in a weight stage of this lane's words of MMA step j: plane
   // t & 1 (xoff[j]) and plane 2 (xoff[4 + j]) of chunk lane 4 g + j, word t >> 1 (and 8 bytes
@@ -759,29 +665,20 @@ __device__ __forceinline__ void wgl_body(
   int eend = producer || PERS != 0 ? 0 : rowptr[16 * mytile + 16];
   int ebase = producer || PERS != 0 ? 0 : rowptr[16 * mytile];
   int ecol = 0x7FFFFFFF, epos = 0;
-  int enext = -1;  // (ESCNEXT: the first column checked computes it)
+  int enext = -1;  // (the next escape column: the first column checked computes it)
   bool eok = false;
   bf16_t eval = 0;
   auto load_escape = [&]() {
     ecol = 0x7FFFFFFF;
     eok = false;
     const int idx = ebase + lane;
-    if (AREG != 0 && idx < eend) {  // (the entry computed at load time, layout.py)
+    if (idx < eend) {  // (the entry computed at load time, layout.py)
       const uint2 en = esc_entry[idx];
       ecol = (int)en.x;
       eok = (en.y >> 31) != 0u;
       epos = (int)((en.y >> 16) & 0x7FFFu);
       if constexpr (XORDER) epos = xorder_place(epos);
       eval = (bf16_t)(en.y & 0xFFFFu);
-    } else if (idx < eend) {
-      const int o = esc_order[idx];
-      const int row = esc_row[o], col = esc_col[o];
-      ecol = col >> 6;
-      eok = patch_value(esc_val[o], scale[row], eval);
-      const int r = 16 * warp + (row & 15);  // row within the warpgroup's A buffer
-      const int cc = col & 63;               // unit 2 j + h, element 2 t + b (see the top)
-      const int unit = 2 * ((cc & 15) >> 2) + ((cc >> 1) & 1);
-      epos = wg * ABUF + r * 128 + ((unit ^ (r & 7)) << 4) + 4 * (cc >> 4) + 2 * (cc & 1);
     }
   };
   if (ebase < eend) load_escape();
@@ -825,13 +722,13 @@ __device__ __forceinline__ void wgl_body(
   // AREG: each warp decodes column i straight into the A fragment registers of wgmma (set
   // i % 2), writes its escapes into them (the lane holding an escape hands it to the lane that
   // owns its element), and runs the MMAs with A from those registers; waiting until column
-  // i - 1 is multiplied frees the other set and that column's activation stage. No A buffer,
-  // no proxy fence, no barrier.
+  // i - 1 is multiplied frees the other set and that column's activation stage. No shared
+  // memory for the A operand, no proxy fence, no barrier.
   auto column_regs = [&](int i, u32 (&a)[4][4], u32 (&prev)[4][4]) {
     decode_column(i, a);
     const int gc = c0 + i;
     for (;;) {
-      if (ESCNEXT && gc < enext) break;  // (warp-uniform: no escape of this warp's here)
+      if (gc < enext) break;  // (warp-uniform: no escape of this warp's here)
       u32 hits = __ballot_sync(0xffffffffu, ecol == gc && eok);
       while (hits) {
         const int src = __ffs(hits) - 1;
@@ -849,8 +746,7 @@ __device__ __forceinline__ void wgl_body(
         }
       }
       if (__shfl_sync(0xffffffffu, ecol, 31) > gc || ebase + 32 >= eend) {
-        if constexpr (ESCNEXT)
-          enext = __reduce_min_sync(0xffffffffu, ecol > gc ? ecol : 0x7FFFFFFF);
+        enext = __reduce_min_sync(0xffffffffu, ecol > gc ? ecol : 0x7FFFFFFF);
         break;
       }
       ebase += 32;
@@ -870,286 +766,222 @@ __device__ __forceinline__ void wgl_body(
     // (PERS: the stage of the column before, also where that was the previous segment's last:
     // its stage is refilled only once this segment has started)
     // (KIL: the warpgroup's column before, i - 2)
-    release_x((PERS != 0 ? q >= 1u : i >= D) && (tid & 127) == 0,
+    arrive_if((PERS != 0 ? q >= 1u : i >= D) && (tid & 127) == 0,
               xempty + (PERS != 0 ? (int)((q + SX - 1) % SX) : (i + SX - D) % SX));
   };
-  if (AREG != 0) {
-    u32 a0[4][4], a1[4][4];
+  u32 a0[4][4], a1[4][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+  for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) a0[j][r] = a1[j][r] = 0u;
-    if constexpr (PERS != 0) {
-      // Stream-K (see the top): the block's segments in turn, the outputs of a unit stored
-      // straight from the accumulators, so that the stages stay with the producer, which
-      // fills them with the next segment's first columns meanwhile. This thread's
-      // accumulators are rows rloc and rloc + 8 of the unit's R (register i: row
-      // rloc + 8 ((i % 4) / 2), token 8 (i / 4) + 2 t + i % 2 of its BN), and as a piece they
-      // go to work[block] as BN / 8 float4s, thread-major (index c * THREADS + tid), which
-      // the owner reads back into the same registers of the same thread.
-      for (int sg = 0; sg < nseg; ++sg) {
-        set_segment(sg);
-        // this warp's first escape batch (escapes of columns before clo are never matched):
-        // segment 0's loaded here, the others' from segment_data
-        if (sg == 0) {
-          mytile = min(tile0 + wg * 4 + warp, ntiles - 1);
-          eend = rowptr[16 * mytile + 16];
-          ebase = rowptr[16 * mytile];
-          if (ebase < eend) load_escape();
-          enext = -1;
-        } else {
-          mbar_wait(escfull, (u32)(sg - 1) & 1u);
-          const int2 wb = escwarp[wg * 4 + warp];
-          const uint2 e = escring[(wg * 4 + warp) * 32 + lane];
-          arrive_if(true, escempty);
-          ebase = wb.x;
-          eend = wb.y;
-          ecol = (int)e.x;
-          eok = (e.y >> 31) != 0u;
-          epos = (int)((e.y >> 16) & 0x7FFFu);
-          if constexpr (XORDER) epos = xorder_place(epos);
-          eval = (bf16_t)(e.y & 0xFFFFu);
-          enext = -1;
-        }
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
-        // (the loop counts stage steps, whose stage indices are then those of the
-        // non-persistent loop; the columns are the steps less qoff)
-        const int qe = chi + qoff;
-        for (int qq = clo + qoff; qq < qe; qq += 2) {
-          column_regs(qq - qoff, a0, a1);
-          if (qq + 1 < qe) column_regs(qq + 1 - qoff, a1, a0);
-        }
-        wgmma_wait<0>();  // (the last column's stage is released by the next one's MMAs)
-        // What the epilogue needs of the segment, computed again from an opaque copy of its
-        // index rather than kept in registers through the main loop, where none is left.
-        int sge;
-        asm volatile("mov.b32 %0, %1;" : "=r"(sge) : "r"(sg));
-        set_segment(sge);
-        float4* slot = reinterpret_cast<float4*>(work);
-        // (the thread index read again, not kept in a register through the main loop, where
-        // none is left: at 168 registers a kept one spills)
-        u32 me;
-        asm volatile("mov.u32 %0, %%tid.x;" : "=r"(me));
-        const int rloc = (me >> 7) * 64 + 16 * ((me >> 5) & 3) + ((me & 31) >> 2);
-        if (clo > 0) {
-          // a piece: its sums to work[block], then (all consumer threads' stores made visible
-          // at GPU scope, then met at barrier 3) flags[block] set
-          float4* wp = slot + (size_t)blockIdx.x * (BN / 8) * THREADS + me;
-          if constexpr (NARROW) {  // (16 floats as 3 16-byte words, thread-major)
-            uint4* np = reinterpret_cast<uint4*>(wp);
-#pragma unroll
-            for (int c = 0; c < BN / 32; ++c)
-              pack24x16(acc, 16 * c, np + 3 * c * THREADS, THREADS);
-          } else {
-#pragma unroll
-            for (int c = 0; c < BN / 8; ++c)
-              wp[c * THREADS] = make_float4(acc[4 * c], acc[4 * c + 1], acc[4 * c + 2],
-                                            acc[4 * c + 3]);
-          }
-          __threadfence();
-          asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
-          asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n"
-                       "@p st.release.gpu.global.u32 [%0], 1;\n}"
-                       :: "l"(flags + blockIdx.x), "r"(me) : "memory");
-          // (its row data unused, but waited for all the same: a phase of rowfull left
-          // unwaited would let the wait at the next segment's end, by parity, pass a phase
-          // early, before that segment's row data is written)
-          mbar_wait(rowfull, (u32)sg & 1u);
-          arrive_if(true, rowempty);
-          continue;
-        }
-        if (chi < nchunks) {
-          // the owner of a unit cut between blocks: the pieces of blocks blockIdx.x + 1 ..
-          // (the last is the one holding the unit's last step) added in block order, each
-          // once its flag is set (every warp waits on its own, warp-uniform), then the flags
-          // cleared for the next call (after barrier 3: every warp has seen them). Each piece
-          // is read straight into the registers it adds to: an owner that fetched its pieces
-          // by bulk copies into the idle stages was not faster (docs/PERF_GEMM.md #60).
-          const int uend = (u0 + sg + 1) * nchunks;
-          int bb = blockIdx.x;
-          do {
-            ++bb;
-            wait_flag(flags + bb);
-            const float4* wp = slot + (size_t)bb * (BN / 8) * THREADS + me;
-            if constexpr (NARROW) {
-              const uint4* np = reinterpret_cast<const uint4*>(wp);
-#pragma unroll
-              for (int c = 0; c < BN / 32; ++c) {
-                float4 v[4];
-                unpack24x16(np[(3 * c) * THREADS], np[(3 * c + 1) * THREADS],
-                            np[(3 * c + 2) * THREADS], v);
-#pragma unroll
-                for (int h = 0; h < 4; ++h) {
-                  acc[16 * c + 4 * h] += v[h].x;
-                  acc[16 * c + 4 * h + 1] += v[h].y;
-                  acc[16 * c + 4 * h + 2] += v[h].z;
-                  acc[16 * c + 4 * h + 3] += v[h].w;
-                }
-              }
-            } else {
-#pragma unroll
-              for (int c = 0; c < BN / 8; ++c) {
-                const float4 v = wp[c * THREADS];
-                acc[4 * c] += v.x;
-                acc[4 * c + 1] += v.y;
-                acc[4 * c + 2] += v.z;
-                acc[4 * c + 3] += v.w;
-              }
-            }
-          } while (cuts[bb + 1] < uend);
-          asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
-          for (int f = blockIdx.x + 1; f <= bb; ++f)
-            asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n"
-                         "@p st.relaxed.gpu.global.u32 [%0], 0;\n}"
-                         :: "l"(flags + f), "r"(me) : "memory");
-        }
-        // the unit's outputs: store_output's arithmetic (scale, the corrections in list
-        // order, bias, BF16). Rows with corrections (rare: inf, NaN, out-of-range escapes)
-        // get them here, in place, and then the multiplier 1 (exact), so that the loop below
-        // is the same code for all rows.
-        mbar_wait(rowfull, (u32)sg & 1u);
-        const float4 d0 = rowring[rloc], d1 = rowring[rloc + 8];
-        arrive_if(true, rowempty);
-        const int gr0 = tile0 * 16 + rloc, gr1 = gr0 + 8;
-        float m0 = d0.x, m1 = d1.x;
-        const int f0 = __float_as_int(d0.z), l0 = __float_as_int(d0.w);
-        const int f1 = __float_as_int(d1.z), l1 = __float_as_int(d1.w);
-        auto correct = [&](int hi, int f, int l, float sc) {
-#pragma unroll
-          for (int i = 0; i < BN / 2; ++i)
-            if (((i & 3) >> 1) == hi) acc[i] *= sc;
-#pragma unroll 1
-          for (int e = f; e < l; ++e) {
-            bf16_t unused;
-            if (patch_value(esc_val[e], sc, unused)) continue;  // multiplied in the main loop
-            // (a pointer walking the tokens, so that no per-token offset outlives the loop)
-            const bf16_t* xr = x + (size_t)(tok0 + 2 * t) * ldx + esc_col[e];
-            const float d = esc_delta[e];
-            const int rem = M - tok0 - 2 * t;  // tokens past M are not stored
-#pragma unroll
-            for (int c = 0; c < BN / 8; ++c) {
-              if (8 * c < rem) acc[4 * c + 2 * hi] += bf16_to_float(xr[0]) * d;
-              if (8 * c + 1 < rem) acc[4 * c + 2 * hi + 1] += bf16_to_float(xr[ldx]) * d;
-              xr += 8 * (size_t)ldx;
-            }
-          }
-        };
-        if (__any_sync(0xffffffffu, f0 < l0 || f1 < l1)) {  // (warp-uniform)
-          if (f0 < l0) { correct(0, f0, l0, m0); m0 = 1.0f; }
-          if (f1 < l1) { correct(1, f1, l1, m1); m1 = 1.0f; }
-        }
-#ifdef W12_PERS_STAGE
-        // The block's last segment (nothing is copied into the stages after it): its outputs
-        // go through a token-major BF16 staging tile in the stages' memory (stmatrix.trans,
-        // rows padded by 16 bytes) and out in 16-byte stores of whole 256-byte row segments,
-        // where the stores straight from the accumulators write 16 bytes of four lines each
-        // (~5 us a unit, docs/PERF_GEMM.md #75-#76). The same arithmetic, so the same bits.
-        if (sge == nseg - 1 && (n_rows & 7) == 0 && (reinterpret_cast<size_t>(y) & 15) == 0) {
-          constexpr int STRIDE = 2 * R + 16;  // bytes of a token's row in the staging tile
-          // (both warpgroups' MMAs are done with the stages)
-          asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
-          const int ln = me & 31;
-#pragma unroll
-          for (int c = 0; c < BN / 8; c += 2) {
-            u32 w[4];
-#pragma unroll
-            for (int mm = 0; mm < 4; ++mm) {
-              const int i = 4 * (c + (mm >> 1)) + 2 * (mm & 1);
-              float o0 = acc[i] * ((mm & 1) ? m1 : m0), o1 = acc[i + 1] * ((mm & 1) ? m1 : m0);
-              if (bias != nullptr) {
-                o0 += (mm & 1) ? d1.y : d0.y;
-                o1 += (mm & 1) ? d1.y : d0.y;
-              }
-              w[mm] = (u32)float_to_bf16(o0) | ((u32)float_to_bf16(o1) << 16);
-            }
-            const int q = ln >> 3;
-            const u32 addr = smem_addr(smem + (8 * (c + (q >> 1)) + (ln & 7)) * STRIDE +
-                                       ((rloc & ~7) + 8 * (q & 1)) * 2);
-            asm volatile(
-                "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
-                :: "r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
-          }
-          asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
-          constexpr int CH = R / 8;  // 16-byte pieces of a token's row
-          const int c8 = (int)me % CH;
-          const bool live = tile0 * 16 + 8 * c8 < n_rows;
-          bf16_t* yo = y + (size_t)tok0 * n_rows + tile0 * 16 + 8 * c8;
-          const int hi = min(BN, M - tok0) * CH;
-          for (int u = (int)me; u < hi; u += THREADS) {  // (THREADS a multiple of CH)
-            const int tk = u / CH;
-            const uint4 v = *reinterpret_cast<const uint4*>(smem + tk * STRIDE + 16 * c8);
-            if (live) *reinterpret_cast<uint4*>(yo + (size_t)tk * n_rows) = v;
-          }
-          continue;
-        }
-#endif
-        bf16_t* yb = y + (size_t)(tok0 + 2 * t) * n_rows;
-        const bool live0 = gr0 < n_rows, live1 = gr1 < n_rows;
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) {
-          const int hi = (i & 3) >> 1;
-          const int tk = 8 * (i >> 2) + (i & 1);  // past tok0 + 2 t
-          float o = acc[i] * (hi ? m1 : m0);
-          if (bias != nullptr) o += hi ? d1.y : d0.y;
-          if (tok0 + 2 * t + tk < M && (hi ? live1 : live0))
-            yb[(size_t)tk * n_rows + (hi ? gr1 : gr0)] = float_to_bf16(o);
-        }
+    for (int r = 0; r < 4; ++r) a0[j][r] = a1[j][r] = 0u;
+  if constexpr (PERS != 0) {
+    // Stream-K (see the top): the block's segments in turn, the outputs of a unit stored
+    // straight from the accumulators, so that the stages stay with the producer, which
+    // fills them with the next segment's first columns meanwhile. This thread's
+    // accumulators are rows rloc and rloc + 8 of the unit's R (register i: row
+    // rloc + 8 ((i % 4) / 2), token 8 (i / 4) + 2 t + i % 2 of its BN), and as a piece they
+    // go to work[block] as BN / 8 float4s, thread-major (index c * THREADS + tid), which
+    // the owner reads back into the same registers of the same thread.
+    for (int sg = 0; sg < nseg; ++sg) {
+      set_segment(sg);
+      // this warp's first escape batch (escapes of columns before clo are never matched):
+      // segment 0's loaded here, the others' from segment_data
+      if (sg == 0) {
+        mytile = min(tile0 + wg * 4 + warp, ntiles - 1);
+        eend = rowptr[16 * mytile + 16];
+        ebase = rowptr[16 * mytile];
+        if (ebase < eend) load_escape();
+        enext = -1;
+      } else {
+        mbar_wait(escfull, (u32)(sg - 1) & 1u);
+        const int2 wb = escwarp[wg * 4 + warp];
+        const uint2 e = escring[(wg * 4 + warp) * 32 + lane];
+        arrive_if(true, escempty);
+        ebase = wb.x;
+        eend = wb.y;
+        ecol = (int)e.x;
+        eok = (e.y >> 31) != 0u;
+        epos = (int)((e.y >> 16) & 0x7FFFu);
+        if constexpr (XORDER) epos = xorder_place(epos);
+        eval = (bf16_t)(e.y & 0xFFFFu);
+        enext = -1;
       }
-      return;
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+      // (the loop counts stage steps, whose stage indices are then those of the
+      // non-persistent loop; the columns are the steps less qoff)
+      const int qe = chi + qoff;
+      for (int qq = clo + qoff; qq < qe; qq += 2) {
+        column_regs(qq - qoff, a0, a1);
+        if (qq + 1 < qe) column_regs(qq + 1 - qoff, a1, a0);
+      }
+      wgmma_wait<0>();  // (the last column's stage is released by the next one's MMAs)
+      // What the epilogue needs of the segment, computed again from an opaque copy of its
+      // index rather than kept in registers through the main loop, where none is left.
+      int sge;
+      asm volatile("mov.b32 %0, %1;" : "=r"(sge) : "r"(sg));
+      set_segment(sge);
+      float4* slot = reinterpret_cast<float4*>(work);
+      // (the thread index read again, not kept in a register through the main loop, where
+      // none is left: at 168 registers a kept one spills)
+      u32 me;
+      asm volatile("mov.u32 %0, %%tid.x;" : "=r"(me));
+      const int rloc = (me >> 7) * 64 + 16 * ((me >> 5) & 3) + ((me & 31) >> 2);
+      if (clo > 0) {
+        // a piece: its sums to work[block], then (all consumer threads' stores made visible
+        // at GPU scope, then met at barrier 3) flags[block] set
+        float4* wp = slot + (size_t)blockIdx.x * (BN / 8) * THREADS + me;
+        // (16 floats as 3 16-byte words, thread-major)
+        uint4* np = reinterpret_cast<uint4*>(wp);
+#pragma unroll
+        for (int c = 0; c < BN / 32; ++c)
+          pack24x16(acc, 16 * c, np + 3 * c * THREADS, THREADS);
+        __threadfence();
+        asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
+        asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n"
+                     "@p st.release.gpu.global.u32 [%0], 1;\n}"
+                     :: "l"(flags + blockIdx.x), "r"(me) : "memory");
+        // (its row data unused, but waited for all the same: a phase of rowfull left
+        // unwaited would let the wait at the next segment's end, by parity, pass a phase
+        // early, before that segment's row data is written)
+        mbar_wait(rowfull, (u32)sg & 1u);
+        arrive_if(true, rowempty);
+        continue;
+      }
+      if (chi < nchunks) {
+        // the owner of a unit cut between blocks: the pieces of blocks blockIdx.x + 1 ..
+        // (the last is the one holding the unit's last step) added in block order, each
+        // once its flag is set (every warp waits on its own, warp-uniform), then the flags
+        // cleared for the next call (after barrier 3: every warp has seen them). Each piece
+        // is read straight into the registers it adds to (fetching the pieces by bulk
+        // copies into the idle stages is not faster).
+        const int uend = (u0 + sg + 1) * nchunks;
+        int bb = blockIdx.x;
+        do {
+          ++bb;
+          wait_flag(flags + bb);
+          const float4* wp = slot + (size_t)bb * (BN / 8) * THREADS + me;
+          const uint4* np = reinterpret_cast<const uint4*>(wp);
+#pragma unroll
+          for (int c = 0; c < BN / 32; ++c) {
+            float4 v[4];
+            unpack24x16(np[(3 * c) * THREADS], np[(3 * c + 1) * THREADS],
+                        np[(3 * c + 2) * THREADS], v);
+#pragma unroll
+            for (int h = 0; h < 4; ++h) {
+              acc[16 * c + 4 * h] += v[h].x;
+              acc[16 * c + 4 * h + 1] += v[h].y;
+              acc[16 * c + 4 * h + 2] += v[h].z;
+              acc[16 * c + 4 * h + 3] += v[h].w;
+            }
+          }
+        } while (cuts[bb + 1] < uend);
+        asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
+        for (int f = blockIdx.x + 1; f <= bb; ++f)
+          asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n"
+                       "@p st.relaxed.gpu.global.u32 [%0], 0;\n}"
+                       :: "l"(flags + f), "r"(me) : "memory");
+      }
+      // the unit's outputs: store_output's arithmetic (scale, the corrections in list
+      // order, bias, BF16). Rows with corrections (rare: inf, NaN, out-of-range escapes)
+      // get them here, in place, and then the multiplier 1 (exact), so that the loop below
+      // is the same code for all rows.
+      mbar_wait(rowfull, (u32)sg & 1u);
+      const float4 d0 = rowring[rloc], d1 = rowring[rloc + 8];
+      arrive_if(true, rowempty);
+      const int gr0 = tile0 * 16 + rloc, gr1 = gr0 + 8;
+      float m0 = d0.x, m1 = d1.x;
+      const int f0 = __float_as_int(d0.z), l0 = __float_as_int(d0.w);
+      const int f1 = __float_as_int(d1.z), l1 = __float_as_int(d1.w);
+      auto correct = [&](int hi, int f, int l, float sc) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i)
+          if (((i & 3) >> 1) == hi) acc[i] *= sc;
+#pragma unroll 1
+        for (int e = f; e < l; ++e) {
+          bf16_t unused;
+          if (patch_value(esc_val[e], sc, unused)) continue;  // multiplied in the main loop
+          // (a pointer walking the tokens, so that no per-token offset outlives the loop)
+          const bf16_t* xr = x + (size_t)(tok0 + 2 * t) * ldx + esc_col[e];
+          const float d = esc_delta[e];
+          const int rem = M - tok0 - 2 * t;  // tokens past M are not stored
+#pragma unroll
+          for (int c = 0; c < BN / 8; ++c) {
+            if (8 * c < rem) acc[4 * c + 2 * hi] += bf16_to_float(xr[0]) * d;
+            if (8 * c + 1 < rem) acc[4 * c + 2 * hi + 1] += bf16_to_float(xr[ldx]) * d;
+            xr += 8 * (size_t)ldx;
+          }
+        }
+      };
+      if (__any_sync(0xffffffffu, f0 < l0 || f1 < l1)) {  // (warp-uniform)
+        if (f0 < l0) { correct(0, f0, l0, m0); m0 = 1.0f; }
+        if (f1 < l1) { correct(1, f1, l1, m1); m1 = 1.0f; }
+      }
+      // The block's last segment (nothing is copied into the stages after it): its outputs
+      // go through a token-major BF16 staging tile in the stages' memory (stmatrix.trans,
+      // rows padded by 16 bytes) and out in 16-byte stores of whole 256-byte row segments,
+      // where the stores straight from the accumulators write 16 bytes of four lines each
+      // (~5 us a unit). The same arithmetic, so the same bits.
+      if (sge == nseg - 1 && (n_rows & 7) == 0 && (reinterpret_cast<size_t>(y) & 15) == 0) {
+        constexpr int STRIDE = 2 * R + 16;  // bytes of a token's row in the staging tile
+        // (both warpgroups' MMAs are done with the stages)
+        asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
+        const int ln = me & 31;
+#pragma unroll
+        for (int c = 0; c < BN / 8; c += 2) {
+          u32 w[4];
+#pragma unroll
+          for (int mm = 0; mm < 4; ++mm) {
+            const int i = 4 * (c + (mm >> 1)) + 2 * (mm & 1);
+            float o0 = acc[i] * ((mm & 1) ? m1 : m0), o1 = acc[i + 1] * ((mm & 1) ? m1 : m0);
+            if (bias != nullptr) {
+              o0 += (mm & 1) ? d1.y : d0.y;
+              o1 += (mm & 1) ? d1.y : d0.y;
+            }
+            w[mm] = (u32)float_to_bf16(o0) | ((u32)float_to_bf16(o1) << 16);
+          }
+          const int q = ln >> 3;
+          const u32 addr = smem_addr(smem + (8 * (c + (q >> 1)) + (ln & 7)) * STRIDE +
+                                     ((rloc & ~7) + 8 * (q & 1)) * 2);
+          asm volatile(
+              "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
+              :: "r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+        }
+        asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
+        constexpr int CH = R / 8;  // 16-byte pieces of a token's row
+        const int c8 = (int)me % CH;
+        const bool live = tile0 * 16 + 8 * c8 < n_rows;
+        bf16_t* yo = y + (size_t)tok0 * n_rows + tile0 * 16 + 8 * c8;
+        const int hi = min(BN, M - tok0) * CH;
+        for (int u = (int)me; u < hi; u += THREADS) {  // (THREADS a multiple of CH)
+          const int tk = u / CH;
+          const uint4 v = *reinterpret_cast<const uint4*>(smem + tk * STRIDE + 16 * c8);
+          if (live) *reinterpret_cast<uint4*>(yo + (size_t)tk * n_rows) = v;
+        }
+        continue;
+      }
+      bf16_t* yb = y + (size_t)(tok0 + 2 * t) * n_rows;
+      const bool live0 = gr0 < n_rows, live1 = gr1 < n_rows;
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) {
+        const int hi = (i & 3) >> 1;
+        const int tk = 8 * (i >> 2) + (i & 1);  // past tok0 + 2 t
+        float o = acc[i] * (hi ? m1 : m0);
+        if (bias != nullptr) o += hi ? d1.y : d0.y;
+        if (tok0 + 2 * t + tk < M && (hi ? live1 : live0))
+          yb[(size_t)tk * n_rows + (hi ? gr1 : gr0)] = float_to_bf16(o);
+      }
     }
-    // (KIL: this warpgroup's columns, from its index on; broadcast, so that ptxas sees a
-    // warp-uniform loop around the MMAs)
-    const int i0 = KIL ? __shfl_sync(0xffffffffu, wg, 0) : 0;
-    for (int i = i0; i < n && !producer; i += 2 * D) {
-      column_regs(i, a0, a1);
-      if (i + D < n) column_regs(i + D, a1, a0);
-    }
+    return;
+  }
+  // (KIL: this warpgroup's columns, from its index on; broadcast, so that ptxas sees a
+  // warp-uniform loop around the MMAs)
+  const int i0 = KIL ? __shfl_sync(0xffffffffu, wg, 0) : 0;
+  for (int i = i0; i < n && !producer; i += 2 * D) {
+    column_regs(i, a0, a1);
+    if (i + D < n) column_regs(i + D, a1, a0);
   }
 
-  // Otherwise per column, each warpgroup on its own: decode into A buffer i % NA (last read by
-  // the MMAs of column i - NA, done), a warpgroup barrier, the MMAs, then wait until those of
-  // column i - 2 are done and release its activation stage.
-  for (int i = 0; i < n && !producer && AREG == 0; ++i) {
-    unsigned char* abuf = abufs + (i % NA) * WGS * ABUF;
-    u32 a[4][4];
-    decode_column(i, a);
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-        *reinterpret_cast<u32*>(abuf + aoff + (r & 1) * 1024 +
-                                (((2 * j + (r >> 1)) ^ g) << 4)) = a[j][r];
-    // the exact values of this column's escapes over their record-0 values
-    const int gc = c0 + i;
-    for (;;) {
-      const bool hit = ecol == gc;
-      if (__any_sync(0xffffffffu, hit)) {
-        __syncwarp();  // after the other lanes' stores of the same words
-        if (hit && eok) *reinterpret_cast<bf16_t*>(abuf + epos) = eval;
-      }
-      // entries of later columns left in this batch, or none left at all: done
-      if (__shfl_sync(0xffffffffu, ecol, 31) > gc || ebase + 32 >= eend) break;
-      ebase += 32;
-      load_escape();
-    }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // for the MMAs' reads
-    // the warpgroup's column is decoded (barrier 1 + wg; constant ids, so that ptxas does not
-    // reserve all 16)
-    if (wg == 0)
-      asm volatile("bar.sync 1, 128;" ::: "memory");
-    else
-      asm volatile("bar.sync 2, 128;" ::: "memory");
-    mbar_wait(xfull + i % SX, (u32)(i / SX) & 1u);  // column i's activations have landed
-    const unsigned char* stage = smem + (i % SX) * XSTAGE;
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      WgmmaSS<BN>::mma(acc, sw128_desc(abuf + wg * ABUF + 32 * j), sw128_desc(stage + 32 * j));
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    wgmma_wait<NA - 1>();  // column i - 2 is multiplied: its activation stage is free
-    arrive_if(i >= NA - 1 && (tid & 127) == 0, xempty + (i + SX - (NA - 1)) % SX);
-  }
   if (!producer) wgmma_wait<0>();
   // The 8-row store path (below): its rows' scales and biases, loaded now so that they land
   // while the partial tile is stored.
@@ -1157,8 +989,7 @@ __device__ __forceinline__ void wgl_body(
   constexpr int TPP = THREADS / RG;  // tokens a pass of the consumer threads
   const int rg = tid % RG, row8 = tblock * R + 8 * rg;
   // (one K range or two (PUSH): where the other ranks' tiles are read, its 16-byte
-  // distributed shared-memory loads made the epilogue slower than the row-a-thread path,
-  // docs/PERF_GEMM.md #63)
+  // distributed shared-memory loads make the epilogue slower than the row-a-thread path)
   const bool vec_ok = (SPLIT == 1 || SPLIT == 2) && (n_rows & 7) == 0 &&
                       (reinterpret_cast<size_t>(y) & 15) == 0;
   float vsc[8], vb[8];
@@ -1174,15 +1005,15 @@ __device__ __forceinline__ void wgl_body(
 
   // Tokens of this block's share. With 3 ranks the shares overrun the block (3 x 86 > 256):
   // the last one stops at the block's end, not at the next block's first tokens (which it
-  // overwrote with sums read past the partial tile, docs/PERF_GEMM.md #24).
+  // would overwrite with sums read past the partial tile).
   constexpr int TS = (BN + SPLIT - 1) / SPLIT;
   const int first = rank * TS;
   const int last = min(first + TS, BN % SPLIT != 0 ? min(BN, M - tok0) : M - tok0);
   // PUSH (2 K ranges): each block copies its sums of every other rank's share of tokens into
   // that rank's inbox (one bulk copy a rank, shared memory to distributed shared memory), so
   // that every rank adds its share from its own shared memory; with 3 or 4 the ranks read each
-  // other's tiles, 4 bytes a thread (with 3 the copies took ~1.5 us more, docs/PERF_GEMM.md
-  // #63; cuda_large.shared_bytes holds the inbox). inbox slot s holds the sums of rank s
+  // other's tiles, 4 bytes a thread (with 3 the copies take ~1.5 us more; launcher.py's
+  // shared_bytes holds the inbox). inbox slot s holds the sums of rank s
   // (s < rank) or s + 1, tokens first.., as in the tile.
   constexpr bool PUSH = SPLIT == 2;
   float* part = reinterpret_cast<float*>(smem);
@@ -1193,19 +1024,15 @@ __device__ __forceinline__ void wgl_body(
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(inbar)));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  // OWN (W12_OWN_SHARE, two K ranges, docs/PERF_GEMM.md #80): a block keeps the sums of its
+  // OWN (two K ranges): a block keeps the sums of its
   // own share of tokens in its accumulators and writes only the other rank's share to the
   // partial tile (the bytes it pushes); after the push it adds the other rank's sums from its
   // inbox into the accumulators and stores through a BF16 staging tile in the own share's
   // part of the tile (neither pushed from nor pushed into). Rank 0's sums plus rank 1's in
   // either order are the same float (one rounding), and the arithmetic after is the 8-row
-  // path's, so the bits are the partial tile's (NARROW: the pushed share cut to 24 bits in
-  // either path). Both ranks take the same path (the same rows).
-#ifdef W12_OWN_SHARE
-  constexpr bool OWN = PUSH && MC == 1;
-#else
-  constexpr bool OWN = false;
-#endif
+  // path's, so the bits are the partial tile's (the pushed share cut to 24 bits in either
+  // path). Both ranks take the same path (the same rows).
+  constexpr bool OWN = PUSH;
   const bool own = OWN && vec_ok && !corrections;  // (block-uniform)
   // (own) this thread's rows, their scales and biases, loaded now to land during the push.
   // (The rank and the thread index are read again here, not kept through the main loop: kept,
@@ -1233,9 +1060,8 @@ __device__ __forceinline__ void wgl_body(
     }
   }
   constexpr int HALF = BN / 4;  // accumulators of one share (tokens 8 (i / 4) + 2 t + i % 2)
-  // (NARROW with OWN: a block that takes another path (below) cuts the sums it pushes to the
-  // same 24 bits, so that both paths give the same bits)
-  constexpr bool NCUT = NARROW && OWN;
+  // (OWN: a block that takes another path (below) cuts the sums it pushes to the same 24
+  // bits, so that both paths give the same bits)
   if (own && !producer) {
     // the own share's accumulators to acc[0 .. HALF), the other's to acc[HALF ..) (selects:
     // register indices stay constant), then the other's into the tile at its tokens' places
@@ -1270,27 +1096,22 @@ __device__ __forceinline__ void wgl_body(
           acc[i] += mp[place(i)];
         }
         // (the narrow words below overwrite other threads' floats: all read first)
-        if (NARROW) asm volatile("bar.sync 5, 128;" ::: "memory");
+        asm volatile("bar.sync 5, 128;" ::: "memory");
       }
     }
     if (!KIL || wg == 0) {
-      if constexpr (NARROW) {  // (thread-major: the partner's thread me reads them back)
-        uint4* np = reinterpret_cast<uint4*>(part + (1 - orank) * TS * PST) + me;
+      // (thread-major: the partner's thread me reads them back)
+      uint4* np = reinterpret_cast<uint4*>(part + (1 - orank) * TS * PST) + me;
 #pragma unroll
-        for (int c = 0; c < HALF / 16; ++c)
-          pack24x16(acc, HALF + 16 * c, np + 3 * c * PT, PT);
-      } else {
-        float* op = at(1 - orank);
-#pragma unroll
-        for (int i = 0; i < HALF; ++i) op[place(i)] = acc[i + HALF];
-      }
+      for (int c = 0; c < HALF / 16; ++c)
+        pack24x16(acc, HALF + 16 * c, np + 3 * c * PT, PT);
     }
   } else if (!producer && (!KIL || wg == 0)) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) {
       const int r = wrow * 64 + 16 * warp + g + 8 * ((i & 3) >> 1);
       const int col = 8 * (i >> 2) + 2 * t + (i & 1);
-      part[col * PST + r] = NCUT && !KIL && (i >= HALF) == (rank == 0) ? cut24(acc[i]) : acc[i];
+      part[col * PST + r] = OWN && !KIL && (i >= HALF) == (rank == 0) ? cut24(acc[i]) : acc[i];
     }
   }
   if (KIL && !own) {  // warpgroup 1's sums added to warpgroup 0's (the MMA threads meet)
@@ -1301,7 +1122,7 @@ __device__ __forceinline__ void wgl_body(
         const int r = 16 * warp + g + 8 * ((i & 3) >> 1);
         const int col = 8 * (i >> 2) + 2 * t + (i & 1);
         const float v = part[col * PST + r] + acc[i];
-        part[col * PST + r] = NCUT && (i >= HALF) == (rank == 0) ? cut24(v) : v;
+        part[col * PST + r] = OWN && (i >= HALF) == (rank == 0) ? cut24(v) : v;
       }
     }
   }
@@ -1310,9 +1131,9 @@ __device__ __forceinline__ void wgl_body(
   if constexpr (PUSH) {
     auto tokens = [](int q) { return min(BN, (q + 1) * TS) - q * TS; };
     if (tid == 0) {
-      // (own and NARROW: the other share's accumulators, 3 bytes each, of PT threads)
+      // (own: the other share's accumulators, 3 bytes each, of PT threads)
       constexpr int NB = HALF * 3 * PT;
-      const bool nw = NARROW && own;  // (the same in both blocks: the same rows)
+      const bool nw = own;  // (the same in both blocks: the same rows)
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                    :: "r"(smem_addr(inbar)), "r"(nw ? NB : (SPLIT - 1) * tokens(rank) * PST * 4)
                    : "memory");
@@ -1322,9 +1143,9 @@ __device__ __forceinline__ void wgl_body(
         u32 dst, bar;
         asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst)
                      : "r"(smem_addr(inbox + (rank < q ? rank : rank - 1) * TS * PST)),
-                       "r"(crank(q)));
+                       "r"(q));
         asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar)
-                     : "r"(smem_addr(inbar)), "r"(crank(q)));
+                     : "r"(smem_addr(inbar)), "r"(q));
         asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes"
                      " [%0], [%1], %2, [%3];"
                      :: "r"(dst), "r"(smem_addr(part + q * TS * PST)),
@@ -1342,16 +1163,16 @@ __device__ __forceinline__ void wgl_body(
   // share (tokens rank * BN / SPLIT ..): store_output's arithmetic with the corrections of the
   // escapes written into the tiles left out. Rows without other escapes (nearly all) take a
   // short loop: a long unrolled one ran several times slower here, its code not staying in
-  // the instruction cache (docs/PERF_GEMM.md). Rows with escapes to correct take TB tokens at
+  // the instruction cache. Rows with escapes to correct take TB tokens at
   // a time, so that the activation loads of an escape are in flight together.
   constexpr int TB = 4;
   auto partial_sum = [&](int col) {
     float v;
     if (SPLIT > 1 && !PUSH) {
       const float* p = part + col * PST + r_out;
-      v = load_cluster(p, crank(0));
+      v = load_cluster(p, 0);
 #pragma unroll
-      for (int q = 1; q < SPLIT; ++q) v += load_cluster(p, crank(q));  // fixed order
+      for (int q = 1; q < SPLIT; ++q) v += load_cluster(p, q);  // fixed order
     } else {
       v = share(0, col)[r_out];
 #pragma unroll
@@ -1379,25 +1200,18 @@ __device__ __forceinline__ void wgl_body(
     constexpr int STRIDE = 2 * R + 16;  // bytes of a token's row in the staging tile
     unsigned char* stg = reinterpret_cast<unsigned char*>(part + orank * TS * PST);
     if (!producer && (!KIL || wg == 0)) {
-      if constexpr (NARROW) {
-        const uint4* np = reinterpret_cast<const uint4*>(inbox) + me;
+      const uint4* np = reinterpret_cast<const uint4*>(inbox) + me;
 #pragma unroll
-        for (int c = 0; c < HALF / 16; ++c) {
-          float4 v[4];
-          unpack24x16(np[(3 * c) * PT], np[(3 * c + 1) * PT], np[(3 * c + 2) * PT], v);
+      for (int c = 0; c < HALF / 16; ++c) {
+        float4 v[4];
+        unpack24x16(np[(3 * c) * PT], np[(3 * c + 1) * PT], np[(3 * c + 2) * PT], v);
 #pragma unroll
-          for (int h = 0; h < 4; ++h) {
-            acc[16 * c + 4 * h] += v[h].x;
-            acc[16 * c + 4 * h + 1] += v[h].y;
-            acc[16 * c + 4 * h + 2] += v[h].z;
-            acc[16 * c + 4 * h + 3] += v[h].w;
-          }
+        for (int h = 0; h < 4; ++h) {
+          acc[16 * c + 4 * h] += v[h].x;
+          acc[16 * c + 4 * h + 1] += v[h].y;
+          acc[16 * c + 4 * h + 2] += v[h].z;
+          acc[16 * c + 4 * h + 3] += v[h].w;
         }
-      } else {
-        const float* ip = inbox + 2 * ot * PST + orl;
-#pragma unroll
-        for (int i = 0; i < HALF; ++i)
-          acc[i] += ip[(8 * (i >> 2) + (i & 1)) * PST + 8 * ((i & 3) >> 1)];
       }
 #pragma unroll
       for (int c = 0; c < HALF / 4; c += 2) {
@@ -1437,7 +1251,7 @@ __device__ __forceinline__ void wgl_body(
     // Every row of the block without corrections, N a multiple of 8: thread (token, group)
     // finishes 8 consecutive rows of one token (store_output's arithmetic, as below) and
     // stores them as one 16-byte word; a warp stores whole 256-byte row segments of y
-    // (docs/PERF_GEMM.md #63). TU tokens' sums are read before any is stored.
+    // TU tokens' sums are read before any is stored.
     constexpr int TU = 4;
     if (!producer && row8 < n_rows) {
       bf16_t* yrow = y + (size_t)tok0 * n_rows + row8;
@@ -1509,6 +1323,6 @@ __device__ __forceinline__ void wgl_body(
       }
     }
   }
-  // no block leaves while another reads its memory (MC: or arrives on its barriers)
+  // no block leaves while another reads its memory
   if (CL) cluster_sync_all();
 }

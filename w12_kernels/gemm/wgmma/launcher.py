@@ -1,18 +1,15 @@
-"""The small-M W12 GEMM on Hopper's warpgroup MMA (``kernels_wgmma.cu``), with the bits of the
-mma.sync kernel of ``kernels.cu`` for the same K split (so batch invariance holds across the
-two).
+"""The small-M W12 GEMM on Hopper's warpgroup MMA (``kernels.cu``), with the bits of the mma.sync
+kernel (``small/``) for the same K split, so that batch invariance holds across the two.
 
 The mma.sync kernel re-reads the activations for every 16-row tile and keeps them and their
-accumulators in registers, which limits it at M > 32 (docs/PERF_GEMM.md); here the tensor cores
-read one activation stage per 64 weight rows from shared memory, weights and activations
-arrive by bulk copies, and no MMA warp waits on a global load. ``w12_linear`` runs it where the
-table's layout for the shape and class of M names a schedule (``config.Layout.wg``, written by
-``benchmarks/wgmma_probe.py --write-table``): on the H200 that is the 33-64-row class of eight
-large layers, where it runs 1.04-1.4x faster than the mma.sync kernel (docs/PERF_GEMM.md #38);
+accumulators in registers, which limits it above 32 rows; here the tensor cores read one
+activation stage per 64 weight rows from shared memory, weights and activations arrive by bulk
+copies, and no MMA warp waits on a global load. ``w12_linear`` runs it where the table's layout
+for the shape and class of M names a schedule (``table.Layout.wg``): on the H200 that is the
+33-64-row class of some large layers, where it runs 1.04-1.4x faster than the mma.sync kernel;
 at 1-32 rows the mma.sync kernel stays faster or as fast. With 128-row blocks it takes 65..128
-rows in one pass over the weight with the bits of two 64-row passes (``SmallConfig.one_pass``,
-docs/PERF_GEMM.md #67). Compute capability 9.0
-(``sm_90a``) only.
+rows in one pass over the weight with the bits of two 64-row passes
+(``SmallConfig.one_pass``). Compute capability 9.0 (``sm_90a``) only.
 """
 
 from __future__ import annotations
@@ -23,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from w12_kernels.gemm import cuda
+from w12_kernels.gemm.cuda import runtime
 
-SOURCE_PATH = Path(__file__).with_name("kernels_wgmma.cu")
+SOURCE_PATH = Path(__file__).with_name("kernels.cu")
 N_BLOCKS = (16, 32, 48, 64, 128)  # activation rows per block (wgmma N; 128: 65..128 rows in
 # one pass; a set is then 64 registers a thread: at most two sets (four spill), and sets x
-# warpgroups x row groups at most 4 (two sets in 544 threads fail to allocate, run 260))
+# warpgroups x row groups at most 4 (two sets in 544 threads fail to allocate))
 WARPGROUPS = (1, 2, 4)  # warpgroups per block
 SETS = (1, 2, 4)  # accumulator sets per warpgroup (kw / warpgroups)
 DEPTHS = (4, 6, 8)  # stages (columns of weights and activations) per warpgroup
@@ -37,42 +34,7 @@ SPLITS = (1, 2, 4, 8)  # blocks sharing a row range's K (partial sums folded by 
 
 
 def available() -> bool:
-    return cuda.available() and torch.cuda.get_device_capability()[0] == 9
-
-
-def wrapper(n: int, struct: str = "Wgmma", *, a_shared: bool = False) -> str:
-    """``<struct><n>::mma(d, a, desc)``: d[n/2] += A(regs) x B(desc), m64nNk16, bf16 -> f32;
-    with ``a_shared`` ``mma(d, desc_a, desc_b)``, both operands from shared memory (K-major).
-    ``struct`` names the template, declared by whoever includes it."""
-    regs = n // 2
-    d = ", ".join(f"%{i}" for i in range(regs))
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
-    if a_shared:
-        params, ins = "unsigned long long da, unsigned long long db", '"l"(da), "l"(db)'
-        operands, imm, pred = f"%{regs}, %{regs + 1}", "1, 1, 0, 0", regs + 2
-    else:
-        params = "const u32 (&a)[4], unsigned long long desc"
-        ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)'
-        a = ", ".join(f"%{regs + i}" for i in range(4))
-        operands, imm, pred = f"{{{a}}}, %{regs + 4}", "1, 1, 0", regs + 5
-    return (
-        f"template <> struct {struct}<{n}> {{\n"
-        f"  __device__ __forceinline__ static void mma(float (&d)[{regs}], {params}) {{\n"
-        f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{pred}, 0;\\n"\n'
-        f'                 "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "\n'
-        f'                 "{{{d}}}, {operands}, p, {imm};\\n}}\\n"\n'
-        f"                 : {outs}\n"
-        f'                 : {ins}, "r"(1)\n'
-        f'                 : "memory");\n'
-        f"  }}\n}};\n"
-    )
-
-
-@functools.cache
-def source() -> str:
-    """kernels.cu (loads, decode8, conversions), the wrappers, then kernels_wgmma.cu."""
-    wrappers = "template <int N> struct Wgmma;\n" + "".join(wrapper(n) for n in N_BLOCKS)
-    return cuda.SOURCE_PATH.read_text() + "\n" + wrappers + "\n" + SOURCE_PATH.read_text()
+    return runtime.available() and torch.cuda.get_device_capability()[0] == 9
 
 
 def kernel_name(n_block: int, depth: int, warpgroups: int, sets: int, row_groups: int) -> str:
@@ -81,14 +43,9 @@ def kernel_name(n_block: int, depth: int, warpgroups: int, sets: int, row_groups
 
 @functools.cache
 def _kernel(device_index: int, name: str):
-    import cupy
-
-    major, minor = torch.cuda.get_device_capability(device_index)
-    with cupy.cuda.Device(device_index):
-        module = cupy.RawModule(code=source(),
-                                options=("--std=c++17", f"--gpu-architecture=sm_{major}{minor}a"),
-                                name_expressions=[name])
-        return module.get_function(name)
+    module = runtime.module(device_index, SOURCE_PATH.read_text(), arch_suffix="a",
+                            name_expressions=(name,))
+    return module.get_function(name)
 
 
 def check(kw: int, depth: int, n_block: int, warpgroups: int, row_groups: int = 1,
@@ -127,8 +84,8 @@ def _counters(device: torch.device, count: int) -> torch.Tensor:
     last block of each row range puts its counter back to zero, so a set is reused). A set
     that is too small is replaced by a larger one and kept alive, never freed: CUDA graphs
     captured with it go on using it."""
-    index = cuda._index(device)
-    key = (index, cuda._current_stream_ptr(index))
+    index = runtime.device_index(device)
+    key = (index, runtime.current_stream_ptr(index))
     have = _COUNTERS.get(key)
     if have is None or have.numel() < count:
         if have is not None:
@@ -162,25 +119,25 @@ def gemm_wg(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
     if warpgroups is None:
         warpgroups = default_warpgroups(kw)
     ntiles, nchunks = int(chunks.shape[0]), int(chunks.shape[1])
-    xp = cuda._padded_x(x, nchunks * 64)
-    index = cuda._index(x.device)
+    xp = runtime.padded_x(x, nchunks * 64)
+    index = runtime.device_index(x.device)
     func, smem = _wg_kernel(index, kw, depth, n_block, warpgroups, row_groups, split)
     tblocks = math.ceil(m / n_block)
     rblocks = math.ceil(ntiles / (4 * row_groups))
     image = torch.empty(tblocks * nchunks * n_block * 64, dtype=torch.bfloat16, device=x.device)
-    cuda.launch(_kernel(index, f"w12_x_image<{n_block}>"), (nchunks, tblocks), (4 * n_block,),
-                (cuda._ptr(xp), cuda._ptr(image), m, xp.stride(0), nchunks), x.device)
+    ptr = runtime.ptr
+    runtime.launch(_kernel(index, f"w12_x_image<{n_block}>"), (nchunks, tblocks),
+                   (4 * n_block,), (ptr(xp), ptr(image), m, xp.stride(0), nchunks), x.device)
     ws = counters = None
     if split > 1:
         ws = torch.empty(tblocks * kw * rblocks * 64 * row_groups * n_block,
                          dtype=torch.float32, device=x.device)
         counters = _counters(x.device, rblocks * tblocks)
-    args = (cuda._ptr(chunks), cuda._ptr(xp), cuda._ptr(out), cuda._ptr(scale),
-            cuda._ptr(esc_rowptr), cuda._ptr(esc_col), cuda._ptr(esc_delta), cuda._ptr(bias),
-            cuda._ptr(image), cuda._ptr(ws), cuda._ptr(counters), m, n, ntiles, nchunks,
-            xp.stride(0))
-    cuda.launch(func, (rblocks, tblocks, split), (128 * warpgroups * row_groups + 32,), args,
-                x.device, smem)
+    args = (ptr(chunks), ptr(xp), ptr(out), ptr(scale), ptr(esc_rowptr), ptr(esc_col),
+            ptr(esc_delta), ptr(bias), ptr(image), ptr(ws), ptr(counters), m, n, ntiles,
+            nchunks, xp.stride(0))
+    runtime.launch(func, (rblocks, tblocks, split), (128 * warpgroups * row_groups + 32,), args,
+                   x.device, smem)
     return out
 
 
@@ -192,11 +149,11 @@ def _wg_kernel(index: int, kw: int, depth: int, n_block: int, warpgroups: int, r
 
     sets = check(kw, depth, n_block, warpgroups, row_groups, split)
     smem = shared_bytes(n_block, warpgroups, depth, row_groups)
-    if smem > cuda.shared_memory_limit(index):
+    if smem > runtime.shared_memory_limit(index):
         raise ValueError(f"gemm_wg: {warpgroups} x {row_groups} warpgroups x {depth} stages of "
                          f"{n_block} rows need {smem} bytes of shared memory, over the "
-                         f"{cuda.shared_memory_limit(index)} a block may have here")
+                         f"{runtime.shared_memory_limit(index)} a block may have here")
     func = _kernel(index, kernel_name(n_block, depth, warpgroups, sets, row_groups))
     with cupy.cuda.Device(index):
-        cuda.allow_shared_memory(func, smem)
+        runtime.allow_shared_memory(func, smem)
     return func, smem

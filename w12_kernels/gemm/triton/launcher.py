@@ -1,10 +1,11 @@
-"""Launchers of the Triton kernels in ``kernel.py``: check, allocate, size the grid, launch.
+"""Launchers of the Triton kernels in ``kernels.py``: check, allocate, size the grid, launch.
 
-This is the portable path of the W12 GEMM: GPUs where the CUDA C kernels (``cuda.py``) cannot
-run, and the CPU under ``TRITON_INTERPRET=1`` (``on_gpu=False``), where loop trip counts go in
-as constants (see ``kernel.py``). ``kernels`` is the module holding the jitted kernels (tests
-pass an interpreted copy); by default ``kernel.py``, imported on first use so that Triton stays
-an optional dependency.
+This is the portable path of the W12 GEMM: GPUs where the CUDA C kernels cannot run (no CuPy),
+and the CPU under ``TRITON_INTERPRET=1`` (``on_gpu=False``), where loop trip counts go in as
+constants (see ``kernels.py``). ``gemm`` takes up to 64 rows with the batch-invariant K split
+of the CUDA small-M kernel; above that the dispatch decodes the weight (``decode``) and calls
+cuBLAS. ``kernels`` is the module holding the jitted kernels (tests pass an interpreted copy);
+by default ``kernels.py``, imported on first use so that Triton stays an optional dependency.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ def _cdiv(a: int, b: int) -> int:
 def _kernels(kernels):
     if kernels is not None:
         return kernels
-    from w12_kernels.gemm import kernel
+    from w12_kernels.gemm.triton import kernels as jitted
 
-    return kernel
+    return jitted
 
 
 def _max_row_escapes(esc_rowptr: torch.Tensor) -> int:
@@ -94,67 +95,6 @@ def gemm(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor, esc_rowptr:
         CHUNK_ITERS=0 if on_gpu else _cdiv(nchunks, kw),
         ESC_ITERS=0 if on_gpu else _max_row_escapes(esc_rowptr),
     )
-    return out
-
-
-# The largest accumulator (16 x tiles x block_m float32) a program may hold: Triton 3.6 compiled
-# the 32768-element block of 8 tiles x 256 rows x 8 warps into a kernel that gave NaN for 15%
-# of the outputs of a 4096x4096 weight on the H200 (docs/PERF_GEMM.md); every block the sweep
-# tries is within this.
-LARGE_ACC_MAX = 16384
-SPLIT_FINISH_BLOCK = 64  # rows and activation rows per program of the split-K epilogue
-
-
-def gemm_large(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor,
-               esc_rowptr: torch.Tensor, esc_col: torch.Tensor, esc_delta: torch.Tensor,
-               bias: torch.Tensor | None, n: int, k: int, *, tiles: int = 8, block_m: int = 128,
-               num_warps: int = 8, num_stages: int = 3, maxnreg: int = 0, splits: int = 1,
-               on_gpu: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ W.T (+ bias)`` by the tensor-core kernel of ``kernel_large.py``: ``tiles`` 16-row
-    weight tiles and ``block_m`` rows of ``x`` per program; ``maxnreg`` > 0 caps the registers
-    per thread (more programs per multiprocessor, the rare escape epilogue spilling instead);
-    ``splits`` > 1 cuts K into that many ranges (programs) summed
-    in order by a second kernel through a float32 workspace of ``splits x M x N``.
-    Deterministic, but the bits of a row may depend on M and on the configuration (for the rows
-    beyond the batch-invariant path)."""
-    from w12_kernels.gemm import kernel_large
-
-    ntiles, nchunks = _check_chunks(chunks, n, k)
-    if (tiles not in (1, 2, 4, 8, 16) or block_m not in (16, 32, 64, 128, 256) or splits < 1
-            or 16 * tiles * block_m > LARGE_ACC_MAX):
-        raise W12Error(f"gemm_large: tiles must be 1, 2, 4, 8 or 16, block_m 16..256 (a power "
-                       f"of two), 16 x tiles x block_m <= {LARGE_ACC_MAX} and splits >= 1, got "
-                       f"tiles={tiles}, block_m={block_m}, splits={splits}")
-    x, out = _rows_and_output(x, out, n, k, "gemm_large")
-    m = x.shape[0]
-    if m == 0 or n == 0:
-        return out
-    splits = max(1, min(splits, nchunks))
-    per = _cdiv(nchunks, splits)
-    splits = _cdiv(nchunks, per)  # no empty range
-    ws = (torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1
-          else scale)
-    bias_arg = bias if bias is not None else scale
-    grid = (_cdiv(ntiles, tiles) * splits * _cdiv(m, block_m),)
-    extra = {"num_warps": num_warps, "num_stages": num_stages} if on_gpu else {}
-    if on_gpu and maxnreg:
-        extra["maxnreg"] = maxnreg
-    esc_iters = 0 if on_gpu else _max_row_escapes(esc_rowptr)
-    kernel_large.w12_gemm_large_kernel[grid](
-        x, chunks, scale, esc_rowptr, esc_col, esc_delta, bias_arg, out, ws,
-        m, n, k, ntiles, nchunks, splits, x.stride(0), out.stride(0),
-        CN=tiles, BLOCK_M=block_m, SPLIT=splits > 1,
-        HAS_BIAS=bias is not None, ON_GPU=on_gpu, CHUNK_ITERS=0 if on_gpu else per,
-        ESC_ITERS=esc_iters, **extra,
-    )
-    if splits > 1:
-        block = SPLIT_FINISH_BLOCK
-        kernel_large.w12_splitk_finish_kernel[(_cdiv(n, block), _cdiv(m, block))](
-            ws, x, scale, esc_rowptr, esc_col, esc_delta, bias_arg, out,
-            m, n, splits, x.stride(0), out.stride(0),
-            BLOCK_N=block, BLOCK_M=block, HAS_BIAS=bias is not None, ON_GPU=on_gpu,
-            SPLIT_ITERS=0 if on_gpu else splits, ESC_ITERS=esc_iters,
-        )
     return out
 
 
