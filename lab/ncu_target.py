@@ -4,11 +4,11 @@ twice (the first call compiles the kernel and loads the table), nothing else on 
 Profile every call with, for example:
 
     ncu --clock-control none --kernel-name regex:w12_gemm_small --section WarpStateStats \\
-        --page raw --csv python3 benchmarks/ncu_target.py --shapes 6144x4096,4096x4096 --m 16,32
+        --page raw --csv python3 lab/ncu_target.py --shapes 6144x4096,4096x4096 --m 16,32
 
 The script prints which launch is which (2 i: the compile call of the i-th (shape, M), 2 i + 1:
 the one to read). ``--large-config`` runs the large-M warpgroup kernel with one configuration
-(``block_m,warpgroups,x_stages,w_stages,splits,a_regs,persist``) instead of the table's choice;
+(``WglConfig``'s fields, ``256,2,5,5,1,2,1``) instead of the table's choice;
 ``--cublas`` adds cuBLAS BF16 (``torch.nn.functional.linear``) on the exact weights after each
 W12 call, so that both kernels of one shape are profiled side by side. Random data, never zeros.
 """
@@ -19,13 +19,14 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch  # noqa: E402
+from gemm_tuning import large as large_step  # noqa: E402
 
 import w12  # noqa: E402
-from benchmarks.gemm import _large_runner  # noqa: E402
 from w12_kernels.gemm import w12_linear  # noqa: E402
+from w12_kernels.gemm.large.launcher import WglConfig  # noqa: E402
 from w12_kernels.gemm.layout import prepare_weight  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # (the CPU: a dry run of the script)
@@ -36,11 +37,12 @@ def main() -> None:
     parser.add_argument("--shapes", default="6144x4096", help="NxK,NxK,...")
     parser.add_argument("--m", default="16,32", help="row counts, comma-separated")
     parser.add_argument("--large-config", default=None,
-                        help="block_m,warpgroups,x_stages,w_stages,splits,a_regs,persist")
+                        help="WglConfig's fields in order: block_m,warpgroups,x_stages,"
+                             "w_stages,splits,a_regs[,persist,tail,xorder,wreuse,l2hint]")
     parser.add_argument("--cublas", action="store_true", help="also profile cuBLAS BF16")
     args = parser.parse_args()
-    # the large-M sweep's runner of one warpgroup-kernel candidate (None: the table's choice)
-    large = (_large_runner(("wgmma", *map(int, args.large_config.split(","))))
+    # the large-M kernel with one configuration (None: the table's choice)
+    large = (large_step.runner(WglConfig(*map(int, args.large_config.split(","))))
              if args.large_config else None)
     torch.manual_seed(0)
     launch = 0
