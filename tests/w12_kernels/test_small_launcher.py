@@ -75,19 +75,21 @@ def test_warpgroup_schedules():
 
 def test_the_warpgroup_header_spells_out_every_accumulator():
     """``wgmma.cuh``: one ``WgmmaRS<N>`` per N a kernel uses, each an m64nNk16 MMA with N / 2
-    float accumulators, the four A registers and the descriptor."""
+    float accumulators, then the four A registers, the descriptor and the scale predicate, the
+    operands numbered in that order."""
     import re
 
     from w12_kernels.gemm.cuda import runtime
 
     text = (runtime.INCLUDE_DIR / "wgmma.cuh").read_text()
-    specs = re.findall(r"template <> struct WgmmaRS<(\d+)> \{(.*?)\n\};", text, re.S)
-    assert sorted(int(n) for n, _ in specs) == [16, 32, 48, 64, 128, 192, 256]
-    assert set(wgmma.N_BLOCKS) <= {int(n) for n, _ in specs}
-    for n, body in specs:
-        n = int(n)
-        assert f"float (&d)[{n // 2}]" in body and f"m64n{n}k16.f32.bf16.bf16" in body
-        assert body.count('"+f"(d[') == n // 2
-        assert "{" + ", ".join(f"%{i}" for i in range(n // 2)) + "}" in body
-        a = n // 2
-        assert f"{{%{a}, %{a + 1}, %{a + 2}, %{a + 3}}}, %{a + 4}, p" in body
+    lines = re.findall(r'^W12_WGMMA_RS\((\d+), "(\{[^"]*\})", "(\{[^"]*\})", "(%\d+)", "(%\d+)", '
+                       r"(.*)\)$", text, re.M)
+    assert sorted(int(n) for n, *_ in lines) == [16, 32, 48, 64, 128, 192, 256]
+    assert set(wgmma.N_BLOCKS) <= {int(n) for n, *_ in lines}
+    for n, d, a, desc, pred, outs in lines:
+        r = int(n) // 2
+        assert d == "{" + ", ".join(f"%{i}" for i in range(r)) + "}"
+        assert a == "{" + ", ".join(f"%{r + i}" for i in range(4)) + "}"
+        assert (desc, pred) == (f"%{r + 4}", f"%{r + 5}")
+        assert outs == ", ".join(f'"+f"(d[{i}])' for i in range(r))
+    assert 'm64n" #N "k16.f32.bf16.bf16' in text and "float (&d)[N / 2]" in text

@@ -14,21 +14,19 @@ struct alignas(16) Words4 {
   u32 x, y, z, w;
 };
 
-__device__ __forceinline__ Words4 load_stream(const Words4* p) {
-  Words4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ Words4 load_cached(const void* p) {
-  Words4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
+// Four 32-bit words in one 16-byte load of read-only data: past L1 (load_stream, for the
+// weights, read once) or through it (load_cached, for the activations, which other warps read
+// again).
+#define W12_LOAD4(NAME, CACHE, PTR)                                                       \
+  __device__ __forceinline__ Words4 NAME(PTR p) {                                         \
+    Words4 v;                                                                             \
+    asm volatile("ld.global.nc" CACHE ".v4.u32 {%0, %1, %2, %3}, [%4];"                   \
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)                             \
+                 : "l"(p));                                                               \
+    return v;                                                                             \
+  }
+W12_LOAD4(load_stream, ".L1::no_allocate", const Words4*)
+W12_LOAD4(load_cached, "", const void*)
 
 // Three words (low bytes of weights 0..3, of 4..7, the sign/exponent bits) -> four BF16 pairs
 // in the order of an m16n8k16 A fragment (layout.py, B_POSITIONS).
@@ -129,4 +127,13 @@ __device__ __forceinline__ void store_output(float v, int row, int tok, const bf
   epi_rows(e, row, n_rows, scale, rowptr, bias);
   epi_first_escape(e, esc_col, esc_delta);
   store_output(v, e, row, tok, x, y, esc_col, esc_delta, bias, n_rows, ldx);
+}
+
+// Keeps registers alive (for the compiler) up to this point: the A fragments of a wgmma that
+// may still be reading them must not be given to other values before its wait_group.
+__device__ __forceinline__ void keep_regs(u32 (&a)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[j][r])::"memory");
 }

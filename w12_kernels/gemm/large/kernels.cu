@@ -131,6 +131,19 @@ __device__ __forceinline__ void unpack24x16(uint4 p0, uint4 p1, uint4 p2, float4
   v[2] = unpack24(make_uint3(p1.z, p1.w, p2.x));
   v[3] = unpack24(make_uint3(p2.y, p2.z, p2.w));
 }
+// sixteen such floats (three 16-byte words ``stride`` words apart) added to f[o .. o + 15]
+template <int NF>
+__device__ __forceinline__ void add24x16(float (&f)[NF], int o, const uint4* p, int stride) {
+  float4 v[4];
+  unpack24x16(p[0], p[stride], p[2 * stride], v);
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    f[o + 4 * h] += v[h].x;
+    f[o + 4 * h + 1] += v[h].y;
+    f[o + 4 * h + 2] += v[h].z;
+    f[o + 4 * h + 3] += v[h].w;
+  }
+}
 
 // XORDER (a table entry's choice): the activations straight from x, no image pass. The MMA
 // then sums each chunk column in x's own K order (K index kk of MMA step j is column 16 j + kk),
@@ -201,19 +214,25 @@ __device__ __forceinline__ void mbar_wait(const unsigned long long* bar, u32 par
   } while (!done);
 }
 
+// The copies of the stages, with an L2 policy where the function template's L2HINT asks for
+// one: OP the instruction, SRC its source operands, BAR and POL the operand numbers of the
+// barrier and the policy, POLICY the policy (evaluated only where it is used), then the
+// source's operands (from %1 on). The destination is %0.
+#define W12_COPY(OP, SRC, BAR, POL, POLICY, ...)                                           \
+  if constexpr (L2HINT) {                                                                 \
+    asm volatile(OP ".L2::cache_hint [%0], " SRC ", [" BAR "], " POL ";"                  \
+                 :: "r"(smem_addr(dst)), __VA_ARGS__, "r"(smem_addr(bar)), "l"(POLICY)    \
+                 : "memory");                                                             \
+  } else {                                                                                \
+    asm volatile(OP " [%0], " SRC ", [" BAR "];"                                          \
+                 :: "r"(smem_addr(dst)), __VA_ARGS__, "r"(smem_addr(bar)) : "memory");    \
+  }
+
 template <bool L2HINT>
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes,
                                           unsigned long long* bar) {
-  if constexpr (L2HINT) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 ".L2::cache_hint [%0], [%1], %2, [%3], %4;"
-                 :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)),
-                    "l"(l2_keep()) : "memory");
-    return;
-  }
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
-               "[%0], [%1], %2, [%3];"
-               :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+  W12_COPY("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes", "[%1], %2",
+           "%3", "%4", l2_keep(), "l"(src), "r"(bytes))
 }
 
 // A CUtensorMap, passed by value as a __grid_constant__ kernel parameter.
@@ -235,17 +254,9 @@ struct StreamKCuts {
 template <bool L2HINT>
 __device__ __forceinline__ void tile_copy(void* dst, const void* map, int col, int tile,
                                           unsigned long long* bar) {
-  if constexpr (L2HINT) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx"
-                 "::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;"
-                 :: "r"(smem_addr(dst)), "l"(map), "r"(0), "r"(col), "r"(tile),
-                    "r"(smem_addr(bar)), "l"(l2_stream()) : "memory");
-    return;
-  }
-  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3, %4}], [%5];"
-               :: "r"(smem_addr(dst)), "l"(map), "r"(0), "r"(col), "r"(tile),
-                  "r"(smem_addr(bar)) : "memory");
+  W12_COPY("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
+           "[%1, {%2, %3, %4}]", "%5", "%6", l2_stream(), "l"(map), "r"(0), "r"(col),
+           "r"(tile))
 }
 
 // (XORDER) Rows tok .. tok + BN - 1, columns col .. col + 63 of x (the box of `map`: x as a
@@ -254,17 +265,8 @@ __device__ __forceinline__ void tile_copy(void* dst, const void* map, int col, i
 template <bool L2HINT>
 __device__ __forceinline__ void x_copy(void* dst, const void* map, int col, int tok,
                                        unsigned long long* bar) {
-  if constexpr (L2HINT) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx"
-                 "::bytes.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;"
-                 :: "r"(smem_addr(dst)), "l"(map), "r"(col), "r"(tok), "r"(smem_addr(bar)),
-                    "l"(l2_keep()) : "memory");
-    return;
-  }
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3}], [%4];"
-               :: "r"(smem_addr(dst)), "l"(map), "r"(col), "r"(tok), "r"(smem_addr(bar))
-               : "memory");
+  W12_COPY("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
+           "[%1, {%2, %3}]", "%4", "%5", l2_keep(), "l"(map), "r"(col), "r"(tok))
 }
 
 // (XORDER) tile_copy with the 128-byte swizzle (launcher.py, ``_weight_map``'s swizzled
@@ -273,17 +275,9 @@ __device__ __forceinline__ void x_copy(void* dst, const void* map, int col, int 
 template <bool L2HINT>
 __device__ __forceinline__ void tile_copy_sw(void* dst, const void* map, int col, int tile,
                                              unsigned long long* bar) {
-  if constexpr (L2HINT) {
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx"
-                 "::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;"
-                 :: "r"(smem_addr(dst)), "l"(map), "r"(0), "r"(0), "r"(col), "r"(tile),
-                    "r"(smem_addr(bar)), "l"(l2_stream()) : "memory");
-    return;
-  }
-  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3, %4, %5}], [%6];"
-               :: "r"(smem_addr(dst)), "l"(map), "r"(0), "r"(0), "r"(col), "r"(tile),
-                  "r"(smem_addr(bar)) : "memory");
+  W12_COPY("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
+           "[%1, {%2, %3, %4, %5}]", "%6", "%7", l2_stream(), "l"(map), "r"(0), "r"(0),
+           "r"(col), "r"(tile))
 }
 
 // (XORDER) The four BF16 pairs of an A fragment in x's K order: la, lb the low-byte words of
@@ -328,13 +322,53 @@ __device__ __forceinline__ bool patch_value(bf16_t v, float sc, bf16_t& a) {
   return (mag == 0u || (expo != 0u && expo != 0x7F80u)) && bf16_to_float(a) * sc == vf;
 }
 
-// Keeps registers alive (for the compiler) up to this point: the A fragments of a wgmma that
-// may still be reading them must not be given to other values before its wait_group.
-__device__ __forceinline__ void keep_regs(u32 (&a)[4][4]) {
+// The outputs of a thread's accumulators acc[0 .. 4 COLS) (register i: token 8 (i / 4) + 2 t +
+// i % 2, row g + 8 ((i % 4) / 2) of its warp's 16 rows), each row's sum times its scale sc[h]
+// plus its bias b[h] where there is one, rounded to BF16 and stored token-major into the
+// staging tile at `tile` (token rows of STRIDE bytes: 16 bytes past the weight rows, so that
+// neither stmatrix.trans nor the reads back collide on a bank); row0: the warp's first row in
+// the tile.
+template <int COLS, int STRIDE, int NF>
+__device__ __forceinline__ void stage_tile(const float (&acc)[NF], const float (&sc)[2],
+                                           const float (&b)[2], bool has_bias,
+                                           unsigned char* tile, int row0, int lane) {
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
+  for (int c = 0; c < COLS; c += 2) {
+    u32 w[4];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[j][r])::"memory");
+    for (int mm = 0; mm < 4; ++mm) {
+      const int i = 4 * (c + (mm >> 1)) + 2 * (mm & 1);
+      float o0 = acc[i] * sc[mm & 1], o1 = acc[i + 1] * sc[mm & 1];
+      if (has_bias) {
+        o0 += b[mm & 1];
+        o1 += b[mm & 1];
+      }
+      w[mm] = (u32)float_to_bf16(o0) | ((u32)float_to_bf16(o1) << 16);
+    }
+    const int q = lane >> 3;
+    const u32 addr = smem_addr(tile + (8 * (c + (q >> 1)) + (lane & 7)) * STRIDE +
+                               (row0 + 8 * (q & 1)) * 2);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
+                 :: "r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+  }
+}
+
+// The staging tile's first `ntok` token rows (R weight rows each) stored to y at token tok0,
+// row row0, in 16-byte pieces (a warp's stores: whole 256-byte row segments); me: the thread
+// among THREADS (a multiple of R / 8).
+template <int R, int STRIDE, int THREADS>
+__device__ __forceinline__ void store_staged(const unsigned char* tile, bf16_t* y, int n_rows,
+                                             int tok0, int row0, int ntok, u32 me) {
+  constexpr int CH = R / 8;  // 16-byte pieces of a token's row
+  const int c8 = (int)me % CH;
+  const bool live = row0 + 8 * c8 < n_rows;
+  bf16_t* yo = y + (size_t)tok0 * n_rows + row0 + 8 * c8;
+  const int hi = ntok * CH;
+  for (int u = (int)me; u < hi; u += THREADS) {
+    const int tk = u / CH;
+    const uint4 v = *reinterpret_cast<const uint4*>(tile + tk * STRIDE + 16 * c8);
+    if (live) *reinterpret_cast<uint4*>(yo + (size_t)tk * n_rows) = v;
+  }
 }
 
 // Waits (the whole warp) until the 32-bit flag at p is set by another block (stream-K's
@@ -863,18 +897,7 @@ __device__ __forceinline__ void wgl_body(
           const float4* wp = slot + (size_t)bb * (BN / 8) * THREADS + me;
           const uint4* np = reinterpret_cast<const uint4*>(wp);
 #pragma unroll
-          for (int c = 0; c < BN / 32; ++c) {
-            float4 v[4];
-            unpack24x16(np[(3 * c) * THREADS], np[(3 * c + 1) * THREADS],
-                        np[(3 * c + 2) * THREADS], v);
-#pragma unroll
-            for (int h = 0; h < 4; ++h) {
-              acc[16 * c + 4 * h] += v[h].x;
-              acc[16 * c + 4 * h + 1] += v[h].y;
-              acc[16 * c + 4 * h + 2] += v[h].z;
-              acc[16 * c + 4 * h + 3] += v[h].w;
-            }
-          }
+          for (int c = 0; c < BN / 32; ++c) add24x16(acc, 16 * c, np + 3 * c * THREADS, THREADS);
         } while (cuts[bb + 1] < uend);
         asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
         for (int f = blockIdx.x + 1; f <= bb; ++f)
@@ -926,38 +949,11 @@ __device__ __forceinline__ void wgl_body(
         constexpr int STRIDE = 2 * R + 16;  // bytes of a token's row in the staging tile
         // (both warpgroups' MMAs are done with the stages)
         asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
-        const int ln = me & 31;
-#pragma unroll
-        for (int c = 0; c < BN / 8; c += 2) {
-          u32 w[4];
-#pragma unroll
-          for (int mm = 0; mm < 4; ++mm) {
-            const int i = 4 * (c + (mm >> 1)) + 2 * (mm & 1);
-            float o0 = acc[i] * ((mm & 1) ? m1 : m0), o1 = acc[i + 1] * ((mm & 1) ? m1 : m0);
-            if (bias != nullptr) {
-              o0 += (mm & 1) ? d1.y : d0.y;
-              o1 += (mm & 1) ? d1.y : d0.y;
-            }
-            w[mm] = (u32)float_to_bf16(o0) | ((u32)float_to_bf16(o1) << 16);
-          }
-          const int q = ln >> 3;
-          const u32 addr = smem_addr(smem + (8 * (c + (q >> 1)) + (ln & 7)) * STRIDE +
-                                     ((rloc & ~7) + 8 * (q & 1)) * 2);
-          asm volatile(
-              "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
-              :: "r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
-        }
+        const float sc[2] = {m0, m1}, b[2] = {d0.y, d1.y};
+        stage_tile<BN / 8, STRIDE>(acc, sc, b, bias != nullptr, smem, rloc & ~7, me & 31);
         asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
-        constexpr int CH = R / 8;  // 16-byte pieces of a token's row
-        const int c8 = (int)me % CH;
-        const bool live = tile0 * 16 + 8 * c8 < n_rows;
-        bf16_t* yo = y + (size_t)tok0 * n_rows + tile0 * 16 + 8 * c8;
-        const int hi = min(BN, M - tok0) * CH;
-        for (int u = (int)me; u < hi; u += THREADS) {  // (THREADS a multiple of CH)
-          const int tk = u / CH;
-          const uint4 v = *reinterpret_cast<const uint4*>(smem + tk * STRIDE + 16 * c8);
-          if (live) *reinterpret_cast<uint4*>(yo + (size_t)tk * n_rows) = v;
-        }
+        store_staged<R, STRIDE, THREADS>(smem, y, n_rows, tok0, tile0 * 16, min(BN, M - tok0),
+                                         me);
         continue;
       }
       bf16_t* yb = y + (size_t)(tok0 + 2 * t) * n_rows;
@@ -1202,50 +1198,14 @@ __device__ __forceinline__ void wgl_body(
     if (!producer && (!KIL || wg == 0)) {
       const uint4* np = reinterpret_cast<const uint4*>(inbox) + me;
 #pragma unroll
-      for (int c = 0; c < HALF / 16; ++c) {
-        float4 v[4];
-        unpack24x16(np[(3 * c) * PT], np[(3 * c + 1) * PT], np[(3 * c + 2) * PT], v);
-#pragma unroll
-        for (int h = 0; h < 4; ++h) {
-          acc[16 * c + 4 * h] += v[h].x;
-          acc[16 * c + 4 * h + 1] += v[h].y;
-          acc[16 * c + 4 * h + 2] += v[h].z;
-          acc[16 * c + 4 * h + 3] += v[h].w;
-        }
-      }
-#pragma unroll
-      for (int c = 0; c < HALF / 4; c += 2) {
-        u32 w[4];
-#pragma unroll
-        for (int mm = 0; mm < 4; ++mm) {
-          const int i = 4 * (c + (mm >> 1)) + 2 * (mm & 1);
-          float o0 = acc[i] * osc[mm & 1], o1 = acc[i + 1] * osc[mm & 1];
-          if (bias != nullptr) {
-            o0 += ob[mm & 1];
-            o1 += ob[mm & 1];
-          }
-          w[mm] = (u32)float_to_bf16(o0) | ((u32)float_to_bf16(o1) << 16);
-        }
-        const int q = olane >> 3;
-        const u32 addr = smem_addr(stg + (8 * (c + (q >> 1)) + (olane & 7)) * STRIDE +
-                                   (orl - og + 8 * (q & 1)) * 2);
-        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
-                     :: "r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
-      }
+      for (int c = 0; c < HALF / 16; ++c) add24x16(acc, 16 * c, np + 3 * c * PT, PT);
+      stage_tile<HALF / 4, STRIDE>(acc, osc, ob, bias != nullptr, stg, orl - og, olane);
     }
     if (!producer) {
       asm volatile("bar.sync 3, %0;" :: "n"(THREADS) : "memory");
-      constexpr int CH = R / 8;  // 16-byte pieces of a token's row
-      const int c8 = (int)me % CH;
       const int ofirst = orank * TS;
-      const bool live = tblock * R + 8 * c8 < n_rows;
-      bf16_t* yo = y + (size_t)(tok0 + ofirst) * n_rows + tblock * R + 8 * c8;
-      const int hi = max(0, min(TS, M - tok0 - ofirst)) * CH;
-      for (int u = (int)me; u < hi; u += THREADS) {  // (THREADS a multiple of CH)
-        const int tk = u / CH;
-        const uint4 v = *reinterpret_cast<const uint4*>(stg + tk * STRIDE + 16 * c8);
-        if (live) *reinterpret_cast<uint4*>(yo + (size_t)tk * n_rows) = v;
-      }
+      store_staged<R, STRIDE, THREADS>(stg, y, n_rows, tok0 + ofirst, tblock * R,
+                                       max(0, min(TS, M - tok0 - ofirst)), me);
     }
   } else if (vec_ok && !corrections) {
     // Every row of the block without corrections, N a multiple of 8: thread (token, group)

@@ -53,15 +53,6 @@ __device__ __forceinline__ unsigned long long wg_desc(const void* smem_ptr) {
   return desc;                                   // base offset 0, no swizzle
 }
 
-// Keeps registers alive (for the compiler) up to this point: the A fragments of a wgmma that
-// may still be reading them must not be given to other values before its wait_group.
-__device__ __forceinline__ void wg_keep(u32 (&a)[4][4]) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[j][r])::"memory");
-}
-
 __device__ __forceinline__ u32 wg_smem(const void* p) {
   return (u32)__cvta_generic_to_shared(p);
 }
@@ -246,14 +237,14 @@ __global__ void __launch_bounds__(128 * KB * RG + 32) w12_gemm_wg(
           for (int j = 0; j < 4; ++j) WgmmaRS<N>::mma(acc[u % S], cur[j], desc + j * (N * 2));
           asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
           asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // column i - 1 done
-          wg_keep(a[(u + 1) % 2]);
+          keep_regs(a[(u + 1) % 2]);
           if (i >= 1 && lane == 0) wg_mbar_arrive(empty + g * R + (i - 1) % R);
         }
       }
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-    wg_keep(a[0]);
-    wg_keep(a[1]);
+    keep_regs(a[0]);
+    keep_regs(a[1]);
   }
 
   const int gg = lane >> 2, t = lane & 3;
