@@ -65,7 +65,9 @@ if new:
         elif kind == "x_image":
             put(key, wg.SOURCE_PATH.read_text(), f"w12_x_image<{args[0]}>", "sm_90a", inc)
         elif kind == "wgl":
-            cfg = large.WglConfig(*args)
+            bm, wgs, xs, ws, sp, ar, ps, xo, wr, l2 = args
+            cfg = large.WglConfig(bm, wgs, xs, ws, sp, ar, persist=bool(ps), xorder=bool(xo),
+                                  wreuse=bool(wr), l2hint=bool(l2))
             put(key, large.source(cfg), cfg.kernel_name, "sm_90a", inc)
         elif kind == "permute_x":
             put(key, large.SOURCE_PATH.read_text(), "w12_permute_x", "sm_90a", inc)
@@ -251,16 +253,16 @@ def compile_unit(unit: dict, nvcc: str, cuobjdump: str) -> dict:
     return {"regs": regs, "spill": spill, "sass": ins}
 
 
-def main_loop(ins: list[tuple[int, str]]) -> int | None:
-    """Instructions of the innermost loop (a backward branch's span) holding at least four
-    warpgroup MMAs; None where there is none."""
+def main_loop(ins: list[tuple[int, str]]) -> list[tuple[int, str]] | None:
+    """The innermost loop (a backward branch's span) holding at least four warpgroup MMAs;
+    None where there is none."""
     best = None
     for addr, text in ins:
         m = re.search(r"\bBRA (?:`\()?(0x[0-9a-f]+)", text)
         if m and int(m.group(1), 16) < addr:
-            span = [t for a, t in ins if int(m.group(1), 16) <= a <= addr]
-            if sum("HGMMA" in t for t in span) >= 4 and (best is None or len(span) < best):
-                best = len(span)
+            span = [(a, t) for a, t in ins if int(m.group(1), 16) <= a <= addr]
+            if sum("HGMMA" in t for _, t in span) >= 4 and (best is None or len(span) < len(best)):
+                best = span
     return best
 
 
@@ -281,24 +283,30 @@ def compare(key: str, tree: dict, base: dict | None) -> tuple[str, bool]:
     line = f"{key:<64} regs {tree['regs']:>3} spill {tree['spill']:>4}"
     loop = main_loop(tree["sass"])
     if loop is not None:
-        line += f" loop {loop:>4}"
+        line += f" loop {len(loop):>4}"
     if base is None:
         return line, False
     b_loop = main_loop(base["sass"])
-    a_text, b_text = [t for _, t in tree["sass"]], [t for _, t in base["sass"]]
-    if a_text == b_text:
-        verdict = "same"
-    elif _without_params(tree["sass"]) == _without_params(base["sass"]):
-        verdict = "same but params"
-    else:
-        a, b = collections.Counter(a_text), collections.Counter(b_text)
-        verdict = (f"differs: {len(a_text)} vs {len(b_text)} instructions, "
-                   f"+{sum((a - b).values())} -{sum((b - a).values())}")
     line += (f" | baseline regs {base['regs']:>3} spill {base['spill']:>4}"
-             + (f" loop {b_loop:>4}" if b_loop is not None else "") + f" | {verdict}")
+             + (f" loop {len(b_loop):>4}" if b_loop is not None else "")
+             + f" | {_verdict(tree['sass'], base['sass'])}")
+    if loop is not None and b_loop is not None:
+        line += f"; main loop {_verdict(loop, b_loop)}"
     worse = (tree["regs"] > base["regs"] or tree["spill"] > base["spill"]
-             or (loop or 0) > (b_loop or 0))
+             or len(loop or ()) > len(b_loop or ()))
     return line + ("  <-- WORSE" if worse else ""), worse
+
+
+def _verdict(ins, base) -> str:
+    """``same``, ``same but params`` or how two instruction lists differ."""
+    a_text, b_text = [t for _, t in ins], [t for _, t in base]
+    if a_text == b_text:
+        return "same"
+    if _without_params(ins) == _without_params(base):
+        return "same but params"
+    a, b = collections.Counter(a_text), collections.Counter(b_text)
+    return (f"differs: {len(a_text)} vs {len(b_text)} instructions, "
+            f"+{sum((a - b).values())} -{sum((b - a).values())}")
 
 
 def main() -> int:
