@@ -98,3 +98,26 @@ def test_kernel_sass_main_loop_and_comparison():
     assert "same but params" in ks.compare("k", moved, unit)[0]
     worse, bad = ks.compare("k", {**unit, "regs": 101}, unit)
     assert bad and "WORSE" in worse
+
+
+def test_the_script_end_to_end_on_the_cpu(tmp_path):
+    """``compare_revisions.sh`` with the old tree given as a folder (``--export``'s), on the
+    CPU, no tests and no benchmark: the bits stage compares both trees' outputs."""
+    import os
+    import shutil
+
+    root = LAB.parent
+    old = tmp_path / "old-tree"
+    for name in ("w12", "w12_kernels", "benchmarks"):
+        shutil.copytree(root / name, old / name, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "DEVICE": "cpu", "TESTS": "", "BENCH_MODELS": "", "WORKERS": "1",
+           "SHAPES": "17x64", "M_LIST": "1,70", "OUT": str(tmp_path / "out"),
+           "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(LAB / "compare_revisions.sh"), str(old)], env=env,
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "bits: 3 outputs the same, 0 differ" in done.stdout
+    assert "== 3. GPU tests" in done.stdout and "== 4. benchmarks" in done.stdout
+    done = subprocess.run(["bash", str(LAB / "compare_revisions.sh"), str(tmp_path / "none")],
+                          env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2 and "cannot export" in done.stdout
