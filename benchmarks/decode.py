@@ -40,9 +40,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="Eager elementwise ops (default: torch.compile on CUDA).")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--attention", default="auto",
-                        help="decode attention: auto (triton on CUDA), torch, triton (one kernel "
-                             "per layer), or "
-                             "torch,triton to time both on the same loaded model")
+                        help="decode attention: auto (= tree), tree (the tree-attention kernels), "
+                             "torch (masked matmuls), or tree,torch to time both on the same "
+                             "loaded model")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
 

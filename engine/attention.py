@@ -11,7 +11,8 @@ An ``AttentionPlan`` addresses the cache for one forward pass of T rows per requ
 A plain decode step is the one-row case (path = its own slot), a chain of drafted tokens the
 case of paths L_b..L_b+t, a draft tree the general one. ``attend`` runs the plan: causal SDPA
 for prefill; otherwise the tree-attention kernel family (``w12_kernels.tree_attention``), which
-gives a row the same bits whether it is a decode step's only row or one node of a tree.
+gives a row the same bits whether it is a decode step's only row or one node of a tree (or,
+``attention="torch"``, masked matmuls over the cache).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from engine import ops
 from engine.w12_backend import tree_attention
 from w12.errors import W12Error
 
-ATTENTION_KINDS = ("auto", "torch", "triton")
+ATTENTION_KINDS = ("auto", "tree", "torch")
 
 
 @dataclass
@@ -68,22 +69,24 @@ class AttentionPlan:
 
 
 def resolve_attention(attention: str, device: torch.device) -> str:
-    """``attention`` with ``"auto"`` made concrete for ``device``; a clear error if unknown:
-    the Triton kernels on a CUDA device where Triton imports, the torch ops otherwise."""
+    """``attention`` with ``"auto"`` made concrete for ``device``; a clear error if unknown.
+
+    ``tree`` (the default): the tree-attention kernels, Triton on a CUDA device where Triton
+    imports, per-row loops on the CPU; a row's bits never depend on the other rows. ``torch``:
+    masked matmuls over the whole cache, a reference path without that promise."""
     if attention not in ATTENTION_KINDS:
         raise W12Error(f"attention must be one of {', '.join(ATTENTION_KINDS)}, "
                        f"got {attention!r}")
-    if attention == "auto":
-        if device.type != "cuda":
-            return "torch"
+    if attention == "torch":
+        return attention
+    if device.type == "cuda":
         try:
             import triton  # noqa: F401
-        except ImportError:
+        except ImportError as exc:
+            if attention == "tree":
+                raise W12Error("attention 'tree' on a CUDA device needs Triton") from exc
             return "torch"
-        return "triton"
-    if attention == "triton" and device.type != "cuda":
-        raise W12Error(f"attention 'triton' needs a CUDA device; the model is on {device}")
-    return attention
+    return "tree"
 
 
 def visible_slots(plan: AttentionPlan, seq_len: int) -> torch.Tensor:
@@ -101,7 +104,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Ten
     written into the cache [B, Hkv, S, D] at ``plan.slots``), as [B, T, Hq * D]."""
     if plan.causal:
         return ops.causal_attention(q, k, v)
-    if kind == "triton":
+    if kind == "tree":
         return tree_attention(q, k_cache, v_cache, plan.prefix_len, plan.path_slots)
     visible = visible_slots(plan, k_cache.shape[2])
     return ops.cached_attention(q, k_cache, v_cache, visible, op_set.masked_softmax)

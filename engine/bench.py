@@ -41,7 +41,7 @@ class DecodeTiming:
     kv_bytes_per_token: int  # of a BF16 cache, all layers
     cuda_graph: bool  # the decode step ran as a captured graph
     compiled: bool  # the elementwise ops ran through torch.compile
-    attention: str = "torch"  # decode attention: torch ops or the Triton kernel
+    attention: str = "tree"  # decode attention: the tree-attention kernels or torch ops
     prefill_ms: float | None = None  # one prefill of batch x prompt_len tokens
     # during the warmup and timed steps, where nvidia-smi could sample them
     sm_mhz_mean: float | None = None
@@ -172,7 +172,7 @@ def format_row(t: DecodeTiming) -> str:
 
 def summary(results: list[DecodeTiming]) -> list[str]:
     """Last lines of a report: W12 over BF16 speed-up per batch (and attention kind), the
-    Triton attention over the torch one where both ran, and the memory W12 frees."""
+    tree attention over the torch one where both ran, and the memory W12 frees."""
     by_key = {(r.model, r.mode, r.batch, r.attention): r for r in results}
     lines = []
     for r in results:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.w12_backend import compact_kv
 from w12.errors import W12Error
 
 
@@ -80,19 +81,9 @@ class KVCache:
         """For each request ``b``, move the rows at ``src_slots[b, :count[b]]`` (increasing,
         each at or past its destination) to slots ``lengths[b], lengths[b] + 1, ...`` in
         every layer: the accepted path of a verified draft tree into place. ``lengths`` does
-        not change (``commit`` advances it). All sources are read before any row is written,
-        so overlapping moves are safe."""
-        a = src_slots.shape[1]
-        steps = torch.arange(a, device=src_slots.device)
-        live = steps[None, :] < count[:, None]
-        # a dead entry copies slot 0 onto itself: the same bits, no branch on the host
-        src = torch.where(live, src_slots, 0)
-        dst = torch.where(live, self.lengths[:, None] + steps, 0)
-        n_layers, b, h, _, d = self.k.shape
-        src_index = src[None, :, None, :, None].expand(n_layers, b, h, a, d)
-        dst_index = dst[None, :, None, :, None].expand(n_layers, b, h, a, d)
-        for side in (self.k, self.v):
-            side.scatter_(3, dst_index, side.gather(3, src_index))
+        not change (``commit`` advances it). Overlapping moves are safe: every source is read
+        before its destination is written. One launch on a GPU."""
+        compact_kv(self.k, self.v, src_slots, self.lengths, count)
 
     def commit(self, counts: torch.Tensor) -> None:
         """Advance every request's length by ``counts`` [B] (device tensor or int)."""

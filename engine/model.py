@@ -259,7 +259,7 @@ class Step:
 
 class Transformer(nn.Module):
     """The decoder. Options are per instance: ``ops`` (eager or compiled elementwise
-    functions) and ``attention`` (``"torch"`` or ``"triton"``), set by whoever runs it."""
+    functions) and ``attention`` (``"tree"`` or ``"torch"``), set by whoever runs it."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()

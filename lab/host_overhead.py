@@ -5,7 +5,7 @@
 A 512x512 weight, so the GPU work of a call is a few microseconds and back-to-back calls are
 bound by the host: each line is wall time per call over ``--calls`` calls (after 100 untimed
 ones), bracketed by device synchronisation. Layers: ``w12_linear`` (checks, then the op's body
-or the registered op), the registered op ``torch.ops.w12.linear``, the launcher (schedule
+or the registered op), the registered op ``torch.ops.w12.linear``, the dispatch (schedule
 lookup and passes) and the CUDA small-M kernel call. ``--profile`` adds a cProfile of
 ``w12_linear`` per row count.
 """
@@ -25,7 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import w12  # noqa: E402
-from w12_kernels.gemm import cuda, launcher, prepare_weight, w12_linear  # noqa: E402
+from w12_kernels.gemm import dispatch, prepare_weight, w12_linear  # noqa: E402
+from w12_kernels.gemm.small import launcher as small  # noqa: E402
 
 
 def per_call_us(fn, calls: int) -> float:
@@ -59,18 +60,15 @@ def main() -> None:
             "F.linear": per_call_us(lambda x=x: torch.nn.functional.linear(x, wb), args.calls),
             "w12_linear": per_call_us(lambda x=x: w12_linear(x, pw), args.calls),
             "op": per_call_us(lambda a=op_args: torch.ops.w12.linear(*a), args.calls),
-            "launcher": per_call_us(lambda a=op_args: launcher.linear(*a), args.calls),
+            "dispatch": per_call_us(lambda a=op_args: dispatch.linear(*a), args.calls),
         }
-        if m <= 64 and launcher.backend() == "cuda":
-            cfg = launcher.small_config(pw.n, pw.k, x.device)
-            lay = cfg.layout(m)
-            sched = dict(kw=cfg.kw, depth=lay.depth, prefetch=lay.prefetch, tiles=lay.tiles,
-                         min_blocks=lay.min_blocks, x_stages=lay.x_stages, groups=lay.groups,
-                         w_stages=lay.w_stages)
+        if m <= 64 and dispatch.backend() == "cuda":
+            cfg = dispatch.small_config(pw.n, pw.k, x.device)
+            sched = dict(kw=cfg.kw, **cfg.layout(m).schedule())
             line["kernel call"] = per_call_us(
-                lambda x=x, s=sched: cuda.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr,
-                                                     pw.esc_col, pw.esc_delta, None, pw.n, pw.k,
-                                                     **s), args.calls)
+                lambda x=x, s=sched: small.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr,
+                                                      pw.esc_col, pw.esc_delta, None, pw.n,
+                                                      pw.k, **s), args.calls)
         print(f"M={m}: " + ", ".join(f"{k} {v:.1f} us" for k, v in line.items()), flush=True)
         if args.profile:
             prof = cProfile.Profile()

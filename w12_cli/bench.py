@@ -47,9 +47,9 @@ def bench_group() -> None:
 @compile_ops
 @click.option("--seed", default=0, show_default=True, help="Seed of synthetic weights/prompts.")
 @click.option("--attention", default="auto", show_default=True, callback=_attention_kinds,
-              help="Decode attention: auto (triton on CUDA), torch, triton (one kernel per "
-                   "layer, CUDA only), or "
-                   "torch,triton to time both.")
+              help="Decode attention: auto (= tree), tree (the tree-attention kernels, a "
+                   "row's bits independent of the batch), torch (masked matmuls), or "
+                   "tree,torch to time both.")
 @json_out
 def bench_decode_command(model, batches, tokens, prompt_len, warmup, modes, device, compile_,
                          seed, attention, json_path):

@@ -1,6 +1,8 @@
 """GPU kernels that read W12 planes directly, one folder per op (``gemm/``, ...).
 
-Each op folder holds its Triton kernel(s), a launcher (shape checks, allocation, grid), a plain
-torch fallback used when no GPU is present, and a readable ``reference.py``. Triton is imported
-only when a kernel is launched, so the package imports without it.
+An op folder holds its public entry points, its dispatch, a readable ``reference.py``, and one
+sub-folder per kernel family with the family's kernels and launcher (shape checks, compile,
+grid, launch); ``gemm/cuda/`` holds the CUDA code the families share. docs/KERNELS.md
+describes the layout. CuPy and Triton are imported only when a kernel is launched, so the
+package imports without them.
 """

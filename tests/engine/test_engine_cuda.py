@@ -60,13 +60,13 @@ def test_bench_runs_both_modes_on_gpu():
 
 
 @pytest.mark.parametrize("mode", ["bf16", "w12"])
-def test_triton_attention_decodes_like_torch_attention(mode):
-    """The one-kernel decode attention inside graph-captured steps: logits within rounding of
-    the torch attention path, fed the same tokens."""
+def test_tree_attention_decodes_like_torch_attention(mode):
+    """The tree-attention kernels inside graph-captured steps: logits within rounding of the
+    torch attention path, fed the same tokens."""
     model = load_model("synthetic:tiny-qwen3", mode=mode, device="cuda").model
-    plain, tokens = step_logits(Engine(model, batch=3, max_seq_len=100), 16)
-    fused = Engine(model, batch=3, max_seq_len=100, attention="triton")
-    assert fused.graph is not None and fused.attention == "triton"
+    plain, tokens = step_logits(Engine(model, batch=3, max_seq_len=100, attention="torch"), 16)
+    fused = Engine(model, batch=3, max_seq_len=100, attention="tree")
+    assert fused.graph is not None and fused.attention == "tree"
     replayed, _ = step_logits(fused, 16, forced=tokens)
     for a, b in zip(plain, replayed, strict=True):
         assert torch.isfinite(b).all()

@@ -98,13 +98,13 @@ def test_summary_pairs_modes_and_attention_kinds():
                             kv_bytes_per_token=10, cuda_graph=True, compiled=True,
                             attention=attention)
 
-    lines = summary([row("bf16", "torch", 5.0), row("bf16", "triton", 4.0),
-                     row("w12", "torch", 4.0), row("w12", "triton", 3.0)])
+    lines = summary([row("bf16", "torch", 5.0), row("bf16", "tree", 4.0),
+                     row("w12", "torch", 4.0), row("w12", "tree", 3.0)])
     assert "m batch 1: W12 250.0 tok/s vs BF16 200.0 tok/s -> speedup 1.250x" in lines
-    assert ("m batch 1 [triton attention]: W12 333.3 tok/s vs BF16 250.0 tok/s -> "
+    assert ("m batch 1 [tree attention]: W12 333.3 tok/s vs BF16 250.0 tok/s -> "
             "speedup 1.333x") in lines
-    assert "m bf16 batch 1: triton attention 4.000 ms/step vs torch 5.000 -> x1.250" in lines
-    assert "m w12 batch 1: triton attention 3.000 ms/step vs torch 4.000 -> x1.333" in lines
+    assert "m bf16 batch 1: tree attention 4.000 ms/step vs torch 5.000 -> x1.250" in lines
+    assert "m w12 batch 1: tree attention 3.000 ms/step vs torch 4.000 -> x1.333" in lines
     assert not any("prefill" in line for line in lines)  # not timed: no prefill line
     timed = [DecodeTiming(**{**vars(row(mode, "torch", ms)), "prefill_ms": pre})
              for mode, ms, pre in (("bf16", 5.0, 30.0), ("w12", 4.0, 20.0))]

@@ -133,11 +133,10 @@ def test_w12_mode_needs_bf16_activations(tiny_folder):
 
 def test_attention_kind_is_checked(tiny_folder):
     model = load_model(tiny_folder("llama"), dtype=torch.float32).model
-    with pytest.raises(W12Error, match="attention must be one of auto, torch, triton, got 'flash'"):
+    with pytest.raises(W12Error, match="attention must be one of auto, tree, torch, got 'flash'"):
         Engine(model, batch=1, max_seq_len=16, attention="flash")
-    with pytest.raises(W12Error, match="attention 'triton' needs a CUDA device; the model is on"):
-        Engine(model, batch=1, max_seq_len=16, attention="triton")
-    assert Engine(model, batch=1, max_seq_len=16).attention == "torch"  # "auto" on the CPU
+    assert Engine(model, batch=1, max_seq_len=16).attention == "tree"  # "auto" on the CPU
+    assert Engine(model, batch=1, max_seq_len=16, attention="torch").attention == "torch"
 
 
 def test_cli_maps_errors_to_exit_2(tiny_folder, tmp_path):
@@ -151,9 +150,6 @@ def test_cli_maps_errors_to_exit_2(tiny_folder, tmp_path):
     assert result.exit_code == 2 and "unknown model preset" in result.output
     result = runner.invoke(bench_group, ["decode", "synthetic:tiny-qwen3", "--batch", "0"])
     assert result.exit_code == 2 and "positive integers" in result.output
-    result = runner.invoke(bench_group, ["decode", "synthetic:tiny-qwen3", "--device", "cpu",
-                                         "--attention", "triton", "--tokens", "1"])
-    assert result.exit_code == 2 and "needs a CUDA device" in result.output
     result = runner.invoke(bench_group, ["decode", "synthetic:tiny-qwen3", "--attention",
                                          "torch,flash"])
-    assert result.exit_code == 2 and "comma-separated list of auto, torch, triton" in result.output
+    assert result.exit_code == 2 and "comma-separated list of auto, tree, torch" in result.output

@@ -1,5 +1,6 @@
-"""NumPy emulator of the CUDA kernels ``w12_gemm_small<NT, P, XPF, TL, MINB, XS, TG, WB>`` and
-``w12_decode`` (``w12_kernels/gemm/kernels.cu``), lane by lane, so that the CPU can check the
+"""NumPy emulator of the CUDA kernels ``w12_gemm_small<NT, P, TL, MINB, XS, TG, WB, WS>``
+(``w12_kernels/gemm/small/kernels.cu``) and ``w12_decode`` (``gemm/decode/kernels.cu``), lane
+by lane, so that the CPU can check the
 chunk layout, the fragment mapping and the decode bit tricks that only a GPU runs. It emulates
 one tile per block with activations in registers (``TL = TG = 1``, ``XS = 0``; ``MINB`` and
 ``WB`` only cap registers): the other schedules change no sum, which a GPU test checks bit for
@@ -9,9 +10,7 @@ Written from the kernel source and the PTX ISA, not from ``layout.py``:
 
 * the loads: three ``Words4`` per lane and chunk at ``chunks + (tile * C + c) * 96 + lane
   (+ 32, + 64)`` in units of 16 bytes, through the kernel's ring of ``P`` chunks in flight;
-  activations as two 16-byte loads of 8 BF16 at column ``64 c + 16 t`` of row ``8 nt + g``,
-  with ``XPF`` (``prefetch``) one chunk ahead in two buffers picked by the parity of the ring
-  slot;
+  activations as two 16-byte loads of 8 BF16 at column ``64 c + 16 t`` of row ``8 nt + g``;
 * ``decode8`` with ``prmt`` (default mode), shifts, ``shf.r.wrap`` and ``lop3`` on uint32;
 * ``mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32`` with the fragment rules of the PTX ISA
   (``groupID = lane >> 2``, ``threadID_in_group = lane % 4``; ``_A_ROW`` and friends).
@@ -70,7 +69,7 @@ def lop3(a: np.ndarray, b: np.ndarray | int, c: np.ndarray, lut: int) -> np.ndar
 
 
 def decode8(lo_a: np.ndarray, lo_b: np.ndarray, top: np.ndarray) -> list[np.ndarray]:
-    """kernels.cu ``decode8``: three words -> the four BF16-pair registers of an A fragment."""
+    """common.cuh ``decode8``: three words -> the four BF16-pair registers of an A fragment."""
     p0 = prmt(lo_a, 0x38383838, 0x4140)
     p1 = prmt(lo_a, 0x38383838, 0x4342)
     p2 = prmt(lo_b, 0x38383838, 0x4140)
@@ -159,7 +158,7 @@ def _load_x(xw: np.ndarray, m: int, nt: int, cc: int) -> np.ndarray:
 
 
 def _warp_partials(words: np.ndarray, xw: np.ndarray, m: int, nt_count: int, kw: int,
-                   depth: int, prefetch: bool) -> np.ndarray:
+                   depth: int) -> np.ndarray:
     """Each warp's accumulators after its chunks: float32 [kw, T, NT, 32, 4]."""
     tiles, nchunks = words.shape[:2]
     acc = np.zeros((kw, tiles, nt_count, 32, 4), np.float32)
@@ -167,8 +166,6 @@ def _warp_partials(words: np.ndarray, xw: np.ndarray, m: int, nt_count: int, kw:
         first, step = warp, kw  # the warp's chunks: first + i * step for i < n
         n = (nchunks - warp + kw - 1) // kw
         ring = [words[:, first + s * step] if s < n else None for s in range(depth)]
-        xa = _load_x_tiles(xw, m, nt_count, first) if prefetch and n > 0 else None
-        xb = None
         for i in range(0, n, depth):
             for s in range(depth):
                 ii = i + s
@@ -177,13 +174,7 @@ def _warp_partials(words: np.ndarray, xw: np.ndarray, m: int, nt_count: int, kw:
                 w0, w1, w2 = ring[s][:, 0], ring[s][:, 1], ring[s][:, 2]  # [T, 32, 4]
                 if ii + depth < n:
                     ring[s] = words[:, first + (ii + depth) * step]
-                if prefetch:  # the kernel's two buffers, picked by the parity of s
-                    cur = xb if s & 1 else xa
-                    if ii + 1 < n:
-                        nxt = _load_x_tiles(xw, m, nt_count, first + (ii + 1) * step)
-                        xa, xb = (nxt, xb) if s & 1 else (xa, nxt)
-                else:
-                    cur = _load_x_tiles(xw, m, nt_count, first + ii * step)
+                cur = _load_x_tiles(xw, m, nt_count, first + ii * step)
                 _chunk_mma(acc[warp], w0, w1, w2, cur)
     return acc
 
@@ -193,7 +184,7 @@ def _load_x_tiles(xw: np.ndarray, m: int, nt_count: int, chunk: int) -> list[np.
 
 
 def _chunk_mma(acc: np.ndarray, w0, w1, w2, xv: list[np.ndarray]) -> None:
-    """kernels.cu ``chunk_mma``: four K steps, each one decode8 and NT MMAs (in place)."""
+    """small/kernels.cu ``chunk_mma``: four K steps, each one decode8 and NT MMAs (in place)."""
     tiles = acc.shape[0]
     for j in range(4):
         a = np.stack(decode8(w0[..., j], w1[..., j], w2[..., j]), axis=-1)
@@ -234,21 +225,18 @@ def _epilogue(acc: np.ndarray, x: torch.Tensor, scale: np.ndarray, rowptr: np.nd
 
 
 def gemm_small(x: torch.Tensor, pw, bias: torch.Tensor | None = None, *, kw: int,
-               depth: int = 2, prefetch: bool = False) -> torch.Tensor:
-    """What ``w12_gemm_small<ceil(M/8), depth, prefetch, 1, 1, 0, 1, 8>`` with ``kw`` warps
+               depth: int = 2) -> torch.Tensor:
+    """What ``w12_gemm_small<ceil(M/8), depth, 1, 1, 0, 1, 8, 0>`` with ``kw`` warps
     writes for BF16 ``x [M, K]`` (M <= 64) and a ``PackedW12`` ``pw``: BF16 [M, N]."""
     m = x.shape[0]
     if not 1 <= m <= 64:
         raise ValueError(f"w12_gemm_small takes 1..64 rows, got {m}")
-    if prefetch and depth % 2:
-        raise ValueError(f"prefetch needs an even depth, got {depth}")
     tiles, nchunks = int(pw.chunks.shape[0]), int(pw.chunks.shape[1])
     words = _as_words(pw.chunks).reshape(tiles, nchunks, 96, 4)  # Words4 units
     # lane l reads Words4 number l, l + 32 and l + 64 of the chunk
     words = np.stack([words[:, :, q * 32 : q * 32 + 32] for q in range(3)], axis=2)
     nt_count = -(-m // 8)
-    acc = _warp_partials(words, _x_words(x, nchunks * 64), m, nt_count, kw, depth,
-                         prefetch)
+    acc = _warp_partials(words, _x_words(x, nchunks * 64), m, nt_count, kw, depth)
     bias_f = None if bias is None else bias.float().numpy()
     y = _epilogue(acc, x, pw.scale.numpy(), pw.esc_rowptr.numpy().astype(np.int64),
                   pw.esc_col.numpy().astype(np.int64), pw.esc_delta.numpy(), bias_f, pw.n)
@@ -258,7 +246,7 @@ def gemm_small(x: torch.Tensor, pw, bias: torch.Tensor | None = None, *, kw: int
 # --------------------------------------------------------------------------- w12_decode
 
 def _scale_pair(pair: np.ndarray, s: np.ndarray) -> np.ndarray:
-    """kernels.cu ``scale_pair``: both BF16 halves times ``s``, ``cvt.rn.bf16x2.f32``."""
+    """decode/kernels.cu ``scale_pair``: both BF16 halves times ``s``, ``cvt.rn.bf16x2.f32``."""
     lo, hi = bf16_pair_to_f32(pair)
     lo_bits = f32_to_bf16_bits(lo * s).astype(U32)
     hi_bits = f32_to_bf16_bits(hi * s).astype(U32)
@@ -266,7 +254,8 @@ def _scale_pair(pair: np.ndarray, s: np.ndarray) -> np.ndarray:
 
 
 def decode(pw) -> torch.Tensor:
-    """What ``w12_decode`` writes, then the escapes written in (``cuda.decode``): BF16 [N, K]."""
+    """What ``w12_decode`` writes, then the escapes written in (``decode.launcher.decode``):
+    BF16 [N, K]."""
     n, k = pw.n, pw.k
     tiles, nchunks = int(pw.chunks.shape[0]), int(pw.chunks.shape[1])
     words = _as_words(pw.chunks).reshape(tiles, nchunks, 96, 4)

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import sys
-from pathlib import Path
-
 import torch
 
 import w12
@@ -72,20 +67,3 @@ def assert_within_budget(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     budget = 2 * max(relative_rms(torch_y, ref, finite), 1e-4)
     err = relative_rms(y, ref, finite)
     assert err <= budget, f"relative RMS error {err:.3g} over budget {budget:.3g}"
-
-
-@functools.cache
-def benchmark_module(name: str):
-    """``benchmarks/<name>.py`` as a module (the table logic of its sweeps is tested on the
-    CPU)."""
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # (dataclasses look their module up there)
-    spec.loader.exec_module(module)
-    return module
-
-
-def gemm_benchmark():
-    """``benchmarks/gemm.py`` as a module."""
-    return benchmark_module("gemm")

@@ -15,15 +15,7 @@ GEMM_CASES = {  # id: (m, n, k, kw, tiles_per_program, escapes)
     "m17_n20_k64_kw3_no_escapes": (17, 20, 64, 3, 1, False),
     "m70_n33_k200_kw3_wide_block": (70, 33, 200, 3, 1, True),
 }
-LARGE_CASES = {  # id: (m, n, k, tiles, block_m, splits, escapes)
-    "large_m1_n1_k100": (1, 1, 100, 1, 16, 1, True),
-    "large_m40_n37_k250_two_tiles": (40, 37, 250, 2, 16, 1, True),
-    "large_m33_n70_k130_block32": (33, 70, 130, 4, 32, 1, True),
-    "large_m17_n20_k64_no_escapes": (17, 20, 64, 2, 16, 1, False),
-    "large_m40_n37_k250_split3_uneven": (40, 37, 250, 2, 16, 3, True),
-    "large_m70_n33_k300_split2": (70, 33, 300, 1, 32, 2, True),
-}
-CASE_IDS = [*GEMM_CASES, *LARGE_CASES, "batch_invariant_m1_m17", "decode_kernel_exact"]
+CASE_IDS = [*GEMM_CASES, "batch_invariant_m1_m17", "decode_kernel_exact"]
 
 
 def _inputs(m, n, k, escapes=True):
@@ -42,7 +34,7 @@ def _inputs(m, n, k, escapes=True):
 def _run(x, pw, bias, kw, tiles_per_program=1):
     import torch
 
-    from w12_kernels.gemm import triton_path
+    from w12_kernels.gemm.triton import launcher as triton_path
 
     out = torch.full((x.shape[0], pw.n), float("nan"), dtype=torch.bfloat16)  # poison
     triton_path.gemm(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_row, pw.esc_col,
@@ -61,21 +53,6 @@ def _gemm_case(m, n, k, kw, tiles_per_program, escapes):
     assert_within_budget(out, x, t, reference_linear(x, w, bias), bias)
 
 
-def _large_case(m, n, k, tiles, block_m, splits, escapes):
-    import torch
-    from gemm_helpers import assert_within_budget
-
-    from w12_kernels.gemm import triton_path
-    from w12_kernels.gemm.reference import reference_linear
-
-    t, w, pw, x, bias = _inputs(m, n, k, escapes)
-    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)  # poison
-    triton_path.gemm_large(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, bias,
-                           n, k, tiles=tiles, block_m=block_m, splits=splits, on_gpu=False,
-                           out=out)
-    assert_within_budget(out, x, t, reference_linear(x, w, bias), bias)
-
-
 def _batch_invariance_case():
     import torch
 
@@ -90,7 +67,8 @@ def _decode_case():
     import torch
     from gemm_helpers import encoded, make_weight
 
-    from w12_kernels.gemm import prepare_weight, triton_path
+    from w12_kernels.gemm import prepare_weight
+    from w12_kernels.gemm.triton import launcher as triton_path
 
     t = make_weight(45, 333, seed=9)
     pw = prepare_weight(encoded(t))
@@ -104,7 +82,6 @@ def main() -> None:
     from interp_harness import report
 
     jobs = {cid: (lambda c=c: _gemm_case(*c)) for cid, c in GEMM_CASES.items()}
-    jobs |= {cid: (lambda c=c: _large_case(*c)) for cid, c in LARGE_CASES.items()}
     jobs["batch_invariant_m1_m17"] = _batch_invariance_case
     jobs["decode_kernel_exact"] = _decode_case
     report(jobs)

@@ -1,8 +1,9 @@
-"""CPU statement of the large-M warpgroup-MMA kernel (``kernels_large.cu``): the activation
-stage images ``w12_permute_x`` writes, and a NumPy emulator of ``wgl_body`` (the decoded weights
-stored as A core matrices, both operands read back through the matrix descriptors, the K split
-over the blocks of a cluster folded in rank order, the epilogue of the other emulators), so
-that the CPU checks its index arithmetic. Written from the kernel's comments and the PTX ISA's
+"""CPU statement of the large-M warpgroup-MMA kernel (``w12_kernels/gemm/large/kernels.cu``):
+the activation stage images ``w12_permute_x`` writes, and a NumPy emulator of ``wgl_body`` (the
+decoded weights as the A operand, here laid out as the K-major core matrices that operand
+stands for, both operands read back through matrix descriptors, the K split over the blocks of
+a cluster folded in rank order, the epilogue of the other emulators), so that the CPU checks
+its index arithmetic. Written from the kernel's comments and the PTX ISA's
 description of K-major ``wgmma`` operands with the 128-byte swizzle: row ``r`` of K step ``j``
 at linear byte ``start + 32 j + (r // 8) * SBO + (r % 8) * 128 + 2 kk``, bits 4-6 of the
 address XORed with bits 7-9 (the buffers are 1024-byte aligned). The 16 products of a K step
@@ -20,7 +21,7 @@ import torch
 from cuda_emulator import _as_words, decode8, f32_to_bf16_bits
 from wgmma_emulator import store_rows
 
-SBO = 1024  # kernels_large.cu sw128_desc
+SBO = 1024  # large/kernels.cu sw128_desc
 
 
 def stage_images(x: torch.Tensor, nchunks: int, block_m: int) -> torch.Tensor:

@@ -6,7 +6,7 @@ import torch
 
 import w12
 from w12_kernels.gemm import prepare_weight
-from w12_kernels.gemm.cpu_decode import decode_packed_cpu
+from w12_kernels.gemm.decode.cpu import decode_packed_cpu
 from w12_kernels.gemm.layout import decode_packed
 
 

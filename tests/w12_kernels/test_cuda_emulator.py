@@ -1,6 +1,6 @@
-"""The CUDA kernels of kernels.cu, emulated lane by lane in NumPy (cuda_emulator.py), against the
-float64 reference: this checks the chunk layout, the MMA fragment mapping, the decode bit tricks,
-the warp split and the epilogue on a machine without a GPU."""
+"""The CUDA small-M and decode kernels, emulated lane by lane in NumPy (cuda_emulator.py),
+against the float64 reference: this checks the chunk layout, the MMA fragment mapping, the
+decode bit tricks, the warp split and the epilogue on a machine without a GPU."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from w12_kernels.gemm import prepare_weight
 from w12_kernels.gemm.layout import PackedW12
 from w12_kernels.gemm.reference import reference_linear
 
-CASES = [  # (m, n, k, kw, depth, prefetch)
-    (1, 1, 100, 1, 2, False),
-    (3, 37, 250, 3, 3, False),
-    (17, 70, 500, 4, 4, True),
-    (8, 130, 300, 4, 6, False),
-    (64, 33, 129, 3, 2, True),
-    (5, 20, 64, 3, 2, False),  # one chunk, kw > chunks: warps with nothing to do
-    (16, 40, 2100, 16, 2, False),  # kw 16: 33 columns, two or three a warp
+CASES = [  # (m, n, k, kw, depth)
+    (1, 1, 100, 1, 2),
+    (3, 37, 250, 3, 3),
+    (17, 70, 500, 4, 4),
+    (8, 130, 300, 4, 6),
+    (64, 33, 129, 3, 2),
+    (5, 20, 64, 3, 2),  # one chunk, kw > chunks: warps with nothing to do
+    (16, 40, 2100, 16, 2),  # kw 16: 33 columns, two or three a warp
 ]
 
 
@@ -34,12 +34,11 @@ def _inputs(m, n, k, seed):
     return t, w, x, bias
 
 
-@pytest.mark.parametrize("m,n,k,kw,depth,prefetch", CASES,
-                         ids=[f"m{m}_n{n}_k{k}_kw{kw}_p{p}{'_xpf' * f}"
-                              for m, n, k, kw, p, f in CASES])
-def test_emulated_gemm_within_budget(m, n, k, kw, depth, prefetch):
+@pytest.mark.parametrize("m,n,k,kw,depth", CASES,
+                         ids=[f"m{m}_n{n}_k{k}_kw{kw}_p{p}" for m, n, k, kw, p in CASES])
+def test_emulated_gemm_within_budget(m, n, k, kw, depth):
     t, w, x, bias = _inputs(m, n, k, seed=m + n + k)
-    y = emu.gemm_small(x, prepare_weight(w), bias, kw=kw, depth=depth, prefetch=prefetch)
+    y = emu.gemm_small(x, prepare_weight(w), bias, kw=kw, depth=depth)
     assert_within_budget(y, x, t, reference_linear(x, w, bias), bias)
 
 
@@ -53,11 +52,10 @@ def test_emulated_gemm_is_batch_invariant():
 
 
 def test_loads_in_flight_change_no_bits():
-    """The ring depth and the activation prefetch only move loads earlier."""
+    """The ring depth only moves loads earlier."""
     _, w, x, _ = _inputs(9, 20, 700, seed=6)
     pw = prepare_weight(w)
-    runs = [(2, False), (3, False), (4, False), (6, False), (2, True), (4, True), (6, True)]
-    outs = [emu.gemm_small(x, pw, kw=3, depth=p, prefetch=f).view(torch.int16) for p, f in runs]
+    outs = [emu.gemm_small(x, pw, kw=3, depth=p).view(torch.int16) for p in (2, 3, 4, 6)]
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 

@@ -12,7 +12,7 @@ import torch
 from gemm_helpers import assert_within_budget, encoded, make_weight
 
 from w12.errors import W12Error
-from w12_kernels.gemm import decode_weight, prepare_weight, triton_path, w12_linear
+from w12_kernels.gemm import decode_weight, prepare_weight, w12_linear
 from w12_kernels.gemm.reference import reference_decode, reference_linear
 
 SHAPES = [(1, 1), (1, 64), (37, 101), (70, 515), (130, 300)]
@@ -81,6 +81,8 @@ def test_op_registration_and_compile():
 
 
 def test_triton_path_rejects_bad_arguments():
+    from w12_kernels.gemm.triton import launcher as triton_path
+
     pw = prepare_weight(encoded(make_weight(16, 40, seed=1)))
     x = torch.zeros(2, 40, dtype=torch.bfloat16)
     esc = (pw.esc_rowptr, pw.esc_row, pw.esc_col, pw.esc_delta)
@@ -90,11 +92,6 @@ def test_triton_path_rejects_bad_arguments():
         triton_path.gemm(x[:, :39], pw.chunks, pw.scale, *esc, None, 16, 40, kw=1)
     with pytest.raises(W12Error, match="fewer than the 17 x 40"):
         triton_path.decode(pw.chunks, pw.scale, pw.esc_row, pw.esc_col, pw.esc_val, 17, 40)
-    large = (pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta, None, 16, 40)
-    with pytest.raises(W12Error, match=r"16 x tiles x block_m <= 16384"):
-        triton_path.gemm_large(x, *large, tiles=8, block_m=256, on_gpu=False)
-    with pytest.raises(W12Error, match="tiles must be 1, 2, 4, 8 or 16"):
-        triton_path.gemm_large(x, *large, tiles=3, block_m=64, on_gpu=False)
 
 
 # ------------------------------------------------------------------ interpreter
@@ -114,11 +111,14 @@ def test_interpreted_kernels(interpreter_verdicts, case):
 
 
 def test_cuda_path_runs_up_to_128_rows_as_passes_of_64(monkeypatch):
-    """The launcher's routing (a GPU is not needed to check it): with the CUDA kernels, 65..128
+    """The dispatch's routing (a GPU is not needed to check it): with the CUDA kernels, 65..128
     rows go to the small kernel in blocks of at most 64 rows written into the right rows of one
-    output; more rows go where the large-M table says (fused kernel or decode + matmul)."""
-    from w12_kernels.gemm import cuda, launcher
+    output; more rows go where the large-M table says (the warpgroup kernel where the GPU has
+    it, else decode + matmul)."""
+    from w12_kernels.gemm import dispatch, table
+    from w12_kernels.gemm.large import launcher as large
     from w12_kernels.gemm.layout import decode_packed
+    from w12_kernels.gemm.small import launcher as small
 
     t = make_weight(40, 130, seed=3)
     pw = prepare_weight(encoded(t))
@@ -131,34 +131,37 @@ def test_cuda_path_runs_up_to_128_rows_as_passes_of_64(monkeypatch):
         out.copy_(torch.nn.functional.linear(x, weight, bias))
         return out
 
-    monkeypatch.setattr(launcher, "backend", lambda: "cuda")
-    monkeypatch.setattr(launcher, "small_config",
-                        lambda n, k, device: launcher.cfgs.small_config(n, k, 132))
-    monkeypatch.setattr(cuda, "gemm_small", fake_small)
+    monkeypatch.setattr(dispatch, "backend", lambda: "cuda")
+    monkeypatch.setattr(dispatch, "small_config",
+                        lambda n, k, device: table.small_config(n, k, 132, table.DEFAULT_SMALL))
+    monkeypatch.setattr(small, "gemm_small", fake_small)
     args = (pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row, pw.esc_col, pw.esc_val,
             pw.esc_delta, pw.esc_order, pw.esc_entry, pw.esc_fix, None, 40, 130)
     for m, parts in ((1, [1]), (64, [64]), (65, [64, 1]), (128, [64, 64])):
         calls.clear()
         x = torch.randn(m, 130, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
-        y = launcher.linear(x, *args)
+        y = dispatch.linear(x, *args)
         assert [rows for rows, _ in calls] == parts, f"M={m}"
         assert calls[-1][1] == y.data_ptr() + 2 * 40 * 64 * (len(parts) - 1)
         want = torch.cat([torch.nn.functional.linear(x[s : s + 64], weight)
                           for s in range(0, m, 64)])
         assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"M={m}"
     calls.clear()
-    from w12_kernels.gemm import triton_path
-
-    fused = []
-    monkeypatch.setattr(triton_path, "gemm_large",
-                        lambda x, *a, **cfg: fused.append((x.shape[0], cfg)) or x.new_zeros(1))
-    monkeypatch.setattr(launcher, "decode", lambda *a: weight)
+    wgl = []
+    monkeypatch.setattr(large, "gemm_wgl",
+                        lambda x, *a: wgl.append((x.shape[0], a[-1])) or x.new_zeros(1))
+    monkeypatch.setattr(dispatch, "decode", lambda *a: weight)
     x = torch.randn(129, 130).to(torch.bfloat16)
-    for kind in ("fused", "decode"):
-        monkeypatch.setattr(launcher.cfgs, "large_config",
-                            lambda n, k, m, kind=kind, **_: launcher.cfgs.LargeConfig(kind=kind))
-        y = launcher.linear(x, *args)
-    assert calls == [] and [m for m, _ in fused] == [129]  # decode + matmul the second time
-    assert fused[0][1]["tiles"] == launcher.cfgs.LargeConfig().tiles
+    entry = large.WglConfig(block_m=128)
+    monkeypatch.setattr(table, "large_config", lambda n, k, m, **_: entry)
+    for has_wgl in (True, False):
+        monkeypatch.setattr(dispatch, "_has_wgl", lambda h=has_wgl: h)
+        y = dispatch.linear(x, *args)
+    assert calls == [] and wgl == [(129, entry)]  # decode + matmul the second time
+    monkeypatch.setattr(table, "large_config", lambda n, k, m, **_: None)  # decode + cuBLAS
+    monkeypatch.setattr(dispatch, "_has_wgl", lambda: True)
+    y2 = dispatch.linear(x, *args)
+    assert len(wgl) == 1
     want = torch.nn.functional.linear(x, weight)
-    assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+    for got in (y, y2):
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))

@@ -1,4 +1,4 @@
-"""GPU tests of the warpgroup-MMA small-M kernel (``w12_kernels/gemm/wgmma.py``; skipped
+"""GPU tests of the warpgroup-MMA small-M kernel (``w12_kernels/gemm/wgmma/``; skipped
 without a compute-capability 9.0 GPU and CuPy): error budget at awkward shapes with escapes and
 bias, the bits of the mma.sync kernel with the same K split (so batch invariance carries over),
 row independence, determinism."""
@@ -9,7 +9,9 @@ import pytest
 import torch
 from gemm_helpers import assert_within_budget, encoded, make_weight
 
-from w12_kernels.gemm import cuda, prepare_weight, wgmma
+from w12_kernels.gemm import dispatch, prepare_weight, table
+from w12_kernels.gemm.small import launcher as small
+from w12_kernels.gemm.wgmma import launcher as wgmma
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and wgmma.available()),
                                 reason="needs a compute-capability 9.0 GPU and CuPy")
@@ -21,8 +23,8 @@ def _run(x, pw, bias=None, **kw):
 
 
 def _small(x, pw, bias, kw):
-    return cuda.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta,
-                           bias, pw.n, pw.k, kw=kw, depth=2)
+    return small.gemm_small(x, pw.chunks, pw.scale, pw.esc_rowptr, pw.esc_col, pw.esc_delta,
+                            bias, pw.n, pw.k, kw=kw, depth=2)
 
 
 @pytest.mark.parametrize("n,k", [(1000, 3000), (130, 72), (37, 640), (4096, 4096)])
@@ -92,22 +94,19 @@ def test_nan_and_inf_escapes_reach_the_output():
 
 
 def _launcher_with(monkeypatch, cfg, seed):
-    """``launcher.linear`` on a 700x2048 weight with the small-M configuration ``cfg``, and the
+    """``dispatch.linear`` on a 700x2048 weight with the small-M configuration ``cfg``, and the
     keyword arguments of every warpgroup-kernel call it makes."""
-    from w12_kernels.gemm import launcher
-
     t = make_weight(700, 2048, seed=seed, device="cuda")
     pw = prepare_weight(encoded(t))
-    monkeypatch.setattr(launcher, "small_config", lambda n, k, device: cfg)
+    monkeypatch.setattr(dispatch, "small_config", lambda n, k, device: cfg)
     calls = []
     real = wgmma.gemm_wg
     monkeypatch.setattr(wgmma, "gemm_wg", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
 
     def linear(x):
-        return launcher.linear(x, pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row,
+        return dispatch.linear(x, pw.chunks, pw.scale, pw.e0, pw.esc_rowptr, pw.esc_row,
                                pw.esc_col, pw.esc_val, pw.esc_delta, pw.esc_order,
-                               pw.esc_entry, pw.esc_fix, None, pw.n,
-                               pw.k)
+                               pw.esc_entry, pw.esc_fix, None, pw.n, pw.k)
 
     return linear, calls
 
@@ -116,11 +115,10 @@ def test_launcher_runs_the_tables_warpgroup_schedule(monkeypatch):
     """A layout with a warpgroup schedule (``Layout.wg``) sends its rows to the warpgroup
     kernel, whose bits are the mma.sync kernel's: so every row still gets the bits it gets
     alone (batch invariance)."""
-    from w12_kernels.gemm import config as cfgs
-
-    plain = cfgs.Layout(depth=1)
-    cfg = cfgs.SmallConfig(kw=4, by_nt=((1, plain), (2, plain), (4, cfgs.Layout(wg=(4, 1, 1, 4))),
-                                        (8, cfgs.Layout(wg=(4, 2, 1, 1)))))
+    plain = table.Layout(depth=1)
+    cfg = table.SmallConfig(kw=4, by_nt=((1, plain), (2, plain),
+                                         (4, table.Layout(wg=(4, 1, 1, 4))),
+                                         (8, table.Layout(wg=(4, 2, 1, 1)))))
     linear, calls = _launcher_with(monkeypatch, cfg, seed=4)
     x = torch.randn(100, 2048, device="cuda").to(torch.bfloat16)
     alone = torch.cat([linear(x[r : r + 1]) for r in range(100)]).view(torch.int16)
@@ -158,12 +156,11 @@ def test_launcher_runs_65_to_128_rows_in_one_pass(monkeypatch):
     """With a ``one_pass`` schedule 65..128 rows take one call of the warpgroup kernel with
     128-row blocks, and every row still gets the bits it gets alone; inside
     ``invariant_rows(64)`` they leave the small-M path as before."""
-    from w12_kernels.gemm import config as cfgs
     from w12_kernels.gemm import invariant_rows
 
-    plain = cfgs.Layout(depth=1)
-    cfg = cfgs.SmallConfig(kw=4, by_nt=tuple((c, plain) for c in cfgs.NT_CLASSES),
-                           one_pass=(4, 2, 1, 1))
+    plain = table.Layout(depth=1)
+    cfg = table.SmallConfig(kw=4, by_nt=tuple((c, plain) for c in table.NT_CLASSES),
+                            one_pass=(4, 2, 1, 1))
     linear, calls = _launcher_with(monkeypatch, cfg, seed=6)
     x = torch.randn(128, 2048, device="cuda").to(torch.bfloat16)
     alone = torch.cat([linear(x[r : r + 1]) for r in range(128)]).view(torch.int16)

@@ -1,6 +1,7 @@
 """The host side of the CUDA launches, on the CPU: the kernel parameter array of
-``cuda.kernel_params`` and the tensor map request of the large-M kernel's weight stage
-(``cuda_large._weight_map``), whose encoding itself needs the GPU driver."""
+``runtime.kernel_params``, the shared-memory opt-in, the headers' digest in the compiled
+source, and the tensor map request of the large-M kernel's weight stage
+(``large.launcher._weight_map``), whose encoding itself needs the GPU driver."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import ctypes
 import pytest
 import torch
 
-from w12_kernels.gemm import cuda, cuda_large
+from w12_kernels.gemm.cuda import runtime
+from w12_kernels.gemm.large import launcher as cuda_large
 
 
 def _read(address: int, size: int) -> bytes:
@@ -19,7 +21,7 @@ def _read(address: int, size: int) -> bytes:
 def test_kernel_params_slots_and_by_value_bytes():
     blob = bytes(range(128))
     args = (0x1122334455667788, 7, blob, 3)
-    slots, _keep = cuda.kernel_params(args)
+    slots, _keep = runtime.kernel_params(args)
     assert len(slots) == 4
     assert _read(slots[0], 8) == (0x1122334455667788).to_bytes(8, "little")
     assert _read(slots[1], 4) == (7).to_bytes(4, "little")  # an int parameter reads 4 bytes
@@ -29,7 +31,7 @@ def test_kernel_params_slots_and_by_value_bytes():
 
 def test_kernel_params_refuse_negative_integers():
     with pytest.raises(OverflowError):
-        cuda.kernel_params((1, -1))
+        runtime.kernel_params((1, -1))
 
 
 def test_weight_map_box_is_one_column_of_the_blocks_tiles(monkeypatch):
@@ -53,3 +55,62 @@ def test_weight_map_box_is_one_column_of_the_blocks_tiles(monkeypatch):
     assert calls[-1][3] == (192, 1, 4)
     with pytest.raises(ValueError, match="contiguous"):
         cuda_large._weight_map(torch.zeros(7, 19, 384, dtype=torch.int32).transpose(0, 1), 8)
+
+
+def test_shared_memory_opt_in_counts_static_bytes():
+    """A kernel asks for more dynamic shared memory once dynamic + static bytes pass 48 KiB (a
+    48 KiB request with 16 static bytes fails to launch without it: the default limit is 48 KiB
+    less the static bytes), and never lowers a larger limit it already has."""
+    from types import SimpleNamespace
+
+    func = SimpleNamespace(shared_size_bytes=16, max_dynamic_shared_size_bytes=48 * 1024 - 16)
+    runtime.allow_shared_memory(func, 48 * 1024 - 16)  # fits the default: nothing to ask
+    assert func.max_dynamic_shared_size_bytes == 48 * 1024 - 16
+    runtime.allow_shared_memory(func, 48 * 1024)
+    assert func.max_dynamic_shared_size_bytes == 48 * 1024
+    runtime.allow_shared_memory(func, 100 * 1024)
+    assert func.max_dynamic_shared_size_bytes == 100 * 1024
+    runtime.allow_shared_memory(func, 60 * 1024)
+    assert func.max_dynamic_shared_size_bytes == 100 * 1024
+
+
+def test_compiled_source_names_the_headers_it_includes(monkeypatch, tmp_path):
+    """CuPy caches a module by its source text and options: the headers' digest goes into the
+    source, so that a changed header is compiled afresh; the headers' folder is on NVRTC's
+    include path."""
+    import sys
+    import types
+
+    seen = []
+
+    class RawModule:
+        def __init__(self, code, options, name_expressions):
+            seen.append((code, options, name_expressions))
+
+    class Device:
+        def __init__(self, index):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    fake = types.SimpleNamespace(RawModule=RawModule, cuda=types.SimpleNamespace(Device=Device))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    runtime.module(0, '#include "common.cuh"\n', arch_suffix="a", name_expressions=("f",))
+    code, options, names = seen[-1]
+    assert code.startswith(f"// shared headers {runtime.headers_digest()}\n")
+    assert f"--include-path={runtime.INCLUDE_DIR}" in options
+    assert "--gpu-architecture=sm_90a" in options and names == ["f"]
+    header = tmp_path / "common.cuh"
+    header.write_text("// one\n")
+    monkeypatch.setattr(runtime, "INCLUDE_DIR", tmp_path)
+    runtime.headers_digest.cache_clear()
+    first = runtime.headers_digest()
+    header.write_text("// two\n")
+    runtime.headers_digest.cache_clear()
+    assert runtime.headers_digest() != first
+    runtime.headers_digest.cache_clear()

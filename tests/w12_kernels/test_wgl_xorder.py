@@ -1,7 +1,7 @@
-"""CPU checks of the large-M kernel's activations-from-x form (``gemm_wgl(xorder=True)``,
-kernels_large.cu ``XORDER``): a NumPy statement of what its lanes load from a swizzled weight
+"""CPU checks of the large-M kernel's activations-from-x form (``WglConfig.xorder``,
+large/kernels.cu ``XORDER``): a NumPy statement of what its lanes load from a swizzled weight
 stage (``xoff``), of ``decode_x`` and of ``xorder_place``, against the chunk layout
-(``layout.py``) decoded by ``cpu_decode``. The tensor copy's 128-byte swizzle is stated here
+(``layout.py``) decoded by ``decode.cpu``. The tensor copy's 128-byte swizzle is stated here
 with the same formula the kernel's addresses use (the hardware's rule for a 1024-byte aligned
 stage); what these tests check is the choice of lanes, words and rotations, and where escapes
 go. The GPU tests check the kernel itself."""
@@ -13,7 +13,9 @@ import pytest
 import torch
 from gemm_helpers import encoded, make_weight
 
-from w12_kernels.gemm import cpu_decode, cuda_large, prepare_weight
+from w12_kernels.gemm import prepare_weight
+from w12_kernels.gemm.decode import cpu as cpu_decode
+from w12_kernels.gemm.large import launcher as cuda_large
 from w12_kernels.gemm.layout import DECODE_BIAS, escape_slot
 
 
@@ -27,7 +29,7 @@ def _swizzled(stage: np.ndarray) -> np.ndarray:
 
 
 def _xoff(tt: int, lane: int, j: int) -> int:
-    """kernels_large.cu's ``xoff[j]`` (j < 4: plane t & 1; j >= 4: plane 2) of a lane of the
+    """large/kernels.cu's ``xoff[j]`` (j < 4: plane t & 1; j >= 4: plane 2) of a lane of the
     warp that decodes tile ``tt`` of the stage."""
     g, t = lane >> 2, lane & 3
     lin = tt * 1536 + ((t & 1) * 512 if j < 4 else 1024) + (4 * g + (j & 3)) * 16 + 4 * (t >> 1)
@@ -126,15 +128,13 @@ def test_xorder_place_is_where_the_x_order_fragments_hold_an_element():
 
 def test_xorder_applies_only_where_the_tensor_copy_can_read_x():
     x = torch.zeros(300, 1024, dtype=torch.bfloat16)
-    assert cuda_large.xorder_applies(x, 2, 0)
-    assert cuda_large.xorder_applies(torch.zeros(300, 1008, dtype=torch.bfloat16)[:, :1001], 2, 0)
-    assert not cuda_large.xorder_applies(x, 0, 0)  # A from shared memory
-    assert not cuda_large.xorder_applies(x, 3, 1)  # multicast
-    assert not cuda_large.xorder_applies(torch.zeros(300, 1001, dtype=torch.bfloat16), 2, 0)
-    assert not cuda_large.xorder_applies(x.view(-1)[1:1 + 300 * 1000].view(300, 1000), 2, 0)
-    assert not cuda_large.xorder_applies(x.t(), 2, 0)  # columns not contiguous
-    with pytest.raises(ValueError, match="xorder"):
-        cuda_large.source(256, 2, 5, 5, 2, 0, xorder=True)
-    src = cuda_large.source(256, 2, 5, 5, 2, 2, xorder=True)
-    assert "#define W12_XORDER 1" in src and "&xmap" in src
-    assert "#define W12_XORDER" not in cuda_large.source(256, 2, 5, 5, 2, 2)
+    assert cuda_large.xorder_applies(x)
+    assert cuda_large.xorder_applies(torch.zeros(300, 1008, dtype=torch.bfloat16)[:, :1001])
+    assert not cuda_large.xorder_applies(torch.zeros(300, 1001, dtype=torch.bfloat16))
+    assert not cuda_large.xorder_applies(x.view(-1)[1:1 + 300 * 1000].view(300, 1000))
+    assert not cuda_large.xorder_applies(x.t())  # columns not contiguous
+    cfg = cuda_large.WglConfig(splits=2, xorder=True)
+    src = cuda_large.source(cfg)
+    assert "2, 2, 0, true, false, false>(" in src and "&xmap" in src
+    assert cfg.kernel_name.endswith("_xo") and cfg.kernel_name + "(" in src
+    assert "2, 2, 0, false, false, false>(" in cuda_large.source(cuda_large.WglConfig(splits=2))

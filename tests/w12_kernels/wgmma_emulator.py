@@ -1,10 +1,10 @@
 """NumPy emulator of the warpgroup-MMA kernel ``w12_gemm_wg<N, R, KB, S, RG>``
-(``kernels_wgmma.cu``), so that the CPU checks its index arithmetic: where each staging item
-(token, quarter) puts the activations in the image that bulk copies bring to shared memory
-(``w12_x_image``), the matrix descriptor (start, leading and stride byte offsets of the core
-matrices, no swizzle) through which the warpgroup MMA reads them back, the A fragments
-(``decode8`` of the same chunk words as the mma.sync kernel), the split of the chunk columns
-over ``split`` blocks of ``KB`` warpgroups with ``S`` accumulator sets each (partial
+(``w12_kernels/gemm/wgmma/kernels.cu``), so that the CPU checks its index arithmetic: where each
+staging item (token, quarter) puts the activations in the image that bulk copies bring to
+shared memory (``w12_x_image``), the matrix descriptor (start, leading and stride byte offsets
+of the core matrices, no swizzle) through which the warpgroup MMA reads them back, the A
+fragments (``decode8`` of the same chunk words as the mma.sync kernel), the split of the chunk
+columns over ``split`` blocks of ``KB`` warpgroups with ``S`` accumulator sets each (partial
 ``q = z KB S + g + KB (i % S)`` for block ``z``'s warpgroup ``g``'s ``i``-th column) and the
 fold in order ``q = 0..kw-1``, and the epilogue.
 
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from cuda_emulator import _A_COL, _A_ROW, _as_words, _elements, _x_words, decode8, f32_to_bf16_bits
 
-LBO, SBO = 128, 256  # kernels_wgmma.cu wg_desc
+LBO, SBO = 128, 256  # wgmma/kernels.cu wg_desc
 
 
 def _stage(xw: np.ndarray, m: int, tok0: int, n_block: int, chunk: int) -> np.ndarray:

@@ -76,15 +76,14 @@ class PackedW12:
     tile (the range ``esc_rowptr[16 T] .. esc_rowptr[16 T + 16]``) reordered by 64-column
     chunk (stable), the order in which the large-M kernel writes them into its decoded tiles;
     ``esc_entry``: int32 [E, 2], for each place ``i`` of ``esc_order`` what the large-M kernel
-    with the decoded weights in registers needs of escape ``esc_order[i]``: its chunk column
+    (its decoded weights in registers) needs of escape ``esc_order[i]``: its chunk column
     (word 0) and, in word 1, bit 31 whether its value divided by the row's scale is a BF16 zero
     or normal number that gives it back (the kernel then writes it into the decoded tile),
     bits 30..16 the register slot that holds it (``escape_slot``) and bits 15..0 that BF16
     value (0 where there is none); ``esc_fix``: int32 [Np], each row's first escape that the
     tiles cannot hold (inf, NaN, out of range: the epilogue corrects it and those after it),
     ``esc_rowptr[row + 1]`` where there is none. Both are computed once here, so that a block
-    of the large-M kernel reads them in one step where it used to follow a chain of dependent
-    loads (docs/PERF_GEMM.md #70).
+    of the large-M kernel reads them in one step, not by a chain of dependent loads.
     """
 
     n: int
@@ -211,8 +210,8 @@ def patchable(esc_val: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, tor
     whether ``v / 2^k`` is a BF16 zero or normal number that gives ``v`` back exactly, and that
     number's bits (int32; 0 where it is not). The kernels decide this in float32 without
     flushing subnormals (``patch_value``); here it is integer arithmetic, so that the answer does
-    not depend on the device or on a flush-to-zero mode (torch's float kernels on a GPU gave a
-    subnormal escape another answer than the kernel, docs/PERF_GEMM.md #70)."""
+    not depend on the device or on a flush-to-zero mode (torch's float kernels on a GPU can give
+    a subnormal escape another answer than the kernel)."""
     v = esc_val.to(torch.int64) & 0xFFFF
     sign, e, m = v & 0x8000, (v >> 7) & 0xFF, v & 0x7F
     top = torch.tensor([-1] + [i.bit_length() - 1 for i in range(1, 128)], device=v.device)

@@ -2,7 +2,7 @@
 
 The op takes the packed weight's tensors as arguments so that ``torch.compile`` and CUDA-graph
 capture see every buffer the kernels touch; its fake implementation only allocates the output.
-On a CUDA device the op runs the GPU kernels (``launcher``: CUDA C through CuPy, or Triton);
+On a CUDA device the op runs the GPU kernels (``dispatch``: CUDA C through CuPy, or Triton);
 on the CPU it decodes the weight (numba) and calls ``torch.nn.functional.linear``, which gives
 exactly what BF16 torch gives on the decoded weight. ``w12_linear`` goes through the op only
 where something traces it (``torch.compile``, fake tensors) and calls its body directly
@@ -36,13 +36,13 @@ def _linear_impl(
     rows_kept: int = 0,
 ) -> torch.Tensor:
     if x.device.type == "cuda":
-        from w12_kernels.gemm import launcher
+        from w12_kernels.gemm import dispatch
 
-        return launcher.linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val,
+        return dispatch.linear(x, chunks, scale, e0, esc_rowptr, esc_row, esc_col, esc_val,
                                esc_delta, esc_order, esc_entry, esc_fix, bias, n, k,
                                rows_kept)
     if chunks.device.type == "cpu":
-        from w12_kernels.gemm.cpu_decode import decode_packed_cpu
+        from w12_kernels.gemm.decode.cpu import decode_packed_cpu
 
         weight = decode_packed_cpu(chunks, e0, esc_rowptr, esc_col, esc_val, n, k)
     else:
@@ -86,12 +86,12 @@ def w12_linear(
     Returns BF16 ``[..., N]``. Deterministic; for up to 64 rows of ``x`` (128 with the CUDA
     kernels) the bits of each output row do not depend on the other rows. ``invariant_rows``
     64 keeps that only up to 64 rows for this call, so that 65..128 rows take the faster
-    large-M path (as ``launcher.invariant_rows(64)`` does for a scope; a plain argument also
+    large-M path (as ``dispatch.invariant_rows(64)`` does for a scope; a plain argument also
     passes through ``torch.compile``); ``None``: the scope's setting.
     """
     _check(x, w, bias)
     if invariant_rows is not None:
-        from w12_kernels.gemm.launcher import check_invariant_rows
+        from w12_kernels.gemm.dispatch import check_invariant_rows
 
         try:
             check_invariant_rows(invariant_rows, "w12_linear")

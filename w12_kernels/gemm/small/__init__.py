@@ -1,0 +1,1 @@
+"""The small-M mma.sync kernel (``kernels.cu``) and its launcher."""

@@ -1,0 +1,1 @@
+"""The small-M warpgroup-MMA kernel (``kernels.cu``, Hopper) and its launcher."""
