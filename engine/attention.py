@@ -68,17 +68,22 @@ class AttentionPlan:
         return cls(slots=slots, prefix_len=lengths, path_slots=path_slots)
 
 
-def resolve_attention(attention: str, device: torch.device) -> str:
-    """``attention`` with ``"auto"`` made concrete for ``device``; a clear error if unknown.
+def resolve_attention(attention: str, device: torch.device,
+                      dtype: torch.dtype = torch.bfloat16) -> str:
+    """``attention`` with ``"auto"`` made concrete for ``device`` and the activation ``dtype``;
+    a clear error if unknown.
 
-    ``tree`` (the default): the tree-attention kernels, Triton on a CUDA device where Triton
-    imports, per-row loops on the CPU; a row's bits never depend on the other rows. ``torch``:
-    masked matmuls over the whole cache, a reference path without that promise."""
+    ``tree`` (the default for bfloat16 models): the tree-attention kernels, Triton on a CUDA
+    device where Triton imports, per-row loops on the CPU; a row's bits never depend on the
+    other rows. ``torch`` (the default otherwise): masked matmuls over the whole cache, a
+    reference path without that promise."""
     if attention not in ATTENTION_KINDS:
         raise W12Error(f"attention must be one of {', '.join(ATTENTION_KINDS)}, "
                        f"got {attention!r}")
-    if attention == "torch":
-        return attention
+    if attention == "torch" or (attention == "auto" and dtype != torch.bfloat16):
+        return "torch"
+    if dtype != torch.bfloat16:
+        raise W12Error(f"attention 'tree' runs bfloat16 activations, not {dtype}")
     if device.type == "cuda":
         try:
             import triton  # noqa: F401

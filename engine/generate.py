@@ -41,7 +41,7 @@ class Engine:
     ) -> None:
         self.model, self.batch, self.max_seq_len = model, batch, max_seq_len
         device = model.device
-        self.attention = resolve_attention(attention, device)
+        self.attention = resolve_attention(attention, device, model.dtype)
         model.ops = OpSet(compiled=compile)
         model.attention = self.attention
         self.cache = model.new_cache(batch, max_seq_len)

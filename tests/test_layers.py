@@ -19,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("w12_cli", "spec_tuning", "engine", "sglang_integration", "converters",
             "w12_kernels", "w12")
+KERNEL_FAMILIES = ("gemm", "norm", "tree_attention")  # what engine.w12_backend may import
 
 
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
@@ -37,15 +38,17 @@ def test_the_tree_keeps_every_contract():
 
 
 def _fixture_tree(root: Path) -> None:
-    """Empty packages with the project's names and its pyproject.toml; the one import the
-    engine-door contract allows, so that its ``ignore_imports`` entry matches."""
+    """Empty packages with the project's names and its pyproject.toml; the imports the
+    engine-door contract allows, so that its ``ignore_imports`` entries match."""
     shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")
     for package in PACKAGES:
         (root / package).mkdir()
         (root / package / "__init__.py").write_text("")
-    (root / "w12_kernels" / "gemm").mkdir()
-    (root / "w12_kernels" / "gemm" / "__init__.py").write_text("")
-    (root / "engine" / "w12_backend.py").write_text("import w12_kernels.gemm\n")
+    for family in KERNEL_FAMILIES:
+        (root / "w12_kernels" / family).mkdir()
+        (root / "w12_kernels" / family / "__init__.py").write_text("")
+    (root / "engine" / "w12_backend.py").write_text(
+        "".join(f"import w12_kernels.{family}\n" for family in KERNEL_FAMILIES))
 
 
 def test_the_fixture_tree_keeps_every_contract(tmp_path):

@@ -4,9 +4,10 @@ Definitions (docs/ARCHITECTURE.md): tau = tokens committed per verify step, bonu
 T_AR = one plain decode step; T_step(N) = one speculative iteration at node budget N
 (drafting, the verify forward over N nodes, acceptance and the cache compaction); both are
 replays of the engine's own steps (CUDA graphs on a GPU), timed at the same context position
-with the same method, and c(N) = T_step(N) / T_AR. S = tau / c is the speed-up those predict;
-the measured speed-up is the tokens/s of speculative over plain generation of the same
-prompts, timed in the same run.
+with the same method, and c(N) = T_step(N) / T_AR. T_verify(N) times the same step with the
+drafter's tree given (its drafting left out), c_verify = T_verify / T_AR. S = tau / c is the
+speed-up those predict; the measured speed-up is the tokens/s of speculative over plain
+generation of the same prompts, timed in the same run.
 
 On a model with real weights tau comes from generation. With ``forced_accept`` K (synthetic
 presets, whose random weights accept nothing meaningful) each step accepts K drafted tokens
@@ -26,7 +27,8 @@ from engine.generate import GREEDY, Engine, generate
 from engine.sampling import Sampling
 from engine.speculative.api import load_target, read_prompts
 from engine.speculative.decode import SpecRunner, speculative_generate
-from engine.speculative.drafters import make_drafter
+from engine.speculative.drafters import Drafter, make_drafter
+from engine.speculative.tree import DraftTree
 from engine.weights import SYNTHETIC_PREFIX, LoadedModel, load_model
 from w12.errors import W12Error
 
@@ -42,6 +44,8 @@ class SpecRow:
     t_step_ms: float  # one step (plain: T_AR)
     c: float  # T_step / T_AR
     projected: float  # tau / c
+    t_verify_ms: float  # the verify part of a step alone (the drafter's tree given)
+    c_verify: float  # T_verify / T_AR
     tokens_per_s: float | None  # generation of the prompt set (None with forced acceptance)
     speedup: float | None  # tokens/s over plain decoding's, same run
     forced_accept: int | None = None
@@ -115,8 +119,8 @@ def bench_spec(
             generate(engine, [p], max_new_tokens=max_new_tokens, sampling=sampling,
                      stop_ids=stop_ids)[0] for p in prompts])
         plain_tps = sum(map(len, outs)) / seconds
-    rows = [SpecRow("plain", 1, "-", 1.0, t_ar, 1.0, 1.0, plain_tps, 1.0 if plain_tps else None,
-                    forced_accept)]
+    rows = [SpecRow("plain", 1, "-", 1.0, t_ar, 1.0, 1.0, t_ar, 1.0, plain_tps,
+                    1.0 if plain_tps else None, forced_accept)]
     log(format_row(rows[0]))
     for mode in modes:
         for budget in budgets:
@@ -153,9 +157,25 @@ def _bench_one(engine, loaded, prompts, drafter_name, mode, budget, forced_accep
     t_step = timer(lambda: runner.step(root), rewind)
     if forced_accept is not None:
         tau = float(runner.step(root).accepted.float().mean() + 1)
+    rewind()
+    given = GivenTree(drafter.propose(root, engine.cache, budget, mode == "tree"))
+    verifier = SpecRunner(engine, given, budget=budget, tree=mode == "tree", sampling=sampling,
+                          forced_accept=forced_accept)
+    t_verify = timer(lambda: verifier.step(root), rewind)
     c = t_step / t_ar
-    return SpecRow(mode, budget, drafter_name, tau, t_step, c, tau / c, tps, speedup,
-                   forced_accept)
+    return SpecRow(mode, budget, drafter_name, tau, t_step, c, tau / c, t_verify,
+                   t_verify / t_ar, tps, speedup, forced_accept)
+
+
+class GivenTree(Drafter):
+    """Proposes one fixed tree: verification timed without the drafter's work."""
+
+    def __init__(self, tree: DraftTree) -> None:
+        self.tree = DraftTree(*(t.clone() for t in (tree.tokens, tree.parents, tree.depth,
+                                                      tree.valid)))
+
+    def propose(self, roots, cache, budget, tree):
+        return self.tree
 
 
 def load_for_bench(spec: str, prompts_path: str | None, *, limit: int | None, mode: str | None,
@@ -181,7 +201,8 @@ def format_row(r: SpecRow) -> str:
     rate = "" if r.tokens_per_s is None else f"  {r.tokens_per_s:9.1f} tok/s"
     gain = "" if r.speedup is None else f"  x{r.speedup:.3f} measured"
     return (f"{r.mode:<6} N={r.budget:<4} {r.drafter:<14} tau {r.tau:6.3f}  "
-            f"step {r.t_step_ms:8.3f} ms  c {r.c:6.3f}  tau/c {r.projected:6.3f}{rate}{gain}")
+            f"step {r.t_step_ms:8.3f} ms  c {r.c:6.3f}  verify {r.t_verify_ms:8.3f} ms  "
+            f"c_verify {r.c_verify:6.3f}  tau/c {r.projected:6.3f}{rate}{gain}")
 
 
 def summary(rows: list[SpecRow]) -> list[str]:

@@ -135,8 +135,11 @@ def test_attention_kind_is_checked(tiny_folder):
     model = load_model(tiny_folder("llama"), dtype=torch.float32).model
     with pytest.raises(W12Error, match="attention must be one of auto, tree, torch, got 'flash'"):
         Engine(model, batch=1, max_seq_len=16, attention="flash")
-    assert Engine(model, batch=1, max_seq_len=16).attention == "tree"  # "auto" on the CPU
-    assert Engine(model, batch=1, max_seq_len=16, attention="torch").attention == "torch"
+    assert Engine(model, batch=1, max_seq_len=16).attention == "torch"  # "auto", float32
+    with pytest.raises(W12Error, match="attention 'tree' runs bfloat16 activations"):
+        Engine(model, batch=1, max_seq_len=16, attention="tree")
+    bf16 = load_model(tiny_folder("llama", dtype=torch.bfloat16)).model
+    assert Engine(bf16, batch=1, max_seq_len=16).attention == "tree"
 
 
 def test_cli_maps_errors_to_exit_2(tiny_folder, tmp_path):

@@ -74,7 +74,7 @@ def test_accept_follows_the_matching_child():
 
 
 def test_keep_moves_overlapping_paths_in_every_layer():
-    cache = KVCache(3, 2, 2, 16, 4, dtype=torch.float32, device=torch.device("cpu"))
+    cache = KVCache(3, 2, 2, 16, 16, dtype=torch.float32, device=torch.device("cpu"))
     cache.k.copy_(torch.randn_like(cache.k))
     cache.v.copy_(torch.randn_like(cache.v))
     before_k, before_v = cache.k.clone(), cache.v.clone()
@@ -121,10 +121,19 @@ class OracleDrafter(Drafter):
         return _tree_from_rows(roots, rows, budget)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+# float32 through the torch attention path; W12 and bfloat16 through the tree-attention kernels'
+# CPU path (the engine's default for bfloat16)
+MODELS = {"llama-f32": ("llama", "bf16", torch.float32),
+          "qwen3-f32": ("qwen3", "bf16", torch.float32),
+          "qwen3-w12": ("qwen3", "w12", torch.bfloat16),
+          "llama-bf16": ("llama", "bf16", torch.bfloat16)}
+
+
+@pytest.mark.parametrize("model_id", list(MODELS))
 @pytest.mark.parametrize("sampling", [Sampling(), SAMPLED], ids=["greedy", "sampled"])
-def test_speculative_equals_plain_decoding(tiny_folder, kind, sampling):
-    model = load_model(tiny_folder(kind), dtype=torch.float32).model
+def test_speculative_equals_plain_decoding(tiny_folder, model_id, sampling):
+    kind, mode, dtype = MODELS[model_id]
+    model = load_model(tiny_folder(kind), mode=mode, dtype=dtype).model
     plain = generate(Engine(model, batch=3, max_seq_len=96), PROMPTS, max_new_tokens=24,
                      sampling=sampling)
     drafters = {"ngram": lambda: make_drafter("ngram", model),
@@ -175,3 +184,30 @@ def test_bad_drafter_and_budget_are_refused(tiny_folder):
     with pytest.raises(W12Error, match="must be at least 1"):
         speculative_generate(Engine(model, batch=1, max_seq_len=64), make_drafter("ngram", model),
                              [[1, 2]], max_new_tokens=4, budget=0)
+
+
+def test_cli_spec_check_on_the_demo_model(demo_bf16, tmp_path):
+    """``w12 spec check`` on real weights and HumanEval-style prompts: exit 0, one OK line; a
+    prompt file with a bad line is one error line, exit 2."""
+    from click.testing import CliRunner
+
+    from w12_cli.spec import spec_group
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "def add(a, b):\\n    \\"\\"\\"Add two numbers.\\"\\"\\"\\n"}\n'
+                       '{"prompt": "Write a haiku about the sea."}\n')
+    runner = CliRunner()
+    for flags in (["--drafter", "ngram", "--chain", "--budget", "8"],
+                  ["--drafter", "early-exit:4", "--budget", "16", "--temperature", "0.7",
+                   "--top-p", "0.95"]):
+        result = runner.invoke(spec_group, ["check", str(demo_bf16), "--prompts", str(prompts),
+                                            "--max-new-tokens", "24", "--device", "cpu",
+                                            "--quiet", *flags])
+        assert result.exit_code == 0, result.output
+        assert result.output.startswith("OK: speculative decoding equals plain decoding on 2 "
+                                        "prompts"), result.output
+    prompts.write_text('{"prompt": "fine"}\nnot json\n')
+    result = runner.invoke(spec_group, ["check", str(demo_bf16), "--prompts", str(prompts),
+                                        "--drafter", "ngram", "--device", "cpu"])
+    assert result.exit_code == 2
+    assert "prompts.jsonl:2: not JSON" in result.output and result.output.count("\n") == 1

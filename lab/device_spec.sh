@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The GPU runs behind the speculative-decoding work, in stages that each fit one call:
+#   bash lab/device_spec.sh tests     # GPU tests: tree attention, row norms, engine, speculative
+#   bash lab/device_spec.sh house OLD # the GEMM of OLD (a folder holding an older tree) against
+#                                     # this tree (lab/compare_revisions.sh), then the decode
+#                                     # benchmark of both trees
+#   bash lab/device_spec.sh demo      # the demo model in W12: spec check on HumanEval (ngram
+#                                     # chain, early-exit tree; greedy and sampled), bench spec
+#   bash lab/device_spec.sh scale     # bench spec --forced-accept on the Qwen3-8B/32B presets,
+#                                     # W12 and BF16, and the tree-attention benchmark
+# Logs and JSON go to $OUT (default ./out). W12_CACHE must hold the demo model's GGUF for
+# "demo" (the cache layout of converters.demo_models). Each step has its own time limit.
+set -uo pipefail
+STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|demo|scale}
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+W12="$PY -m w12_cli"
+run() {  # run LIMIT NAME CMD...: the command's output into $OUT/NAME.txt, its tail shown
+  local limit=$1 name=$2; shift 2
+  echo "== $name"
+  timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
+  local rc=$?
+  tail -${TAIL:-6} "$OUT/$name.txt"
+  [ $rc -eq 0 ] || echo "!! $name exited $rc"
+}
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.txt"
+case $STAGE in
+tests)
+  TAIL=4 run 200 tests-tree-attention $PY -m pytest -q -x -p no:cacheprovider \
+    tests/w12_kernels/test_tree_attention.py tests/w12_kernels/test_norm.py
+  TAIL=4 run 240 tests-engine $PY -m pytest -q -x -p no:cacheprovider \
+    tests/engine/test_speculative_cuda.py tests/engine/test_engine_cuda.py
+  ;;
+house)
+  OLD=${2:?house needs the folder of the old tree}
+  M_LIST=${M_LIST:-1,4,16,32,64,128,256,1024} BENCH_MODELS=${BENCH_MODELS:-qwen3_32b,llama8b} \
+    BENCH_M=${BENCH_M:-1,8,32,256} TEST_LIMIT=${TEST_LIMIT:-120} BITS_LIMIT=${BITS_LIMIT:-150} \
+    OUT="$OUT/compare" TAIL=40 run 560 compare bash lab/compare_revisions.sh "$OLD"
+  for side in old new; do
+    tree=.; [ $side = old ] && tree=$OLD
+    (cd "$tree" && PYTHONPATH=. TAIL=8 OUT="$OUT" run 150 "decode-$side" $PY \
+      benchmarks/decode.py --models synthetic:qwen3-8b --batch 1,32 --tokens 128 \
+      --json "$OUT/decode-$side.json")
+  done
+  ;;
+demo)
+  $W12 demo --quiet > "$OUT/demo.txt" 2>&1 || { tail "$OUT/demo.txt"; exit 1; }
+  tail -5 "$OUT/demo.txt"
+  MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 | head -1)
+  PROMPTS=${PROMPTS:-humaneval}
+  for s in "greedy:--temperature 0" "sampled:--temperature 0.7 --top-p 0.95 --seed 1"; do
+    name=${s%%:*}; flags=${s#*:}
+    TAIL=2 run 150 "check-ngram-chain-$name" $W12 spec check "$MODEL" --drafter ngram --chain \
+      --budget 16 --prompts "$PROMPTS" --max-new-tokens 256 $flags --quiet
+    TAIL=2 run 150 "check-early-exit-tree-$name" $W12 spec check "$MODEL" \
+      --drafter "${EARLY:-early-exit:4}" --budget 64 --prompts "$PROMPTS" --max-new-tokens 256 \
+      $flags --quiet
+  done
+  for d in ngram "${EARLY_BENCH:-early-exit:20}"; do
+    TAIL=16 run 200 "bench-demo-${d%%:*}" $W12 bench spec "$MODEL" --drafter "$d" \
+      --prompts "$PROMPTS" --limit 24 --budgets 1,4,8,16,32,64 --max-new-tokens 128 \
+      --json "$OUT/bench-demo-${d%%:*}.json"
+  done
+  ;;
+scale)
+  for preset in qwen3-8b qwen3-32b; do
+    for mode in w12 bf16; do
+      flag=--w12; [ $mode = bf16 ] && flag=--bf16
+      TAIL=20 run 150 "bench-$preset-$mode" $W12 bench spec "synthetic:$preset" $flag \
+        --drafter early-exit:4 --forced-accept 3 --budgets 1,4,8,16,32,64,128 --modes chain \
+        --context 512 --json "$OUT/bench-$preset-$mode.json"
+    done
+  done
+  TAIL=30 run 150 tree-attention $PY benchmarks/tree_attention.py --json "$OUT/tree-attention.json"
+  ;;
+*) echo "unknown stage $STAGE"; exit 2 ;;
+esac

@@ -1,0 +1,92 @@
+"""Speculative decoding on a GPU: every node of a verified tree has the logits plain decoding
+computes at its position, bit for bit (W12 weights, tree attention, row norms), for trees of
+1-128 nodes; and the CUDA-graphed runner emits plain decoding's tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.attention import AttentionPlan
+from engine.generate import Engine, generate
+from engine.sampling import Sampling
+from engine.speculative import DraftTree, make_drafter, speculative_generate
+from engine.weights import load_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+PRESET = "synthetic:smollm2-135m"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(PRESET, mode="w12", device="cuda").model
+
+
+def random_tree(n: int, vocab: int, root: int, gen: torch.Generator) -> DraftTree:
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
+    depth = [0] * n
+    for i in range(1, n):
+        depth[i] = depth[parents[i]] + 1
+    tokens = torch.randint(0, vocab, (1, n), generator=gen)
+    tokens[0, 0] = root
+    as_row = lambda v: torch.tensor([v], device="cuda")  # noqa: E731
+    return DraftTree(tokens.cuda(), as_row(parents), as_row(depth),
+                     torch.ones(1, n, dtype=torch.bool, device="cuda"))
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 16, 33, 64, 128])
+def test_every_node_has_plain_decodings_logits(model, n):
+    gen = torch.Generator().manual_seed(n)
+    vocab = model.args.vocab_size
+    prompt = torch.randint(0, vocab, (1, 45), generator=gen).tolist()
+    engine = Engine(model, batch=1, max_seq_len=64 + n + 2)
+    root = int(engine.prefill(prompt).argmax(-1))
+    tree = random_tree(n, vocab, root, gen)
+    lengths = engine.cache.lengths.clone()
+    with torch.inference_mode():
+        tree_logits = model(tree.tokens, lengths[:, None] + tree.depth, engine.cache,
+                            AttentionPlan.tree(lengths, tree.paths()))[0]
+    paths = tree.paths()[0].tolist()
+    checked = range(n) if n <= 33 else sorted(set(torch.randint(0, n, (24,), generator=gen)
+                                                  .tolist()) | {n - 1})
+    for node in checked:
+        path = [i for i in paths[node] if i >= 0]
+        engine.prefill(prompt)
+        for i in path:
+            logits = engine.step(tree.tokens[0, i:i + 1])
+        assert torch.equal(logits[0].view(torch.int32), tree_logits[node].view(torch.int32)), node
+
+
+@pytest.mark.parametrize("drafter,tree,budget", [("ngram", False, 8), ("early-exit:6", True, 32),
+                                                 ("early-exit:6", False, 5)])
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(0.7, 0.95, 3)],
+                         ids=["greedy", "sampled"])
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_graphed_runner_emits_plain_decodings_tokens(model, drafter, tree, budget, sampling,
+                                                     compile):
+    gen = torch.Generator().manual_seed(budget)
+    prompts = [torch.randint(0, 200, (60,), generator=gen).tolist() * 2]
+    engine = Engine(model, batch=1, max_seq_len=300, compile=compile)
+    plain = generate(engine, prompts, max_new_tokens=96, sampling=sampling)
+    spec, _ = speculative_generate(engine, make_drafter(drafter, model), prompts,
+                                   max_new_tokens=96, budget=budget, tree=tree,
+                                   sampling=sampling)
+    assert spec == plain
+
+
+def test_forced_acceptance_commits_what_it_forces(model):
+    engine = Engine(model, batch=1, max_seq_len=200)
+    prompt = [list(range(3, 60))]
+    _, stats = speculative_generate(engine, make_drafter("early-exit:4", model), prompt,
+                                    max_new_tokens=40, budget=8, tree=False)
+    assert stats.steps > 0
+    from engine.speculative.decode import SpecRunner
+
+    runner = SpecRunner(engine, make_drafter("early-exit:4", model), budget=8, tree=False,
+                        forced_accept=5)
+    root = engine.prefill(prompt).argmax(-1)
+    before = int(engine.cache.lengths[0])
+    verdict = runner.step(root)
+    assert verdict.accepted.tolist() == [5]
+    assert int(engine.cache.lengths[0]) == before + 6
