@@ -7,7 +7,8 @@
 #   bash lab/device_spec.sh demo      # the demo model in W12: spec check on HumanEval (ngram
 #                                     # chain, early-exit tree; greedy and sampled), bench spec
 #   bash lab/device_spec.sh scale     # bench spec --forced-accept on the Qwen3-8B/32B presets,
-#                                     # W12 and BF16, and the tree-attention benchmark
+#                                     # W12 and BF16
+#   bash lab/device_spec.sh attention # the tree-attention benchmark
 # Logs and JSON go to $OUT (default ./out). W12_CACHE must hold the demo model's GGUF for
 # "demo" (the cache layout of converters.demo_models). Each step has its own time limit.
 set -uo pipefail
@@ -27,20 +28,20 @@ run() {  # run LIMIT NAME CMD...: the command's output into $OUT/NAME.txt, its t
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.txt"
 case $STAGE in
 tests)
-  TAIL=4 run 200 tests-tree-attention $PY -m pytest -q -x -p no:cacheprovider \
+  TAIL=4 run ${TEST_LIMIT:-150} tests-tree-attention $PY -m pytest -q -x -p no:cacheprovider \
     tests/w12_kernels/test_tree_attention.py tests/w12_kernels/test_norm.py
-  TAIL=4 run 240 tests-engine $PY -m pytest -q -x -p no:cacheprovider \
+  TAIL=4 run ${TEST_LIMIT:-150} tests-engine $PY -m pytest -q -x -p no:cacheprovider \
     tests/engine/test_speculative_cuda.py tests/engine/test_engine_cuda.py
   ;;
 house)
   OLD=${2:?house needs the folder of the old tree}
   M_LIST=${M_LIST:-1,4,16,32,64,128,256,1024} BENCH_MODELS=${BENCH_MODELS:-qwen3_32b,llama8b} \
     BENCH_M=${BENCH_M:-1,8,32,256} TEST_LIMIT=${TEST_LIMIT:-120} BITS_LIMIT=${BITS_LIMIT:-150} \
-    OUT="$OUT/compare" TAIL=40 run 560 compare bash lab/compare_revisions.sh "$OLD"
+    OUT="$OUT/compare" TAIL=40 run ${COMPARE_LIMIT:-400} compare bash lab/compare_revisions.sh "$OLD"
   for side in old new; do
     tree=.; [ $side = old ] && tree=$OLD
-    (cd "$tree" && PYTHONPATH=. TAIL=8 OUT="$OUT" run 150 "decode-$side" $PY \
-      benchmarks/decode.py --models synthetic:qwen3-8b --batch 1,32 --tokens 128 \
+    (cd "$tree" && PYTHONPATH=. TAIL=8 OUT="$OUT" run ${DECODE_LIMIT:-90} "decode-$side" $PY \
+      benchmarks/decode.py --models synthetic:qwen3-8b --batch 1,32 --tokens 96 \
       --json "$OUT/decode-$side.json")
   done
   ;;
@@ -67,12 +68,14 @@ scale)
   for preset in qwen3-8b qwen3-32b; do
     for mode in w12 bf16; do
       flag=--w12; [ $mode = bf16 ] && flag=--bf16
-      TAIL=20 run 150 "bench-$preset-$mode" $W12 bench spec "synthetic:$preset" $flag \
-        --drafter early-exit:4 --forced-accept 3 --budgets 1,4,8,16,32,64,128 --modes chain \
-        --context 512 --json "$OUT/bench-$preset-$mode.json"
+      TAIL=12 run ${SCALE_LIMIT:-75} "bench-$preset-$mode" $W12 bench spec "synthetic:$preset" \
+        $flag --drafter early-exit:4 --forced-accept 3 --budgets "${BUDGETS:-1,8,32,64,128}" \
+        --modes chain --context 512 --max-new-tokens 8 --json "$OUT/bench-$preset-$mode.json"
     done
   done
-  TAIL=30 run 150 tree-attention $PY benchmarks/tree_attention.py --json "$OUT/tree-attention.json"
+  ;;
+attention)
+  TAIL=30 run 200 tree-attention $PY benchmarks/tree_attention.py --json "$OUT/tree-attention.json"
   ;;
 *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
