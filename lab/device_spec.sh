@@ -29,7 +29,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader 2>/dev/
 case $STAGE in
 tests)
   TAIL=4 run ${TEST_LIMIT:-150} tests-tree-attention $PY -m pytest -q -x -p no:cacheprovider \
-    tests/w12_kernels/test_tree_attention.py tests/w12_kernels/test_norm.py
+    tests/w12_kernels/test_tree_attention.py tests/w12_kernels/test_norm.py -k "gpu or cuda"
   TAIL=4 run ${TEST_LIMIT:-150} tests-engine $PY -m pytest -q -x -p no:cacheprovider \
     tests/engine/test_speculative_cuda.py tests/engine/test_engine_cuda.py
   ;;
@@ -52,15 +52,15 @@ demo)
   PROMPTS=${PROMPTS:-humaneval}
   for s in "greedy:--temperature 0" "sampled:--temperature 0.7 --top-p 0.95 --seed 1"; do
     name=${s%%:*}; flags=${s#*:}
-    TAIL=2 run 150 "check-ngram-chain-$name" $W12 spec check "$MODEL" --drafter ngram --chain \
-      --budget 16 --prompts "$PROMPTS" --max-new-tokens 256 $flags --quiet
+    TAIL=2 run 120 "check-ngram-chain-$name" $W12 spec check "$MODEL" --drafter ngram --chain \
+      --budget 16 --batch 8 --prompts "$PROMPTS" --max-new-tokens 256 $flags --quiet
     TAIL=2 run 150 "check-early-exit-tree-$name" $W12 spec check "$MODEL" \
-      --drafter "${EARLY:-early-exit:4}" --budget 64 --prompts "$PROMPTS" --max-new-tokens 256 \
-      $flags --quiet
+      --drafter "${EARLY:-early-exit:4}" --budget 64 --batch 2 --prompts "$PROMPTS" \
+      --max-new-tokens 256 $flags --quiet
   done
   for d in ngram "${EARLY_BENCH:-early-exit:20}"; do
-    TAIL=16 run 200 "bench-demo-${d%%:*}" $W12 bench spec "$MODEL" --drafter "$d" \
-      --prompts "$PROMPTS" --limit 24 --budgets 1,4,8,16,32,64 --max-new-tokens 128 \
+    TAIL=16 run ${BENCH_LIMIT:-110} "bench-demo-${d%%:*}" $W12 bench spec "$MODEL" --drafter "$d" \
+      --prompts "$PROMPTS" --limit 12 --budgets 1,4,8,16,32,64 --max-new-tokens 128 \
       --json "$OUT/bench-demo-${d%%:*}.json"
   done
   ;;
@@ -69,7 +69,7 @@ scale)
     for mode in w12 bf16; do
       flag=--w12; [ $mode = bf16 ] && flag=--bf16
       TAIL=12 run ${SCALE_LIMIT:-75} "bench-$preset-$mode" $W12 bench spec "synthetic:$preset" \
-        $flag --drafter early-exit:4 --forced-accept 3 --budgets "${BUDGETS:-1,8,32,64,128}" \
+        $flag --drafter early-exit:4 --forced-accept 3 --budgets "${BUDGETS:-1,16,64,128}" \
         --modes chain --context 512 --max-new-tokens 8 --json "$OUT/bench-$preset-$mode.json"
     done
   done

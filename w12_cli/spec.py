@@ -32,6 +32,9 @@ def spec_group() -> None:
               help="JSONL file of {\"prompt\": ...} lines, or 'humaneval'.")
 @click.option("--limit", default=None, type=click.IntRange(1), help="Only the first N prompts.")
 @click.option("--max-new-tokens", default=256, show_default=True, type=click.IntRange(1))
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(1),
+              help="Prompts decoded together (batch x budget at most 128 rows, so that every "
+                   "GEMM keeps its row bits).")
 @budget
 @tree_shape
 @sampling
@@ -42,7 +45,7 @@ def spec_group() -> None:
 @device
 @compile_ops
 @quiet
-def check_command(model, drafter, prompts_path, limit, max_new_tokens, budget, chain,
+def check_command(model, drafter, prompts_path, limit, max_new_tokens, batch, budget, chain,
                   temperature, top_p, seed, bf16, chat, device, compile_, quiet):
     """Decode every prompt plainly and speculatively and compare the tokens.
 
@@ -56,14 +59,18 @@ def check_command(model, drafter, prompts_path, limit, max_new_tokens, budget, c
 
     if drafter is None:
         raise click.UsageError("spec check needs --drafter (ngram or early-exit:K)")
+    if batch * budget > 128:
+        raise click.BadParameter(f"{batch} prompts x {budget} nodes = {batch * budget} rows a "
+                                 "verify step; at most 128 keep every GEMM's row bits",
+                                 param_hint="--batch")
     texts = read_prompts(prompts_path, limit)
     target = load_target(model, texts, mode=None if bf16 is None else ("bf16" if bf16 else "w12"),
                          device=device, chat=chat)
     bar = tqdm(total=len(texts), desc="spec check", unit="prompt", disable=quiet, file=sys.stderr)
     report = spec_check(target, drafter, max_new_tokens=max_new_tokens, budget=budget,
                         tree=not chain, sampling=Sampling(temperature, top_p, seed),
-                        compile=compile_default(compile_, device),
-                        progress=lambda _: bar.update())
+                        compile=compile_default(compile_, device), batch=batch,
+                        progress=bar.update)
     bar.close()
     shape = "chain" if chain else "tree"
     summary = (f"{report.prompts} prompts, {report.tokens} plain tokens, drafter {drafter} "

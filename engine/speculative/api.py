@@ -109,31 +109,33 @@ def first_difference(plain: list[int], spec: list[int]) -> tuple[int, int | None
 
 
 def spec_check(target: Target, drafter_name: str, *, max_new_tokens: int, budget: int,
-               tree: bool, sampling: Sampling, compile: bool = False,
+               tree: bool, sampling: Sampling, compile: bool = False, batch: int = 1,
                progress: Callable[[int], None] | None = None) -> CheckReport:
-    """Decode every prompt both ways (batch 1, one engine and one captured runner for all);
-    stop at the first prompt whose tokens differ."""
+    """Decode every prompt both ways, ``batch`` prompts at a time (one engine and one captured
+    runner for all; the last group padded with copies of its last prompt, whose rows are not
+    counted); stop at the first group with a prompt whose tokens differ."""
     model = target.loaded.model
     longest = max(map(len, target.prompts))
-    engine = Engine(model, batch=1, max_seq_len=longest + max_new_tokens + budget,
+    engine = Engine(model, batch=batch, max_seq_len=longest + max_new_tokens + budget,
                     compile=compile)
     drafter = make_drafter(drafter_name, model)
     runner = SpecRunner(engine, drafter, budget=budget, tree=tree, sampling=sampling)
     report = CheckReport()
-    for index, prompt in enumerate(target.prompts):
-        plain = generate(engine, [prompt], max_new_tokens=max_new_tokens, sampling=sampling,
-                         stop_ids=target.stop_ids)[0]
-        outputs, stats = speculative_generate(engine, drafter, [prompt], budget=budget,
-                                              tree=tree, max_new_tokens=max_new_tokens,
-                                              sampling=sampling, stop_ids=target.stop_ids,
-                                              runner=runner)
-        spec = outputs[0]
-        report.prompts += 1
-        report.tokens += len(plain)
+    for start in range(0, len(target.prompts), batch):
+        group = target.prompts[start:start + batch]
+        rows = group + [group[-1]] * (batch - len(group))
+        plain = generate(engine, rows, max_new_tokens=max_new_tokens, sampling=sampling,
+                         stop_ids=target.stop_ids)
+        spec, stats = speculative_generate(engine, drafter, rows, budget=budget, tree=tree,
+                                           max_new_tokens=max_new_tokens, sampling=sampling,
+                                           stop_ids=target.stop_ids, runner=runner)
+        report.prompts += len(group)
+        report.tokens += sum(len(p) for p in plain[:len(group)])
         report.taus.append(stats.tau)
         if progress is not None:
-            progress(index)
-        if spec != plain:
-            report.mismatch = Mismatch(index, *first_difference(plain, spec))
-            break
+            progress(len(group))
+        for row in range(len(group)):
+            if spec[row] != plain[row]:
+                report.mismatch = Mismatch(start + row, *first_difference(plain[row], spec[row]))
+                return report
     return report
