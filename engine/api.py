@@ -1,6 +1,6 @@
 """Text generation as one typed call: load a model, apply the chat template, decode, stop.
 
-``generate_text`` is what ``engine generate`` runs; ``complete`` does the same on an already
+``generate_text`` is what ``w12 generate`` runs; ``complete`` does the same on an already
 loaded model and tokenizer so tests and benchmarks reuse one load. Stop strings cut the text at
 their first occurrence; stop token ids (EOS) end a row and are not part of its text.
 """

@@ -13,8 +13,10 @@ builds its mask from). Scores and the softmax stay in float32 (the torch path ro
 to the activation dtype first), so the two paths agree to rounding, not bit for bit; the test
 holds both to an error budget against a float64 reference.
 
-Off by default (``ops.use_triton_attention``); ``benchmarks/decode.py --attention triton``
-measures it against the torch path.
+The engine attends through the tree-attention kernels (``w12_kernels.tree_attention``, whose
+rows keep their bits whatever else shares the call); ``decode_attention`` is the baseline
+``benchmarks/tree_attention.py`` times them against at one node, and ``write_kv`` is the cache
+write of ``engine.cache.KVCache``.
 """
 
 from __future__ import annotations
@@ -157,7 +159,7 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, k:
     """``k_cache[b, :, pos[b, t]] = k[b, t]`` (and the same for v) for a cache [B, Hkv, S, D]
     and new rows ``k``, ``v`` [B, T, Hkv, D]: one launch for both, where ``scatter_`` takes two
     launches that read an int64 index per element (~4 us each at batch 32 on an H200,
-    docs/PERF_ENGINE.md). A copy: the cache holds the same bits either way. Positions must be
+    docs/notebook/engine.md). A copy: the cache holds the same bits either way. Positions must be
     distinct within a row (as ``scatter_`` needs them for a defined result) and inside the
     cache: the kernel does not check them (``Engine.prefill`` and ``Engine.step`` refuse work
     past the last slot before anything runs)."""

@@ -108,7 +108,7 @@ def test_a_wrong_rotation_is_caught():
 
 
 def _xorder_place(pk: int) -> int:
-    """kernels_large.cu's ``xorder_place``."""
+    """``xorder_place`` of large/kernels.cu."""
     lane, q, half = pk >> 8, (pk >> 1) & 15, pk & 1
     g, t, j, r = lane >> 2, lane & 3, q >> 2, q & 3
     kk = 4 * j + 2 * (r >> 1) + half

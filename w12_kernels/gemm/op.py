@@ -6,7 +6,7 @@ On a CUDA device the op runs the GPU kernels (``dispatch``: CUDA C through CuPy,
 on the CPU it decodes the weight (numba) and calls ``torch.nn.functional.linear``, which gives
 exactly what BF16 torch gives on the decoded weight. ``w12_linear`` goes through the op only
 where something traces it (``torch.compile``, fake tensors) and calls its body directly
-otherwise, for the dispatcher's host time (docs/PERF_ENGINE.md, prefill).
+otherwise, for the dispatcher's host time (docs/notebook/engine.md, prefill).
 """
 
 from __future__ import annotations
