@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engine.attention import AttentionPlan  # noqa: E402
 from engine.weights import load_model  # noqa: E402
 from w12_kernels.gemm import invariant_rows  # noqa: E402
 
@@ -43,14 +44,14 @@ def time_prefills(spec: str, lengths: list[int], runs: int) -> list[dict]:
     for mode in ("bf16", "w12"):
         model = load_model(spec, mode=mode, device="cuda").model
         for length in lengths:
-            model.setup_caches(1, length)
+            cache = model.new_cache(1, length)
             gen = torch.Generator().manual_seed(length)
             tokens = torch.randint(0, model.args.vocab_size, (1, length), generator=gen).cuda()
             pos = torch.arange(length, device="cuda").expand(1, length)
             last = torch.tensor([length - 1], device="cuda")
 
-            def run(model=model, tokens=tokens, pos=pos, last=last):
-                model(tokens, pos, prefill=True, last=last)
+            def run(model=model, tokens=tokens, pos=pos, last=last, cache=cache):
+                model(tokens, pos, cache, AttentionPlan.prefill(pos), last=last)
 
             for rows_kept in (128, 64) if mode == "w12" else (128,):
                 with invariant_rows(rows_kept):

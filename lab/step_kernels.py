@@ -82,8 +82,7 @@ def profile_mode(spec: str, mode: str, batch: int, prompt_len: int, repeats: int
                kernels=[dict(name=k.name[:120], ms=1e3 * k.seconds / steps,
                              calls=k.calls / steps)
                         for k in prof.kernels[:30]])
-    del engine
-    loaded.model.setup_caches(1, 1)
+    del engine  # and with it the cache
     del loaded
     gc.collect()
     torch.cuda.empty_cache()

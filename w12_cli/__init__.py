@@ -5,8 +5,9 @@ function of a package and printing what it returns:
 
 * ``format``: ``convert``, ``verify``, ``inspect``, ``decode``, ``demo`` (``converters``,
   ``w12.stats``)
-* ``generate``: ``generate`` (``engine.api``)
-* ``bench``: ``bench decode`` (``engine.bench``)
+* ``generate``: ``generate`` (``engine.api``; ``--drafter``: speculative decoding)
+* ``bench``: ``bench decode`` (``engine.bench``), ``bench spec`` (``engine.speculative.bench``)
+* ``spec``: ``spec check`` (``engine.speculative.api``)
 * ``tune``: ``tune explain``, ``tune forcing``, ``tune prove`` (``spec_tuning.explain``,
   ``spec_tuning.prove``)
 * ``serve``: ``serve`` (``sglang_integration.serve``)
