@@ -2,8 +2,8 @@
 # The GPU runs behind the speculative-decoding work, in stages that each fit one call:
 #   bash lab/device_spec.sh tests     # GPU tests: tree attention, row norms, engine, speculative
 #   bash lab/device_spec.sh house OLD # the GEMM of OLD (a folder holding an older tree) against
-#                                     # this tree (lab/compare_revisions.sh), then the decode
-#                                     # benchmark of both trees
+#                                     # this tree (lab/compare_revisions.sh)
+#   bash lab/device_spec.sh decode OLD # the decode benchmark of both trees, one after the other
 #   bash lab/device_spec.sh demo      # the demo model in W12: spec check on HumanEval (ngram
 #                                     # chain, early-exit tree; greedy and sampled), bench spec
 #   bash lab/device_spec.sh scale     # bench spec --forced-accept on the Qwen3-8B/32B presets,
@@ -12,7 +12,7 @@
 # Logs and JSON go to $OUT (default ./out). W12_CACHE must hold the demo model's GGUF for
 # "demo" (the cache layout of converters.demo_models). Each step has its own time limit.
 set -uo pipefail
-STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|demo|scale|attention}
+STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|attention}
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
@@ -38,6 +38,9 @@ house)
   M_LIST=${M_LIST:-1,4,16,32,64,128,256,1024} BENCH_MODELS=${BENCH_MODELS:-qwen3_32b,llama8b} \
     BENCH_M=${BENCH_M:-1,8,32,256} TEST_LIMIT=${TEST_LIMIT:-120} BITS_LIMIT=${BITS_LIMIT:-150} \
     OUT="$OUT/compare" TAIL=40 run ${COMPARE_LIMIT:-400} compare bash lab/compare_revisions.sh "$OLD"
+  ;;
+decode)
+  OLD=${2:?decode needs the folder of the old tree}
   for side in old new; do
     tree=.; [ $side = old ] && tree=$OLD
     (cd "$tree" && PYTHONPATH=. TAIL=8 OUT="$OUT" run ${DECODE_LIMIT:-90} "decode-$side" $PY \
@@ -52,9 +55,9 @@ demo)
   PROMPTS=${PROMPTS:-humaneval}
   for s in "greedy:--temperature 0" "sampled:--temperature 0.7 --top-p 0.95 --seed 1"; do
     name=${s%%:*}; flags=${s#*:}
-    TAIL=2 run 120 "check-ngram-chain-$name" $W12 spec check "$MODEL" --drafter ngram --chain \
+    TAIL=2 run ${CHECK_LIMIT:-120} "check-ngram-chain-$name" $W12 spec check "$MODEL" --drafter ngram --chain \
       --budget 16 --batch 8 --prompts "$PROMPTS" --max-new-tokens 256 $flags --quiet
-    TAIL=2 run 150 "check-early-exit-tree-$name" $W12 spec check "$MODEL" \
+    TAIL=2 run ${CHECK_LIMIT:-150} "check-early-exit-tree-$name" $W12 spec check "$MODEL" \
       --drafter "${EARLY:-early-exit:4}" --budget 64 --batch 2 --prompts "$PROMPTS" \
       --max-new-tokens 256 $flags --quiet
   done
