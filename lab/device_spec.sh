@@ -30,11 +30,14 @@ case $STAGE in
 tests)
   TAIL=4 run ${TEST_LIMIT:-150} tests-tree-attention $PY -m pytest -q -x -p no:cacheprovider \
     tests/w12_kernels/test_tree_attention.py tests/w12_kernels/test_norm.py -k "gpu or cuda"
-  TAIL=4 run ${TEST_LIMIT:-150} tests-engine $PY -m pytest -q -x -p no:cacheprovider \
+  TAIL=4 run ${TEST_LIMIT:-150} tests-gemm-demo-shapes $PY -m pytest -q -p no:cacheprovider \
+    tests/w12_kernels/test_gemm_cuda.py -k demo_models_shapes
+  TAIL=8 run ${TEST_LIMIT:-150} tests-engine $PY -m pytest -q -p no:cacheprovider \
     tests/engine/test_speculative_cuda.py tests/engine/test_engine_cuda.py
   ;;
 house)
   OLD=${2:?house needs the folder of the old tree}
+  mkdir -p "$OUT/compare"
   M_LIST=${M_LIST:-1,4,16,32,64,128,256,1024} BENCH_MODELS=${BENCH_MODELS:-qwen3_32b,llama8b} \
     BENCH_M=${BENCH_M:-1,8,32,256} TEST_LIMIT=${TEST_LIMIT:-120} BITS_LIMIT=${BITS_LIMIT:-150} \
     OUT="$OUT/compare" TAIL=40 run ${COMPARE_LIMIT:-400} compare bash lab/compare_revisions.sh "$OLD"

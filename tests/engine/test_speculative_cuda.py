@@ -75,6 +75,26 @@ def test_graphed_runner_emits_plain_decodings_tokens(model, drafter, tree, budge
     assert spec == plain
 
 
+@pytest.mark.parametrize("drafter,tree,budget", [("ngram", False, 16), ("ngram", False, 8),
+                                                 ("early-exit:4", True, 16)])
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(0.7, 0.95, 1)],
+                         ids=["greedy", "sampled"])
+def test_batched_graphed_runner_emits_plain_decodings_tokens(model, drafter, tree, budget,
+                                                             sampling):
+    """Eight requests of different lengths at once (verify steps of 64-128 rows against
+    plain decoding's 8-row steps), long enough for rows to drift apart in length."""
+    gen = torch.Generator().manual_seed(budget + 8)
+    prompts = [torch.randint(0, 300, (int(torch.randint(20, 90, (1,), generator=gen)),),
+                             generator=gen).tolist() * 2 for _ in range(8)]
+    engine = Engine(model, batch=8, max_seq_len=500)
+    plain = generate(engine, prompts, max_new_tokens=200, sampling=sampling)
+    spec, _ = speculative_generate(engine, make_drafter(drafter, model), prompts,
+                                   max_new_tokens=200, budget=budget, tree=tree,
+                                   sampling=sampling)
+    for row in range(8):
+        assert spec[row] == plain[row], row
+
+
 def test_forced_acceptance_commits_what_it_forces(model):
     engine = Engine(model, batch=1, max_seq_len=200)
     prompt = [list(range(3, 60))]
