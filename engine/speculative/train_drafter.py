@@ -120,6 +120,9 @@ def init_from_target(net: BlockDrafterModel, target: Transformer, seed: int) -> 
     """Layers from the target's last layers; the fusion as the mean of the taps; the mask
     embedding drawn at the scale of the target's embedding (seeded)."""
     c = net.config
+    if c.n_layers > target.args.n_layers:
+        raise W12Error(f"draft train: {c.n_layers} drafter layers start as copies of the target's "
+                       f"last layers; the target has {target.args.n_layers}")
     gen = torch.Generator().manual_seed(seed)
 
     def param(t: torch.Tensor) -> nn.Parameter:
