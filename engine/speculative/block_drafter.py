@@ -327,12 +327,14 @@ def load_drafter_model(folder: Path, target: Transformer) -> BlockDrafterModel:
 # ----------------------------------------------------------------------------- drafting
 
 class BlockDrafter(Drafter):
-    """The block drafter behind the runtime's protocol (see the module docstring)."""
+    """The block drafter behind the runtime's protocol (see the module docstring). ``net``
+    is moved to the target's device and dtype (a network fresh from training included)."""
 
     on_device = True
 
     def __init__(self, target: Transformer, net: BlockDrafterModel, *, name: str = "block",
                  top_k: int = TREE_TOP_K) -> None:
+        net = net.to(device=target.device, dtype=target.dtype).eval()
         self.target, self.net, self.name, self.top_k = target, net, name, top_k
         self.config = net.config
         self.cache: KVCache | None = None
@@ -387,8 +389,9 @@ class BlockDrafter(Drafter):
         if depth == 0:
             return DraftTree.chain(roots, roots[:, None][:, :0])
         logp = self.block_logprobs(roots)[:, :depth]
-        if not tree:
-            return DraftTree.chain(roots, logp.argmax(dim=-1))
+        if not tree:  # the block's top-1, then padding up to the budget (never accepted)
+            drafted = F.pad(logp.argmax(dim=-1), (0, budget - 1 - depth))
+            return DraftTree.chain(roots, drafted, torch.full_like(roots, depth))
         top_logp, top_tokens = logp.topk(min(self.top_k, budget - 1), dim=-1)
         return best_first(roots, top_tokens, top_logp, budget)
 

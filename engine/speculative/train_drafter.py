@@ -182,7 +182,8 @@ def block_loss(net: BlockDrafterModel, target: Transformer, head: torch.Tensor,
     c = net.config
     bk, (b, t), a = c.block_size, tokens.shape, anchors.shape[1]
     dtype = head.dtype
-    with torch.no_grad():
+    # the target runs as it does when serving: its own dtypes, no autocast
+    with torch.no_grad(), torch.autocast("cuda", enabled=False):
         taps, final = target_states(target, tokens, c.target_layers)
         offsets = torch.arange(1, bk, device=tokens.device)
         predicted = anchors[:, :, None] + offsets  # positions the mask rows predict
@@ -327,7 +328,9 @@ def plot_losses(log: TrainLog, path: Path) -> None:
     other.set_ylabel("top-1 agreement")
     other.set_ylim(0, 1)
     ax.set_title(f"block drafter for {log.target}")
-    fig.legend(loc="upper right")
+    handles = ax.get_legend_handles_labels()
+    more = other.get_legend_handles_labels()
+    ax.legend(handles[0] + more[0], handles[1] + more[1], loc="upper right", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
