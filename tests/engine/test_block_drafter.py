@@ -319,3 +319,14 @@ def test_cli_draft_train_bad_input(tmp_path, tiny_folder, case):
     want = {"humaneval": "evaluation set", "empty": "no prompts",
             "untappable": "'GPT2LMHeadModel' is not supported", "synthetic": "no tokenizer"}
     assert want[case] in lines[0]
+
+
+def test_cli_drafter_option_takes_demo_and_folders(tmp_path):
+    """``--drafter`` takes a folder or ``demo``; anything else is a usage error (exit 2)."""
+    from w12_cli.options import _drafter_name
+
+    assert _drafter_name(None, None, "demo") == "demo"
+    assert _drafter_name(None, None, str(tmp_path)) == str(tmp_path)
+    result = CliRunner().invoke(main, ["spec", "check", str(tmp_path), "--prompts", "humaneval",
+                                       "--drafter", str(tmp_path / "absent")])
+    assert result.exit_code == 2 and "a drafter is ngram, early-exit:K" in result.output
