@@ -9,9 +9,10 @@
 #   bash lab/device_spec.sh scale     # bench spec --forced-accept on the Qwen3-8B/32B presets,
 #                                     # W12 and BF16
 #   bash lab/device_spec.sh attention # the tree-attention benchmark
-#   bash lab/device_spec.sh drafter   # w12 draft train on the demo model into $OUT/drafter
-#                                     # (one call: the issue's 10-minute limit)
-#   bash lab/device_spec.sh drafter-eval [DIR] # the drafter in DIR (default $OUT/drafter/w12) on
+#   bash lab/device_spec.sh drafter   # w12 draft train on the demo model into out/drafter-run
+#                                     # (one call: the 10-minute limit), its W12 folder, curve
+#                                     # and log copied to $OUT
+#   bash lab/device_spec.sh drafter-eval [DIR] # the drafter in DIR (default out/drafter-run/w12) on
 #                                     # HumanEval: spec check (tau, exactness; chain 16 and tree
 #                                     # 64, greedy and sampled), then bench spec
 # Logs and JSON go to $OUT (default ./out). W12_CACHE must hold the demo model's GGUF for
@@ -88,16 +89,22 @@ attention)
 drafter)
   $W12 demo --quiet > "$OUT/demo.txt" 2>&1 || { tail "$OUT/demo.txt"; exit 1; }
   MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 | head -1)
-  rm -rf "$OUT/drafter"
+  RUN=${DRAFT_RUN:-out/drafter-run}  # in the tree, where drafter-eval looks for it
+  rm -rf "$RUN" "$OUT/drafter"
   # the whole command, data generation included, is what the 10-minute limit is about
-  /usr/bin/time -f "%e s wall" -o "$OUT/draft-train-time.txt" \
-    timeout ${TRAIN_LIMIT:-590} $W12 draft train "$MODEL" --out "$OUT/drafter" --device cuda \
+  began=$(date +%s)
+  timeout ${TRAIN_LIMIT:-590} $W12 draft train "$MODEL" --out "$RUN" --device cuda \
     ${TRAIN_FLAGS:-} > "$OUT/draft-train.txt" 2>&1
-  echo "draft train exited $?: $(cat "$OUT/draft-train-time.txt" 2>/dev/null)"
+  rc=$?
+  echo "draft train exited $rc after $(( $(date +%s) - began )) s" | tee -a "$OUT/draft-train.txt"
   tr '\r' '\n' < "$OUT/draft-train.txt" | grep -v '^$' | tail -${TAIL:-6}
+  # into $OUT: the W12 drafter (shards of at most 10 MB), the loss curve, the log
+  mkdir -p "$OUT/drafter" && cp -r "$RUN"/w12/. "$OUT/drafter/" && \
+    cp "$RUN"/loss.png "$RUN"/train_log.json "$OUT/" 2>/dev/null
+  rm -f "$OUT/demo.txt"
   ;;
 drafter-eval)
-  DRAFT=${2:-$OUT/drafter/w12}
+  DRAFT=${2:-${DRAFT_RUN:-out/drafter-run}/w12}
   MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 | head -1)
   PROMPTS=${PROMPTS:-humaneval}
   for s in "greedy:--temperature 0" "sampled:--temperature 0.7 --top-p 0.95 --seed 1"; do

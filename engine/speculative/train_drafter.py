@@ -288,9 +288,13 @@ def _lr_factor(options: TrainOptions) -> Callable[[int], float]:
 
 # ----------------------------------------------------------------------------- output
 
-def save_drafter(net: BlockDrafterModel, out: Path, *, extra: dict | None = None) -> Path:
-    """``out/bf16`` (config.json + model.safetensors) and its W12 copy ``out/w12``; returns
-    the W12 folder."""
+SHARD_BYTES = 10**7  # W12 shards small enough to keep in a repository
+
+
+def save_drafter(net: BlockDrafterModel, out: Path, *, extra: dict | None = None,
+                 shard_bytes: int = SHARD_BYTES) -> Path:
+    """``out/bf16`` (config.json + model.safetensors) and its W12 copy ``out/w12`` (in shards
+    of at most ``shard_bytes``); returns the W12 folder."""
     from safetensors.torch import save_file
 
     from converters.hf import ConvertOptions, convert_folder
@@ -300,7 +304,8 @@ def save_drafter(net: BlockDrafterModel, out: Path, *, extra: dict | None = None
     config = net.config.to_hf() | ({"training": extra} if extra else {})
     (bf16 / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     save_file(state_for_folder(net), str(bf16 / "model.safetensors"), metadata={"format": "pt"})
-    convert_folder(src=bf16, dst=out / "w12", options=ConvertOptions(), progress=False)
+    convert_folder(src=bf16, dst=out / "w12", options=ConvertOptions(max_shard_bytes=shard_bytes),
+                   progress=False)
     return out / "w12"
 
 

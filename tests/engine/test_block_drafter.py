@@ -214,7 +214,7 @@ def trained(target, tmp_path_factory):
     log = TrainLog(options={}, target="tiny")
     net = train_drafter(target, data, options, log=log)
     out = tmp_path_factory.mktemp("drafter")
-    save_drafter(net, out)
+    save_drafter(net, out, shard_bytes=60_000)  # W12 in several shards
     return net, log, out, prompts
 
 
@@ -257,6 +257,7 @@ def test_w12_folder_drafts_the_bits_of_the_bf16_folder(tiny_folder, trained):
         with torch.inference_mode():
             results.append(drafter.block_logprobs(first))
     assert torch.equal(results[0], results[1])
+    assert len(list((out / "w12").glob("model-*.safetensors"))) > 1
     config = json.loads((out / "w12" / "config.json").read_text())
     assert config["quantization_config"]["quant_method"] == "w12"
 
