@@ -58,7 +58,8 @@ def check_command(model, drafter, prompts_path, limit, max_new_tokens, batch, bu
     from engine.speculative.api import load_target, read_prompts, spec_check
 
     if drafter is None:
-        raise click.UsageError("spec check needs --drafter (ngram or early-exit:K)")
+        raise click.UsageError("spec check needs --drafter (ngram, early-exit:K, demo or a "
+                               "drafter folder)")
     if batch * budget > 128:
         raise click.BadParameter(f"{batch} prompts x {budget} nodes = {batch * budget} rows a "
                                  "verify step; at most 128 keep every GEMM's row bits",

@@ -57,6 +57,7 @@ class SpecRunner:
         empty = torch.zeros(engine.batch, budget - 1, dtype=torch.long, device=device)
         self.tree_in = DraftTree.chain(self.roots, empty, torch.zeros_like(self.roots))
         self.graph = None
+        drafter.bind(engine.cache)
         if cuda_graph if cuda_graph is not None else device.type == "cuda":
             self._capture()
 

@@ -14,7 +14,11 @@ when new prompts start (``start``). Two need no training:
   slots the verify step overwrites next, so the committed prefix of its K layers is the
   target's own and needs no catching up.
 
-``make_drafter("ngram" | "early-exit:K", model)`` builds one from its command-line name.
+The trained one, the block drafter, lives in ``block_drafter.py``.
+
+``make_drafter("ngram" | "early-exit:K" | "demo" | FOLDER, model)`` builds one from its
+command-line name (``demo``: the block drafter shipped for the demo model; a folder: a block
+drafter folder).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from engine.model import Transformer
 from engine.speculative.tree import DraftTree, best_first
 from w12.errors import W12Error
 
-DRAFTER_NAMES = ("ngram", "early-exit:K")
+DRAFTER_NAMES = ("ngram", "early-exit:K", "demo", "a block drafter folder")
 TREE_TOP_K = 8  # candidates per position for best-first trees
 MAX_TREE_DEPTH = 16  # deepest level a best-first tree explores
 
@@ -41,6 +45,10 @@ class Drafter:
 
     name = "drafter"
     on_device = False
+
+    def bind(self, cache: KVCache) -> None:
+        """The target's cache this drafter drafts for, before its first prefill (a drafter
+        that reads the target's hidden states asks the cache to keep them here)."""
 
     def start(self, prompts: list[list[int]], first: list[int]) -> None:
         """New requests: their prompts and first tokens (the roots of the first step)."""
@@ -160,7 +168,8 @@ class EarlyExitDrafter(Drafter):
 
 
 def make_drafter(name: str, model: Transformer) -> Drafter:
-    """A drafter from its command-line name: ``ngram`` or ``early-exit:K``."""
+    """A drafter from its command-line name: ``ngram``, ``early-exit:K``, ``demo`` or the folder
+    of a block drafter."""
     if name == "ngram":
         return NgramDrafter()
     if name.startswith("early-exit:"):
@@ -168,4 +177,9 @@ def make_drafter(name: str, model: Transformer) -> Drafter:
         if not layers.isdigit():
             raise W12Error(f"drafter {name!r}: K must be a number of layers, e.g. early-exit:4")
         return EarlyExitDrafter(model, int(layers))
+    from engine.speculative.block_drafter import BlockDrafter, resolve_drafter_folder
+
+    folder = resolve_drafter_folder(name)
+    if folder is not None:
+        return BlockDrafter.load(folder, model, name=name)
     raise W12Error(f"unknown drafter {name!r} (known: {', '.join(DRAFTER_NAMES)})")

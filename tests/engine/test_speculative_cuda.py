@@ -110,3 +110,30 @@ def test_forced_acceptance_commits_what_it_forces(model):
     verdict = runner.step(root)
     assert verdict.accepted.tolist() == [5]
     assert int(engine.cache.lengths[0]) == before + 6
+
+
+@pytest.mark.parametrize("tree,budget", [(False, 16), (True, 64)], ids=["chain", "tree"])
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(0.7, 0.95, 3)],
+                         ids=["greedy", "sampled"])
+def test_graphed_runner_with_a_block_drafter(model, tmp_path_factory, tree, budget, sampling):
+    """A block drafter (the trainer's initial weights, in W12) captured with the verify step:
+    plain decoding's tokens, and its cache cropped to the committed length."""
+    from engine.speculative.block_drafter import BlockDrafterConfig, BlockDrafterModel
+    from engine.speculative.train_drafter import init_from_target, save_drafter
+
+    folder = tmp_path_factory.getbasetemp() / "block-drafter"
+    if not folder.exists():
+        bf16 = load_model(PRESET, mode="bf16", device="cuda").model
+        net = BlockDrafterModel(BlockDrafterConfig.for_target(bf16.args))
+        init_from_target(net, bf16, 0)
+        save_drafter(net, folder)
+        del bf16
+    gen = torch.Generator().manual_seed(budget)
+    prompts = [torch.randint(0, 200, (60,), generator=gen).tolist() * 2]
+    engine = Engine(model, batch=1, max_seq_len=400)
+    plain = generate(engine, prompts, max_new_tokens=96, sampling=sampling)
+    drafter = make_drafter(str(folder / "w12"), model)
+    spec, _ = speculative_generate(engine, drafter, prompts, max_new_tokens=96, budget=budget,
+                                   tree=tree, sampling=sampling)
+    assert spec == plain
+    assert drafter.on_device and drafter.context.lengths.tolist() != [0]
