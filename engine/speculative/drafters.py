@@ -60,6 +60,14 @@ class Drafter:
                 ) -> DraftTree:
         raise NotImplementedError
 
+    def propose_after(self, roots: torch.Tensor, context: torch.Tensor, counts: torch.Tensor,
+                      cache: KVCache, budget: int, tree: bool) -> DraftTree:
+        """A tree rooted at each request's token ``context[b, counts[b] - 1]``, drafted as if
+        the root and the first ``counts[b]`` tokens of ``context`` [B, C] were committed (the
+        cache's lengths are the same on return): two-level verification's re-draft."""
+        raise W12Error(f"drafter {self.name} cannot draft after an uncommitted path, which "
+                       "two-level verification needs")
+
 
 class NgramDrafter(Drafter):
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, matches: int = 4) -> None:
@@ -92,6 +100,14 @@ class NgramDrafter(Drafter):
     def propose(self, roots, cache, budget, tree):
         rows = [self._row(seq, budget, tree) for seq in self.history]
         return _tree_from_rows(roots, rows, budget)
+
+    def propose_after(self, roots, context, counts, cache, budget, tree):
+        rows, new_roots = [], []
+        for seq, tokens, count in zip(self.history, context.tolist(), counts.tolist(),
+                                      strict=True):
+            rows.append(self._row(seq + tokens[:count], budget, tree))
+            new_roots.append(tokens[count - 1])
+        return _tree_from_rows(torch.tensor(new_roots, device=roots.device), rows, budget)
 
     def _row(self, seq: list[int], budget: int, tree: bool) -> list[tuple[int, int]]:
         """(token, parent) of the drafted nodes, parents as node indices (root = 0)."""
@@ -150,6 +166,22 @@ class EarlyExitDrafter(Drafter):
         if not tree:
             return DraftTree.chain(roots, top_tokens[:, :, 0])
         return best_first(roots, top_tokens, top_logp, budget)
+
+    @torch.inference_mode()
+    def propose_after(self, roots, context, counts, cache, budget, tree):
+        # the K layers' keys and values of the root and the path at its positions (slots the
+        # exact pass overwrites), then a draft from the path's last token
+        lengths = cache.lengths.clone()
+        chain = torch.cat([roots[:, None], context[:, :-1].clamp(min=0)], dim=1)
+        steps = torch.arange(chain.shape[1], device=roots.device)
+        self.model(chain, lengths[:, None] + steps, cache,
+                   AttentionPlan.chain(lengths, chain.shape[1]), n_layers=self.layers)
+        cache.lengths.copy_(lengths + counts)
+        try:
+            return self.propose(context.gather(1, (counts - 1)[:, None])[:, 0], cache, budget,
+                                tree)
+        finally:
+            cache.lengths.copy_(lengths)
 
     def draft(self, roots: torch.Tensor, cache: KVCache, depth: int, k: int
               ) -> tuple[torch.Tensor, torch.Tensor]:
