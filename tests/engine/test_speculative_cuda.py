@@ -58,6 +58,33 @@ def test_every_node_has_plain_decodings_logits(model, n):
         assert torch.equal(logits[0].view(torch.int32), tree_logits[node].view(torch.int32)), node
 
 
+@pytest.mark.parametrize("n", [1, 8, 16])
+def test_every_node_has_plain_decodings_logits_with_eight_requests(model, n):
+    """Eight requests of different lengths: a chain of n nodes per request after a few plain
+    steps; node i of each row has the logits of the plain decode step at its position."""
+    gen = torch.Generator().manual_seed(100 + n)
+    vocab = model.args.vocab_size
+    prompts = [torch.randint(0, vocab, (int(torch.randint(10, 70, (1,), generator=gen)),),
+                             generator=gen).tolist() for _ in range(8)]
+    chains = torch.randint(0, vocab, (8, n), generator=gen).cuda()
+    engine = Engine(model, batch=8, max_seq_len=128)
+    logits = engine.prefill(prompts)
+    for _ in range(3):  # rows at different lengths, each some steps past its prompt
+        logits = engine.step(logits.argmax(-1))
+    lengths = engine.cache.lengths.clone()
+    tree = DraftTree.chain(chains[:, 0], chains[:, 1:])
+    with torch.inference_mode():
+        tree_logits = model(tree.tokens, lengths[:, None] + tree.depth, engine.cache,
+                            AttentionPlan.tree(lengths, tree.paths())).clone()
+    engine.cache.lengths.copy_(lengths)
+    engine.next_slot = int(lengths.max())
+    for i in range(n):
+        step = engine.step(chains[:, i]).clone()
+        for row in range(8):
+            assert torch.equal(step[row].view(torch.int32),
+                               tree_logits[row, i].view(torch.int32)), (row, i)
+
+
 @pytest.mark.parametrize("drafter,tree,budget", [("ngram", False, 8), ("early-exit:6", True, 32),
                                                  ("early-exit:6", False, 5)])
 @pytest.mark.parametrize("sampling", [Sampling(), Sampling(0.7, 0.95, 3)],
