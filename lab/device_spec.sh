@@ -9,6 +9,9 @@
 #   bash lab/device_spec.sh scale     # bench spec --forced-accept on the Qwen3-8B/32B presets,
 #                                     # W12 and BF16
 #   bash lab/device_spec.sh attention # the tree-attention benchmark
+#   bash lab/device_spec.sh divergence # batch > 1: lab/spec_divergence.py (verify rows against
+#                                     # plain steps, linear by linear) and, with the demo model,
+#                                     # a sampled spec check under CUDA_LAUNCH_BLOCKING=1
 #   bash lab/device_spec.sh drafter   # w12 draft train on the demo model into out/drafter-run
 #                                     # (one call: the 10-minute limit), its W12 folder, curve
 #                                     # and log copied to $OUT
@@ -85,6 +88,15 @@ scale)
         --modes chain --context 512 --max-new-tokens 8 --json "$OUT/bench-$preset-$mode.json"
     done
   done
+  ;;
+divergence)
+  TAIL=40 run ${DIVERGENCE_LIMIT:-120} divergence-w12 $PY lab/spec_divergence.py --batch 8 --nodes 16
+  MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 2>/dev/null | head -1)
+  if [ -n "$MODEL" ]; then
+    CUDA_LAUNCH_BLOCKING=1 TAIL=30 run ${CHECK_LIMIT:-150} check-sampled-blocking $W12 spec check \
+      "$MODEL" --drafter ngram --chain --budget 16 --prompts "${PROMPTS:-humaneval}" \
+      --max-new-tokens 256 --temperature 0.7 --top-p 0.95 --seed 1 --quiet
+  fi
   ;;
 attention)
   TAIL=30 run 200 tree-attention $PY benchmarks/tree_attention.py --json "$OUT/tree-attention.json"
