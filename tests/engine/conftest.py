@@ -81,6 +81,12 @@ def tiny_folder(tmp_path):
     return make
 
 
+@pytest.fixture(scope="module")
+def tiny_llama_folder(tmp_path_factory) -> Path:
+    """One tiny Llama checkpoint for a whole test module."""
+    return write_tiny_folder(tmp_path_factory.mktemp("target") / "llama", "llama")
+
+
 @pytest.fixture(scope="session")
 def demo_bf16() -> Path:
     from converters.demo_models import demo_hf_folder

@@ -43,11 +43,8 @@ BLOCK = 5
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    from conftest import write_tiny_folder
-
-    folder = write_tiny_folder(tmp_path_factory.mktemp("target") / "llama", "llama")
-    return load_model(folder, dtype=torch.float32).model
+def target(tiny_llama_folder):
+    return load_model(tiny_llama_folder, dtype=torch.float32).model
 
 
 def random_net(target, *, seed: int = 0, layers: int = 2) -> BlockDrafterModel:
