@@ -35,6 +35,7 @@ class Verdict:
     accepted: torch.Tensor  # [B] drafted tokens accepted (the tokens committed are this + 1)
     path: torch.Tensor  # [B, N] node indices from the root to the last accepted node, then -1
     emitted: torch.Tensor  # [B, N] the committed tokens: accepted drafts then the bonus, then -1
+    logits: torch.Tensor | None = None  # [B, N, V] fp32, the target's logits at every node
 
 
 def accept(tree: DraftTree, picks: torch.Tensor, paths: torch.Tensor) -> Verdict:
@@ -79,7 +80,8 @@ def verify(model: Transformer, cache: KVCache, tree: DraftTree, sampling: Sampli
            requests: torch.Tensor, forced_accept: int | None = None) -> Verdict:
     """Run ``tree`` through the target, accept, move the accepted rows into place and advance
     every request's length by the tokens it commits. ``forced_accept``: accept that many
-    drafted tokens whatever the target picks (timing only; see ``forced_picks``)."""
+    drafted tokens whatever the target picks (timing, and token forcing, which reads the
+    verdict's logits along a given path; see ``forced_picks``)."""
     lengths = cache.lengths
     paths = tree.paths()
     pos = lengths[:, None] + tree.depth
@@ -90,6 +92,7 @@ def verify(model: Transformer, cache: KVCache, tree: DraftTree, sampling: Sampli
     if forced_accept is not None:
         picks = forced_picks(tree, forced_accept)  # the target's picks ran all the same
     verdict = accept(tree, picks, paths)
+    verdict.logits = logits
     committed = verdict.accepted + 1
     cache.keep(torch.where(verdict.path >= 0, verdict.path + lengths[:, None], -1), committed)
     cache.commit(committed)
