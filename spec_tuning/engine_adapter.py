@@ -29,10 +29,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from engine.attention import AttentionPlan
 from engine.bench import streamed_bytes
 from engine.generate import Engine
 from engine.model import ModelArgs, Transformer
+from engine.speculative.bench import GivenTree
+from engine.speculative.decode import SpecRunner
+from engine.speculative.tree import DraftTree
 from engine.weights import LoadedModel, load_model
 from spec_tuning.controller import TimedRunner
 from spec_tuning.engine_forcing import (
@@ -317,27 +319,6 @@ class StepMeasurement:
     cuda_graph: bool
 
 
-def _graphed(fn: Callable[[], torch.Tensor], device: torch.device) -> Callable[[], torch.Tensor]:
-    """``fn`` captured in a CUDA graph on a GPU (as ``Engine`` captures its step), else as is."""
-    if device.type != "cuda":
-        return fn
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):  # compiles and library handles outside the capture
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-
-    def replay() -> torch.Tensor:
-        graph.replay()
-        return out
-
-    return replay
-
-
 STEP_SLACK = 256  # cache slots after the context that N = 1 steps advance through
 
 
@@ -355,26 +336,31 @@ def _step_function(model: Transformer, *, batch: int, n_tokens: int, context: in
     first = engine.prefill(prompts.tolist()).argmax(-1)
     calls = [0, 0.0]  # calls, sum of slots seen
 
+    def advance(width: int) -> None:
+        if calls[0] and calls[0] % STEP_SLACK == 0:
+            engine.rewind(context)  # before the cache runs out
+        calls[1] += context + calls[0] % STEP_SLACK + width
+        calls[0] += 1
+
     if n_tokens == 1:  # the engine's own decode step
         def run():
-            if calls[0] and calls[0] % STEP_SLACK == 0:
-                engine.rewind(context)  # before the cache runs out
-            calls[1] += context + calls[0] % STEP_SLACK + 1
-            calls[0] += 1
+            advance(1)
             return engine.step(first)
         return run, lambda: calls[1] / max(calls[0], 1)
 
-    # A chained verify step: N tokens per row at positions context..context+N-1, graph-captured
-    # like the engine's step, since the engine has no multi-token step of its own.
-    tokens = torch.randint(0, model.args.vocab_size, (batch, n_tokens), generator=gen).to(device)
-    pos = (context + torch.arange(n_tokens)).expand(batch, n_tokens).contiguous().to(device)
-    plan = AttentionPlan.chain(engine.cache.lengths, n_tokens)  # the prompt's length, fixed
+    # The engine's verify step (SpecRunner.step, captured in a CUDA graph on a GPU as the
+    # decode step is) on a given chain of N tokens, accepting none: every step commits one
+    # token, so T_step(N) and T_AR differ only in the step that runs.
+    drafted = torch.randint(0, model.args.vocab_size, (batch, n_tokens - 1), generator=gen)
+    runner = SpecRunner(engine, GivenTree(DraftTree.chain(first, drafted.to(device))),
+                        budget=n_tokens, tree=False, forced_accept=0,
+                        cuda_graph=graph and device.type == "cuda")
 
-    def chained():
-        return model(tokens, pos, engine.cache, plan)
+    def verify_step():
+        advance(n_tokens)
+        return runner.step(first).accepted
 
-    forward = _graphed(chained, device) if graph else chained
-    return forward, lambda: float(context + n_tokens)
+    return verify_step, lambda: calls[1] / max(calls[0], 1)
 
 
 def profile_decode_step(model: Transformer, *, batch: int = 1, n_tokens: int = 1,

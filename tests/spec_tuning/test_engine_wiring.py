@@ -1,11 +1,13 @@
 """The tuning judges on the real engine.
 
-Demo model (SmolLM2-135M-Instruct, CPU): greedy reference decoding through the engine, the
-stock system teacher-forced along it, and three candidates: a planted defect from position
-P = 4 (rejected), a W12 folder made by the converter (accepted), and a second load of the same
-BF16 model (accepted). Sizes are small (16 prompts x 32 tokens) so this file stays fast;
-``lab/tune_demo.py`` runs the full-size version. Tiny synthetic preset: ``w12 tune explain``
-and ``w12 tune prove``, on the CPU.
+Demo model (SmolLM2-135M-Instruct, CPU): the reference is plain decoding at batch 1; the stock
+(BF16, decode step, batch 2) and the candidates are forced along it through their own steps.
+A cache defect that only the decode and verify paths read is missed by the prefill path and
+rejected through the decode and verify steps; a logit-bias defect is rejected; W12 speculative
+decoding (verify step, chain and tree) and BF16 at another batch are accepted. Sizes are small
+(4 prompts x 20 tokens, 2 calibration prompts) so this file stays fast; the notebook records
+the full-size runs of ``w12 tune forcing``. Tiny synthetic preset: ``w12 tune explain`` and
+``w12 tune prove``, on the CPU.
 """
 
 from __future__ import annotations
@@ -22,27 +24,26 @@ import pytest
 from click.testing import CliRunner
 
 from engine.generate import Engine, generate
+from spec_tuning import controller as ctl
 from spec_tuning.controller import read_log
 from spec_tuning.engine_adapter import (
-    EngineGreedy,
     GenerationRunner,
     StepCosts,
     SystemSpec,
-    forced_logits,
-    greedy_reference,
     group_profile,
     is_matmul,
     load_system,
     prompt_requests,
     step_costs,
 )
-from spec_tuning.forcing import build_reference, judge
+from spec_tuning.engine_forcing import reference_decode
+from spec_tuning.forcing import calibrate, judge
 from spec_tuning.profiler import KernelTiming, StepProfile
 from spec_tuning.prove import forcing_verdict
 from w12_cli.tune import tune_group
 
 ROOT = Path(__file__).resolve().parents[2]
-PROMPTS, TOKENS, DEFECT_AT = 16, 32, 4
+PROMPTS, CALIBRATION, TOKENS, DEFECT_AT, BATCH = 4, 2, 20, 4, 2
 
 
 @pytest.fixture(scope="module")
@@ -53,110 +54,134 @@ def demo_bf16() -> Path:
 
 
 @pytest.fixture(scope="module")
+def demo_w12(demo_bf16, tmp_path_factory) -> Path:
+    from converters.hf import ConvertOptions, convert_folder
+
+    folder = tmp_path_factory.mktemp("demo") / "w12"
+    convert_folder(src=demo_bf16, dst=folder, options=ConvertOptions(), progress=False)
+    return folder
+
+
+def _system(folder, **options):
+    return load_system(SystemSpec(str(folder), **{"mode": "bf16", "batch": BATCH, **options}))
+
+
+@pytest.fixture(scope="module")
 def stock(demo_bf16):
-    return load_system(SystemSpec(str(demo_bf16), mode="bf16"))
+    return _system(demo_bf16)
 
 
 @pytest.fixture(scope="module")
 def prompts(stock):
     requests, stop_ids, used = prompt_requests(stock.loaded, source="builtin")
-    assert used == "builtin" and len(requests) >= PROMPTS
-    return requests[:PROMPTS], stop_ids
+    assert used == "builtin" and len(requests) >= PROMPTS + CALIBRATION
+    return requests[:PROMPTS], requests[-CALIBRATION:], stop_ids
 
 
 @pytest.fixture(scope="module")
-def reference(stock, prompts):
-    requests, stop_ids = prompts
-    return greedy_reference(stock.model, [r["ids"] for r in requests], TOKENS, stop_ids=stop_ids)
+def references(stock, prompts):
+    judged, calibration, stop_ids = prompts
+    return tuple(reference_decode(stock.model, [r["ids"] for r in rs], TOKENS,
+                                  stop_ids=stop_ids) for rs in (judged, calibration))
 
 
 @pytest.fixture(scope="module")
-def stock_trace(stock, reference):
-    return stock.scorer().trace(reference)
+def reference(references):
+    return references[0]
 
 
-def _mismatch_rate(trace, reference) -> float:
-    wrong = sum(int((t != r).sum()) for t, r in zip(trace.top1, reference.tokens, strict=True))
-    return wrong / sum(len(r) for r in reference.tokens)
+@pytest.fixture(scope="module")
+def stock_judge(stock, references):
+    """judge(candidate trace) against the stock, delta calibrated on the other prompts."""
+    reference, cal_reference = references
+    scorer = stock.scorer()
+    calibration = calibrate(cal_reference, scorer.trace(cal_reference))
+    stock_trace = scorer.trace(reference)
+    return lambda trace: judge(reference, stock_trace, trace, calibration)
 
 
-def test_reference_is_the_engines_greedy_generation(stock, prompts, reference):
-    requests, stop_ids = prompts
-    decoder = EngineGreedy(stock.model, stop_ids)  # the GreedyDecoder Protocol, batch 1
+def _mismatches(trace, reference) -> int:
+    return sum(int((t != r).sum()) for t, r in zip(trace.top1, reference.tokens, strict=True))
+
+
+def test_reference_is_the_engines_plain_decoding(stock, prompts, reference):
+    requests, _, stop_ids = prompts
     for row in (0, 1):
         engine = Engine(stock.model, batch=1, max_seq_len=len(requests[row]["ids"]) + TOKENS)
         out = generate(engine, [requests[row]["ids"]], max_new_tokens=TOKENS, stop_ids=stop_ids)
-        assert out[0] == decoder.greedy(requests[row]["ids"], TOKENS)[0].tolist()
-    # Batched rows may leave the batch-1 path only where the batch's numerics flip a near-tie.
-    single = build_reference(decoder, reference.prompts[:6], TOKENS)
-    for ids, margins, ref_ids, ref_margins in zip(single.tokens, single.margins,
-                                                  reference.tokens, reference.margins,
-                                                  strict=False):  # 6 of 16 rows
-        n = min(len(ids), len(ref_ids))
-        diverged = np.flatnonzero(ids[:n] != ref_ids[:n])
-        if diverged.size:
-            first = diverged[0]
-            assert max(margins[first], ref_margins[first]) <= 0.25
-        else:
-            assert len(ids) == len(ref_ids)
+        assert out[0] == reference.tokens[row].tolist()
     assert all(len(m) == len(t) and (m >= 0).all()
                for m, t in zip(reference.margins, reference.tokens, strict=True))
 
 
-def test_forced_scoring_lines_up_with_the_reference(stock, reference, stock_trace):
-    # an off-by-one in the forced positions would give a mismatch rate near 100%
-    assert _mismatch_rate(stock_trace, reference) < 0.05
-    steps = stock.scorer(method="steps").trace(reference)
-    assert _mismatch_rate(steps, reference) < 0.01  # the decode path reproduces its own tokens
+@pytest.mark.parametrize("path", ["decode", "chain:4", "tree:5"])
+def test_every_path_lines_up_with_the_reference(demo_bf16, reference, path):
+    # at batch 1 the decode path is the reference's own; the verify step gives a node the bits
+    # of a decode step, so an off-by-one in the forced positions is all that could differ
+    trace = _system(demo_bf16, batch=1, path=path).scorer().trace(reference)
+    assert _mismatches(trace, reference) == 0
 
 
-def test_planted_defect_is_rejected(demo_bf16, stock, reference, stock_trace):
-    defect = load_system(SystemSpec(str(demo_bf16), mode="bf16", planted_defect=DEFECT_AT))
+def test_cache_defect_is_missed_by_prefill_and_rejected_through_the_steps(demo_bf16, stock,
+                                                                           reference,
+                                                                           stock_judge):
+    slot = min(map(len, reference.prompts)) + 2  # every decode step reads a moved slot
+    defect = f"kv-shift:{slot}"
+    blind = _system(demo_bf16, path="prefill", defect=defect).scorer().trace(reference)
+    clean = _system(demo_bf16, path="prefill").scorer().trace(reference)
+    for a, b in zip(blind.top1, clean.top1, strict=True):
+        assert np.array_equal(a, b)  # the prefill path never reads the cache
+    for path in ("decode", "chain:4"):
+        verdict = stock_judge(_system(demo_bf16, path=path, defect=defect).scorer()
+                              .trace(reference))
+        assert not verdict.accepted, verdict.report()
+
+
+def test_logit_bias_defect_is_rejected(demo_bf16, stock, reference, stock_judge):
+    defect = _system(demo_bf16, defect=f"logit-bias:{DEFECT_AT}")
     trace = defect.scorer().trace(reference)
-    verdict = judge(reference, stock_trace, trace)
+    verdict = stock_judge(trace)
     assert not verdict.accepted, verdict.report()
-    assert verdict.excess_lower > 0.005 and verdict.margin_p < 0.05
-    for cand, base in zip(trace.top1, stock_trace.top1, strict=True):
-        assert np.array_equal(cand[:DEFECT_AT], base[:DEFECT_AT])  # untouched before P
-    assert any(not np.array_equal(c, b) for c, b in zip(trace.top1, stock_trace.top1,
-                                                         strict=True))
+    for cand, ref in zip(trace.top1, reference.tokens, strict=True):
+        assert np.array_equal(cand[:DEFECT_AT], ref[:DEFECT_AT])  # untouched before P
     assert all(e.position >= DEFECT_AT for e in verdict.audit)
 
 
-def test_identical_system_is_accepted(demo_bf16, stock, prompts):
-    requests, stop_ids = prompts
-    again = load_system(SystemSpec(str(demo_bf16), mode="bf16"))
-    result = forcing_verdict(stock, again, requests, tokens=TOKENS, stop_ids=stop_ids)
-    assert result.verdict.accepted, result.verdict.report()
-    assert result.verdict.excess == 0.0 and result.reference_tokens > PROMPTS * TOKENS // 2
-
-
-def test_w12_folder_is_accepted_against_bf16(demo_bf16, stock, reference, stock_trace,
-                                             tmp_path_factory):
-    from converters.hf import ConvertOptions, convert_folder
-
-    folder = tmp_path_factory.mktemp("demo") / "w12"
-    convert_folder(src=demo_bf16, dst=folder, options=ConvertOptions(), progress=False)
-    w12 = load_system(SystemSpec(str(folder)))
+@pytest.mark.parametrize("path", ["chain:4", "tree:7"])
+def test_w12_speculative_verify_is_accepted(demo_w12, reference, stock_judge, path):
+    w12 = load_system(SystemSpec(str(demo_w12), batch=BATCH, path=path))
     assert w12.loaded.mode == "w12" and w12.model.layers[0].w13.is_w12
-    trace = w12.scorer().trace(reference)
-    verdict = judge(reference, stock_trace, trace)
+    verdict = stock_judge(w12.scorer().trace(reference))
     assert verdict.accepted, verdict.report()
-    # On the CPU the W12 op decodes the exact BF16 weights and runs the same matmul.
-    for cand, base in zip(trace.top1, stock_trace.top1, strict=True):
-        assert np.array_equal(cand, base)
+
+
+def test_bf16_at_another_batch_is_accepted(demo_bf16, prompts, stock):
+    judged, calibration, stop_ids = prompts
+    other = _system(demo_bf16, batch=3)
+    result = forcing_verdict(stock, other, judged, calibration, tokens=TOKENS, stop_ids=stop_ids)
+    assert result.verdict.accepted, result.verdict.report()
+    assert result.reference_tokens > PROMPTS * TOKENS // 2
+
+
+def test_defect_that_cannot_fire_is_refused(demo_bf16):
+    result = CliRunner().invoke(tune_group, [
+        "forcing", str(demo_bf16), str(demo_bf16), "--defect", "logit-bias:16", "--tokens",
+        "16", "--prompts", "2", "--calibration-prompts", "2", "--source", "builtin"])
+    assert result.exit_code == 2 and "cannot fire" in result.output
+    bad = CliRunner().invoke(tune_group, [
+        "forcing", str(demo_bf16), str(demo_bf16), "--defect", "kv-shift:x", "--source",
+        "builtin"])
+    assert bad.exit_code == 2 and "use one of logit-bias:P" in bad.output
 
 
 def test_generation_runner_counts_only_real_rows(stock, prompts):
-    requests, _ = prompts
+    requests, _, _ = prompts
     runner = stock.runner(max_new=3)
     sample = runner.run(requests[:3])
     assert sample.tokens == 9 and sample.seconds > 0
     gen = GenerationRunner(stock.model, batch=2, max_new=3)
     first = gen.generate(requests[:3])
     assert [len(o) for o in first] == [3, 3, 3]
-    forced_logits(stock.model, [requests[0]["ids"]], [[1, 2]])  # replaces the model's cache
-    assert gen.generate(requests[:3]) == first  # the runner rebuilt its engine
 
 
 def test_step_costs_count_the_models_linears():
@@ -202,7 +227,8 @@ def test_explain_cli_on_a_tiny_preset(tmp_path):
         assert d["t_floor"] > 0 and d["t_prof"] > 0
     assert data["sizes"]["1"]["decomposition"]["tau"] == 1.0
     assert "decomposition" not in data["sizes"]["8"]  # tau(8) was not given
-    assert "tau(8) not measured" in result.output and result.output.count("check:") == 2
+    assert "tau(8) not measured" in result.output
+    assert all("warnings" in data["sizes"][n] for n in ("1", "4", "8"))
     if has_plot:
         assert (tmp_path / "chart-N1.png").stat().st_size > 0
         assert (tmp_path / "chart-N4.png").stat().st_size > 0
@@ -224,16 +250,17 @@ def test_module_entry_point_explains_on_cpu():
          "1", "--device", "cpu", "--context", "32"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "T_floor" in result.stdout and "check: acceptance x kernels x overhead" in \
-        result.stdout
+    assert "T_floor" in result.stdout and "N=1" in result.stdout
+
+
+PROVE_SIZES = ["--prompts", "8", "--calibration-prompts", "2", "--tokens", "16",
+               "--run-prompts", "2", "--run-tokens", "4", "--context", "32", "--device", "cpu"]
 
 
 def test_prove_rejects_a_planted_defect_and_keeps_the_final_set_sealed(tmp_path):
     result = CliRunner().invoke(tune_group, [
-        "prove", "synthetic:tiny-qwen3", "synthetic:tiny-qwen3", "--planted-defect", "2",
-        "--prompts", "12", "--tokens", "24", "--run-prompts", "2", "--run-tokens", "4",
-        "--context", "32", "--device", "cpu", "--out", str(tmp_path), "--json",
-        str(tmp_path / "prove.json")])
+        "prove", "synthetic:tiny-qwen3", "synthetic:tiny-qwen3", "--defect", "logit-bias:2",
+        *PROVE_SIZES, "--out", str(tmp_path), "--json", str(tmp_path / "prove.json")])
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "prove.json").read_text())
     assert not data["tuning"]["forcing"]["verdict"]["accepted"] and "final" not in data
@@ -242,42 +269,55 @@ def test_prove_rejects_a_planted_defect_and_keeps_the_final_set_sealed(tmp_path)
     records = read_log(tmp_path / "controller.jsonl")
     decision = records[-1]
     assert decision["kind"] == "decision" and decision["outputs_differ"]
-    assert decision["candidate_config"]["candidate"]["planted_defect"] == 2
+    assert decision["candidate_config"]["candidate"]["defect"] == "logit-bias:2"
     assert sum(r["kind"] == "sample" for r in records) == 2 + 4 * 20
 
 
-def test_prove_w12_candidate_runs_every_judge(tmp_path):
+@pytest.fixture
+def decided(monkeypatch):
+    """Replaces the timed paired runs by a decision on fixed log ratios (the controller has
+    its own tests), so prove's branching is tested on a known outcome, not on this machine's
+    timing."""
+
+    def fix(gain: float) -> None:
+        def compare(self, incumbent, candidate, requests, *, candidate_config):
+            noise = 0.001 * np.random.default_rng(0).standard_normal((2, ctl.ROUNDS))
+            return ctl.decide(math.log1p(gain) + noise[0], noise[1], outputs_differ=False)
+
+        monkeypatch.setattr(ctl.Controller, "compare", compare)
+
+    return fix
+
+
+@pytest.mark.parametrize("gain", [0.0, 0.2])
+def test_prove_w12_candidate_runs_every_judge(tmp_path, decided, gain):
+    decided(gain)
     result = CliRunner().invoke(tune_group, [
         "prove", "synthetic:tiny-qwen3", "synthetic:tiny-qwen3", "--candidate-mode", "w12",
-        "--candidate-batch", "2", "--prompts", "12", "--tokens", "24", "--run-prompts", "2",
-        "--run-tokens", "4", "--context", "32", "--device", "cpu", "--out", str(tmp_path),
+        "--candidate-batch", "2", "--path", "chain:3", *PROVE_SIZES, "--out", str(tmp_path),
         "--json", str(tmp_path / "prove.json")])
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "prove.json").read_text())
     assert data["tuning"]["forcing"]["verdict"]["accepted"]  # W12 is lossless
     assert data["cost_model"]["sizes"]["1"]["decomposition"]["tau"] == 1.0
     assert data["cost_model"]["mode"] == "w12" and data["cost_model"]["batch"] == 2
-    promoted = data["tuning"]["decision"]["promote"]  # a timing outcome: either is valid
-    assert ("final" in data) == promoted
-    assert (tmp_path / "sealed.jsonl").exists() == promoted
-    if promoted:  # the held-out set was judged too, and its opening was logged once
+    assert data["tuning"]["decision"]["promote"] == (gain > 0)
+    assert ("final" in data) == (gain > 0)
+    assert (tmp_path / "sealed.jsonl").exists() == (gain > 0)
+    if gain > 0:  # the held-out set was judged too, and its opening was logged once
         assert data["final"]["forcing"]["verdict"]["accepted"]
         lines = (tmp_path / "sealed.jsonl").read_text().splitlines()
         assert len(lines) == 1 and json.loads(lines[0])["kind"] == "final_access"
 
 
-def test_prove_opens_the_final_set_once_for_a_passing_candidate(tmp_path):
-    # Four requests per engine batch against one: far faster on any machine, same tokens.
+def test_prove_opens_the_final_set_once_for_a_passing_candidate(tmp_path, decided):
+    decided(0.2)
     args = ["prove", "synthetic:tiny-qwen3", "synthetic:tiny-qwen3", "--candidate-batch", "4",
-            "--prompts", "8", "--tokens", "16", "--run-prompts", "4", "--run-tokens", "4",
-            "--context", "32", "--device", "cpu", "--out", str(tmp_path), "--json",
-            str(tmp_path / "prove.json")]
+            *PROVE_SIZES, "--out", str(tmp_path), "--json", str(tmp_path / "prove.json")]
     result = CliRunner().invoke(tune_group, args)
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "prove.json").read_text())
     assert data["tuning"]["forcing"]["verdict"]["accepted"]
-    if not data["tuning"]["decision"]["promote"]:
-        pytest.skip(f"not promoted on this machine: {data['tuning']['decision']['reason']}")
     assert data["final"]["forcing"]["verdict"]["accepted"] and "final (held-out)" in \
         result.output
     again = CliRunner().invoke(tune_group, args)
@@ -286,10 +326,10 @@ def test_prove_opens_the_final_set_once_for_a_passing_candidate(tmp_path):
         warnings.simplefilter("always")
         forced = CliRunner().invoke(tune_group, args + ["--force-final"])
     assert forced.exit_code == 0, forced.output
-    looked_again = "final" in json.loads((tmp_path / "prove.json").read_text())
+    assert "final" in json.loads((tmp_path / "prove.json").read_text())
     accesses = [json.loads(line) for line in (tmp_path / "sealed.jsonl").read_text().splitlines()]
-    assert [a["forced"] for a in accesses] == ([False, True] if looked_again else [False])
-    assert any("opened again" in str(w.message) for w in caught) == looked_again
+    assert [a["forced"] for a in accesses] == [False, True]
+    assert any("opened again" in str(w.message) for w in caught)
 
 
 def _has_matplotlib() -> bool:
@@ -298,12 +338,3 @@ def _has_matplotlib() -> bool:
     except ImportError:
         return False
     return True
-
-
-def test_forced_logits_match_single_row_forwards(stock, reference):
-    # right padding in a batch must not change a row's logits beyond rounding of other shapes
-    rows = forced_logits(stock.model, reference.prompts[:2], reference.tokens[:2])
-    alone = forced_logits(stock.model, reference.prompts[:1], reference.tokens[:1])[0]
-    assert rows[0].shape == (len(reference.tokens[0]), stock.model.args.vocab_size)
-    agree = (rows[0].argmax(-1) == alone.argmax(-1)).float().mean().item()
-    assert agree >= 0.95
