@@ -1,13 +1,17 @@
 """The tuning judges on the real engine.
 
-Demo model (SmolLM2-135M-Instruct, CPU): the reference is plain decoding at batch 1; the stock
-(BF16, decode step, batch 2) and the candidates are forced along it through their own steps.
-A cache defect that only the decode and verify paths read is missed by the prefill path and
-rejected through the decode and verify steps; a logit-bias defect is rejected; W12 speculative
-decoding (verify step, chain and tree) and BF16 at another batch are accepted. Sizes are small
-(4 prompts x 20 tokens, 2 calibration prompts) so this file stays fast; the notebook records
-the full-size runs of ``w12 tune forcing``. Tiny synthetic preset: ``w12 tune explain`` and
-``w12 tune prove``, on the CPU.
+Tiny synthetic preset (``synthetic:tiny-qwen3``, random prompts, BF16 and W12, CPU): the
+reference is the engine's plain decoding at batch 1; forcing through the decode, chain and tree
+paths lines up with it; a cache defect (every write from slot 1 on lands one slot early, so
+every decode and verify step reads a moved key) is missed by the prefill path and rejected
+through the decode and verify steps; a logit-bias defect is rejected; W12 speculative decoding
+(verify step, chain and tree) is accepted. One reference and one stock trace (BF16, batch 2)
+serve every judgement of a model.
+
+Demo model (SmolLM2-135M-Instruct, chat prompts), where real numerics matter: the same cache
+defect is rejected through the decode step, and BF16 at another batch is accepted. Sizes are
+small (4 prompts x 20 tokens, 2 calibration prompts); the notebook records the full-size runs
+of ``w12 tune forcing``. ``w12 tune explain`` and ``w12 tune prove`` run on the tiny preset.
 """
 
 from __future__ import annotations
@@ -36,151 +40,138 @@ from spec_tuning.engine_adapter import (
     prompt_requests,
     step_costs,
 )
-from spec_tuning.engine_forcing import reference_decode
-from spec_tuning.forcing import calibrate, judge
 from spec_tuning.profiler import KernelTiming, StepProfile
-from spec_tuning.prove import forcing_verdict
+from spec_tuning.prove import forcing_verdict, stock_baseline
 from w12_cli.tune import tune_group
 
 ROOT = Path(__file__).resolve().parents[2]
-PROMPTS, CALIBRATION, TOKENS, DEFECT_AT, BATCH = 4, 2, 20, 4, 2
+TINY = "synthetic:tiny-qwen3"
+BATCH = 2  # the stock's serving batch
+CACHE_DEFECT = "kv-shift:1"  # inside every prompt: every decode / verify step reads it
+DEFECT_AT = 4  # logit-bias start position
+
+
+class Bench:
+    """A stock system and its baseline: the reference on judged and calibration prompts, the
+    stock forced along both (``prove.stock_baseline``); candidates are judged against it."""
+
+    def __init__(self, model: str, *, source: str, prompts: int, calibration: int,
+                 tokens: int) -> None:
+        self.model, self.tokens = model, tokens
+        self.stock = self.system()
+        requests, self.stop_ids, used = prompt_requests(self.stock.loaded, source=source,
+                                                        count=prompts + calibration)
+        assert used == source and len(requests) >= prompts + calibration
+        self.judged, self.calibration = requests[:prompts], requests[-calibration:]
+        self.baseline = stock_baseline(self.stock, self.judged, self.calibration,
+                                       tokens=tokens, stop_ids=self.stop_ids)
+        self.reference = self.baseline.reference
+
+    def system(self, **options):
+        return load_system(SystemSpec(self.model, **{"mode": "bf16", "batch": BATCH,
+                                                     **options}))
+
+    def trace(self, **options):
+        return self.system(**options).scorer().trace(self.reference)
+
+    def verdict(self, candidate):
+        return forcing_verdict(self.stock, candidate, self.judged, self.calibration,
+                               tokens=self.tokens, stop_ids=self.stop_ids,
+                               baseline=self.baseline).verdict
+
+    def mismatches(self, trace) -> int:
+        return sum(int((t != r).sum()) for t, r in zip(trace.top1, self.reference.tokens,
+                                                         strict=True))
 
 
 @pytest.fixture(scope="module")
-def demo_bf16() -> Path:
+def tiny() -> Bench:
+    return Bench(TINY, source="random", prompts=8, calibration=4, tokens=32)
+
+
+@pytest.fixture(scope="module")
+def demo() -> Bench:
     from converters.demo_models import demo_hf_folder
 
-    return demo_hf_folder(progress=False)
+    folder = demo_hf_folder(progress=False)
+    return Bench(str(folder), source="builtin", prompts=4, calibration=2, tokens=20)
 
 
-@pytest.fixture(scope="module")
-def demo_w12(demo_bf16, tmp_path_factory) -> Path:
-    from converters.hf import ConvertOptions, convert_folder
-
-    folder = tmp_path_factory.mktemp("demo") / "w12"
-    convert_folder(src=demo_bf16, dst=folder, options=ConvertOptions(), progress=False)
-    return folder
-
-
-def _system(folder, **options):
-    return load_system(SystemSpec(str(folder), **{"mode": "bf16", "batch": BATCH, **options}))
-
-
-@pytest.fixture(scope="module")
-def stock(demo_bf16):
-    return _system(demo_bf16)
-
-
-@pytest.fixture(scope="module")
-def prompts(stock):
-    requests, stop_ids, used = prompt_requests(stock.loaded, source="builtin")
-    assert used == "builtin" and len(requests) >= PROMPTS + CALIBRATION
-    return requests[:PROMPTS], requests[-CALIBRATION:], stop_ids
-
-
-@pytest.fixture(scope="module")
-def references(stock, prompts):
-    judged, calibration, stop_ids = prompts
-    return tuple(reference_decode(stock.model, [r["ids"] for r in rs], TOKENS,
-                                  stop_ids=stop_ids) for rs in (judged, calibration))
-
-
-@pytest.fixture(scope="module")
-def reference(references):
-    return references[0]
-
-
-@pytest.fixture(scope="module")
-def stock_judge(stock, references):
-    """judge(candidate trace) against the stock, delta calibrated on the other prompts."""
-    reference, cal_reference = references
-    scorer = stock.scorer()
-    calibration = calibrate(cal_reference, scorer.trace(cal_reference))
-    stock_trace = scorer.trace(reference)
-    return lambda trace: judge(reference, stock_trace, trace, calibration)
-
-
-def _mismatches(trace, reference) -> int:
-    return sum(int((t != r).sum()) for t, r in zip(trace.top1, reference.tokens, strict=True))
-
-
-def test_reference_is_the_engines_plain_decoding(stock, prompts, reference):
-    requests, _, stop_ids = prompts
-    for row in (0, 1):
-        engine = Engine(stock.model, batch=1, max_seq_len=len(requests[row]["ids"]) + TOKENS)
-        out = generate(engine, [requests[row]["ids"]], max_new_tokens=TOKENS, stop_ids=stop_ids)
-        assert out[0] == reference.tokens[row].tolist()
+def test_reference_is_the_engines_plain_decoding(tiny):
+    ref = tiny.reference
+    assert all(len(t) == tiny.tokens for t in ref.tokens)  # random prompts: no stop id
+    for row in (0, 3):
+        prompt = tiny.judged[row]["ids"]
+        engine = Engine(tiny.stock.model, batch=1, max_seq_len=len(prompt) + tiny.tokens)
+        out = generate(engine, [prompt], max_new_tokens=tiny.tokens, stop_ids=tiny.stop_ids)
+        assert out[0] == ref.tokens[row].tolist()
     assert all(len(m) == len(t) and (m >= 0).all()
-               for m, t in zip(reference.margins, reference.tokens, strict=True))
+               for m, t in zip(ref.margins, ref.tokens, strict=True))
 
 
 @pytest.mark.parametrize("path", ["decode", "chain:4", "tree:5"])
-def test_every_path_lines_up_with_the_reference(demo_bf16, reference, path):
+def test_every_path_lines_up_with_the_reference(tiny, path):
     # at batch 1 the decode path is the reference's own; the verify step gives a node the bits
     # of a decode step, so an off-by-one in the forced positions is all that could differ
-    trace = _system(demo_bf16, batch=1, path=path).scorer().trace(reference)
-    assert _mismatches(trace, reference) == 0
+    assert tiny.mismatches(tiny.trace(batch=1, path=path)) == 0
 
 
-def test_cache_defect_is_missed_by_prefill_and_rejected_through_the_steps(demo_bf16, stock,
-                                                                           reference,
-                                                                           stock_judge):
-    slot = min(map(len, reference.prompts)) + 2  # every decode step reads a moved slot
-    defect = f"kv-shift:{slot}"
-    blind = _system(demo_bf16, path="prefill", defect=defect).scorer().trace(reference)
-    clean = _system(demo_bf16, path="prefill").scorer().trace(reference)
+def test_cache_defect_is_missed_by_prefill_and_rejected_through_the_steps(tiny):
+    blind = tiny.trace(path="prefill", defect=CACHE_DEFECT)
+    clean = tiny.trace(path="prefill")
     for a, b in zip(blind.top1, clean.top1, strict=True):
         assert np.array_equal(a, b)  # the prefill path never reads the cache
     for path in ("decode", "chain:4"):
-        verdict = stock_judge(_system(demo_bf16, path=path, defect=defect).scorer()
-                              .trace(reference))
+        verdict = tiny.verdict(tiny.system(path=path, defect=CACHE_DEFECT))
         assert not verdict.accepted, verdict.report()
 
 
-def test_logit_bias_defect_is_rejected(demo_bf16, stock, reference, stock_judge):
-    defect = _system(demo_bf16, defect=f"logit-bias:{DEFECT_AT}")
-    trace = defect.scorer().trace(reference)
-    verdict = stock_judge(trace)
+def test_logit_bias_defect_is_rejected(tiny):
+    defect = tiny.system(defect=f"logit-bias:{DEFECT_AT}")
+    trace = defect.scorer().trace(tiny.reference)
+    verdict = tiny.verdict(defect)
     assert not verdict.accepted, verdict.report()
-    for cand, ref in zip(trace.top1, reference.tokens, strict=True):
+    for cand, ref in zip(trace.top1, tiny.reference.tokens, strict=True):
         assert np.array_equal(cand[:DEFECT_AT], ref[:DEFECT_AT])  # untouched before P
     assert all(e.position >= DEFECT_AT for e in verdict.audit)
 
 
 @pytest.mark.parametrize("path", ["chain:4", "tree:7"])
-def test_w12_speculative_verify_is_accepted(demo_w12, reference, stock_judge, path):
-    w12 = load_system(SystemSpec(str(demo_w12), batch=BATCH, path=path))
+def test_w12_speculative_verify_is_accepted(tiny, path):
+    w12 = tiny.system(mode="w12", path=path)
     assert w12.loaded.mode == "w12" and w12.model.layers[0].w13.is_w12
-    verdict = stock_judge(w12.scorer().trace(reference))
+    verdict = tiny.verdict(w12)
     assert verdict.accepted, verdict.report()
 
 
-def test_bf16_at_another_batch_is_accepted(demo_bf16, prompts, stock):
-    judged, calibration, stop_ids = prompts
-    other = _system(demo_bf16, batch=3)
-    result = forcing_verdict(stock, other, judged, calibration, tokens=TOKENS, stop_ids=stop_ids)
-    assert result.verdict.accepted, result.verdict.report()
-    assert result.reference_tokens > PROMPTS * TOKENS // 2
+def test_real_model_cache_defect_is_rejected_through_the_decode_step(demo):
+    verdict = demo.verdict(demo.system(defect=CACHE_DEFECT))
+    assert not verdict.accepted, verdict.report()
 
 
-def test_defect_that_cannot_fire_is_refused(demo_bf16):
-    result = CliRunner().invoke(tune_group, [
-        "forcing", str(demo_bf16), str(demo_bf16), "--defect", "logit-bias:16", "--tokens",
-        "16", "--prompts", "2", "--calibration-prompts", "2", "--source", "builtin"])
+def test_real_model_bf16_at_another_batch_is_accepted(demo):
+    verdict = demo.verdict(demo.system(batch=3))
+    assert verdict.accepted, verdict.report()
+    assert sum(map(len, demo.reference.tokens)) > len(demo.judged) * demo.tokens // 2
+
+
+def test_defect_that_cannot_fire_is_refused():
+    common = ["forcing", TINY, TINY, "--tokens", "16", "--prompts", "2",
+              "--calibration-prompts", "2", "--source", "random", "--device", "cpu"]
+    result = CliRunner().invoke(tune_group, common + ["--defect", "logit-bias:16"])
     assert result.exit_code == 2 and "cannot fire" in result.output
-    bad = CliRunner().invoke(tune_group, [
-        "forcing", str(demo_bf16), str(demo_bf16), "--defect", "kv-shift:x", "--source",
-        "builtin"])
+    far = CliRunner().invoke(tune_group, common + ["--defect", "kv-shift:4096"])
+    assert far.exit_code == 2 and "cannot fire" in far.output
+    bad = CliRunner().invoke(tune_group, common + ["--defect", "kv-shift:x"])
     assert bad.exit_code == 2 and "use one of logit-bias:P" in bad.output
 
 
-def test_generation_runner_counts_only_real_rows(stock, prompts):
-    requests, _, _ = prompts
-    runner = stock.runner(max_new=3)
-    sample = runner.run(requests[:3])
+def test_generation_runner_counts_only_real_rows(tiny):
+    runner = tiny.stock.runner(max_new=3)
+    sample = runner.run(tiny.judged[:3])
     assert sample.tokens == 9 and sample.seconds > 0
-    gen = GenerationRunner(stock.model, batch=2, max_new=3)
-    first = gen.generate(requests[:3])
+    gen = GenerationRunner(tiny.stock.model, batch=2, max_new=3)
+    first = gen.generate(tiny.judged[:3])
     assert [len(o) for o in first] == [3, 3, 3]
 
 
