@@ -31,7 +31,7 @@ class GenerateOptions:
     max_seq_len: int | None = None  # None: just enough for the longest prompt
     device: str = "cpu"
     compile: bool = False
-    drafter: str | None = None  # speculative decoding: "ngram" or "early-exit:K"
+    drafter: str | None = None  # speculative decoding: "ngram", "early-exit:K", "demo", a folder
     budget: int = 16  # nodes per verify step (root included)
     tree: bool = True  # best-first tree, or the drafter's chain
 

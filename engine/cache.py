@@ -11,6 +11,12 @@ they hold is overwritten before it is read.
 
 The lengths live on the device, so a captured CUDA graph can read and advance them; the
 engine keeps a host copy where it needs one (to refuse work past the last slot).
+
+A cache may also carry ``hidden`` (``HiddenTaps``): the residual stream after a few chosen
+layers, per slot like the keys and values. Every forward over the cache writes it at its
+plan's slots and ``keep`` moves it with the keys and values, so after a verify step slots
+``0 .. lengths[b] - 1`` hold the hidden states of the committed positions: what a block
+drafter conditions on (``engine.speculative.block_drafter``).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        self.hidden: HiddenTaps | None = None
 
     @classmethod
     def for_model(cls, args, batch: int, seq_len: int, *, dtype: torch.dtype,
@@ -84,6 +91,16 @@ class KVCache:
         not change (``commit`` advances it). Overlapping moves are safe: every source is read
         before its destination is written. One launch on a GPU."""
         compact_kv(self.k, self.v, src_slots, self.lengths, count)
+        if self.hidden is not None:
+            self.hidden.keep(src_slots, self.lengths, count)
+
+    def tap(self, layers: tuple[int, ...], dim: int) -> HiddenTaps:
+        """Keep the residual stream after ``layers`` (width ``dim``) per slot from now on; the
+        same buffer again when the layers are the ones already tapped."""
+        if self.hidden is None or self.hidden.layers != tuple(layers):
+            self.hidden = HiddenTaps(tuple(layers), self.batch, self.seq_len, dim,
+                                     dtype=self.k.dtype, device=self.device)
+        return self.hidden
 
     def commit(self, counts: torch.Tensor) -> None:
         """Advance every request's length by ``counts`` [B] (device tensor or int)."""
@@ -99,3 +116,38 @@ class KVCache:
             raise W12Error(f"rollback to lengths {lengths.tolist()}: the cache holds "
                            f"{self.seq_len} positions")
         self.lengths.copy_(lengths)
+
+
+class HiddenTaps:
+    """The residual stream after chosen layers, [B, S, layers, dim], addressed by cache slot.
+
+    Writes and moves are indexing with device tensors of fixed shapes (no host reads), so they
+    run inside captured CUDA graphs."""
+
+    def __init__(self, layers: tuple[int, ...], batch: int, seq_len: int, dim: int, *,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        self.layers = layers
+        self.index = {layer: i for i, layer in enumerate(layers)}
+        self.states = torch.zeros(batch, seq_len, len(layers), dim, dtype=dtype, device=device)
+
+    def write(self, layer: int, slots: torch.Tensor, x: torch.Tensor) -> None:
+        """Rows ``x`` [B, T, dim], the output of ``layer``, at slots ``slots`` [B, T]."""
+        rows = torch.arange(x.shape[0], device=x.device)[:, None]
+        self.states[rows, slots, self.index[layer]] = x.to(self.states.dtype)
+
+    def read(self, slots: torch.Tensor) -> torch.Tensor:
+        """[B, T, layers * dim]: every tapped layer's state at ``slots`` [B, T], concatenated
+        in the order of ``layers``."""
+        rows = torch.arange(slots.shape[0], device=slots.device)[:, None]
+        return self.states[rows, slots.clamp(0, self.states.shape[1] - 1)].flatten(2)
+
+    def keep(self, src_slots: torch.Tensor, start: torch.Tensor, count: torch.Tensor) -> None:
+        """``KVCache.keep`` for these states: ``src_slots[b, :count[b]]`` to ``start[b] + 0, 1,
+        ...``; every source is read before any destination is written."""
+        b, n = src_slots.shape
+        last = self.states.shape[1] - 1
+        steps = torch.arange(n, device=src_slots.device)
+        dst = start[:, None] + steps
+        src = torch.where(steps < count[:, None], src_slots, dst).clamp(0, last)
+        rows = torch.arange(b, device=src_slots.device)[:, None]
+        self.states[rows, dst.clamp(max=last)] = self.states[rows, src]

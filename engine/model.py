@@ -310,7 +310,8 @@ class Transformer(nn.Module):
         ``last`` [B] picks one position per row, so the LM head runs on B rows instead of
         B*T. ``n_layers`` runs only the first layers (then the final norm and the head: the
         early-exit view of the model). ``hidden`` collects the residual stream after each
-        layer index in ``taps``.
+        layer index in ``taps``; a cache with ``hidden`` taps also keeps its layers' outputs at
+        the plan's slots.
         """
         cos, sin = self.rope_tables(cache.seq_len)
         step = Step(cache, plan, cos[pos].unsqueeze(2), sin[pos].unsqueeze(2), self.ops,
@@ -319,10 +320,13 @@ class Transformer(nn.Module):
         x = F.embedding(tokens, self.embed)
         h = self.ops.rms_norm(x, layers[0].attn_norm, self.args.norm_eps)
         norms = [layer.attn_norm for layer in layers[1:]] + [self.norm]
+        kept = cache.hidden  # the cache keeps some layers' outputs per slot (a block drafter's)
         for i, (layer, next_norm) in enumerate(zip(layers, norms, strict=True)):
             x, h = layer(x, h, next_norm, step)
             if i in taps:
                 hidden.append(x)
+            if kept is not None and i in kept.index:
+                kept.write(i, plan.slots, x)
         if last is not None:
             h = h[torch.arange(h.shape[0], device=h.device), last].unsqueeze(1)
         return self.lm_head(h).float()

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from engine.w12_backend import add_rms_norm, rms_norm
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # RoPE in the half-split layout of HF checkpoints: pairs are (i, i + D/2)
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on x [B, T, H, D] in the half-split layout of HF checkpoints: pairs (i, i + D/2)."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
@@ -28,7 +28,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE on q [B, T, Hq, D] and k [B, T, Hkv, D]."""
-    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    return rope(q, cos, sin), rope(k, cos, sin)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:

@@ -5,9 +5,11 @@
 ``invariant_rows(SMALL_M_MAX)`` marks calls (prefill) whose rows need not match other calls'
 bits. ``rms_norm`` / ``add_rms_norm`` (``w12_kernels.norm``) and ``tree_attention`` /
 ``compact_kv`` (``w12_kernels.tree_attention``) are the row norms and the draft-tree attention,
-each giving a row the same bits whatever else shares the call. Keeping the kernel packages
-behind this module means the model code never changes when a kernel layout does (an
-import-linter contract in ``pyproject.toml`` holds the rest of the engine to it).
+each giving a row the same bits whatever else shares the call. ``view_bf16``
+(``w12_kernels.view8``) is the 8-bit view of a W12 weight, the two-level verifier's Q pass.
+Keeping the kernel packages behind this module means the model code never changes when a
+kernel layout does (an import-linter contract in ``pyproject.toml`` holds the rest of the
+engine to it).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import torch
 from w12.tensor import W12Tensor
 from w12_kernels.gemm import SMALL_M_MAX, invariant_rows, prepare_weight, w12_linear
 from w12_kernels.norm import add_rms_norm, rms_norm
+from w12_kernels.view8 import view_bf16
 
 __all__ = ["SMALL_M_MAX", "add_rms_norm", "cat_rows", "compact_kv", "invariant_rows", "prepare",
-           "rms_norm", "tensor_bytes", "tree_attention", "w12_matmul"]
+           "rms_norm", "tensor_bytes", "tree_attention", "view_bf16", "w12_matmul"]
 
 
 def prepare(w: W12Tensor):

@@ -22,13 +22,13 @@ from pathlib import Path
 import torch
 
 from engine.model import Linear, ModelArgs, Transformer
-from engine.w12_backend import cat_rows, prepare, tensor_bytes
+from engine.w12_backend import cat_rows, prepare, tensor_bytes, view_bf16
 from w12.errors import W12Error
 from w12.jsonio import read_json_object
 from w12.tensor import W12Tensor, encode
 
 SYNTHETIC_PREFIX = "synthetic:"
-MODES = ("bf16", "w12")
+MODES = ("bf16", "w12", "view8")
 
 
 def expected_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
@@ -165,7 +165,9 @@ def load_model(
     spec: str | Path, *, mode: str | None = None, device="cpu",
     dtype: torch.dtype = torch.bfloat16, seed: int = 0, w12_lm_head: bool = True,
 ) -> LoadedModel:
-    """Build the model named by ``spec`` with its linears in ``mode`` ("bf16" or "w12").
+    """Build the model named by ``spec`` with its linears in ``mode`` ("bf16", "w12" or
+    "view8": the 8-bit view of the W12 weights, the two-level verifier's Q pass, held as the
+    BF16 tensors of its values).
 
     ``mode=None`` runs a W12 folder as W12 and anything else as BF16. In W12 mode the LM head
     runs in W12 too (a tied one gets its own W12 copy of the embedding) unless
@@ -267,7 +269,9 @@ class _Loader:
         # In W12 mode the head runs through the W12 GEMM even when it is tied to a BF16
         # embedding (three quarters of the table again in memory): every GEMM of the model is
         # then batch-invariant, which speculative decoding's exactness needs.
-        if self.mode == "w12" and (isinstance(weight, W12Tensor) or self.w12_lm_head):
+        if self.mode == "view8":
+            model.lm_head.weight = view_bf16(self.to_w12(weight)).to(self.dtype)
+        elif self.mode == "w12" and (isinstance(weight, W12Tensor) or self.w12_lm_head):
             model.lm_head.packed = prepare(self.to_w12(weight))
         elif weight is embed:
             model.lm_head.weight = model.embed
@@ -305,6 +309,9 @@ class _Loader:
         parts = [self.read(p + ".weight") for p in prefixes]
         if self.mode == "w12":
             module.packed = prepare(cat_rows([self.to_w12(part) for part in parts]))
+        elif self.mode == "view8":
+            views = [view_bf16(self.to_w12(part)) for part in parts]
+            module.weight = torch.cat(views).to(self.dtype)
         else:
             module.weight = torch.cat([self.dense(part) for part in parts])
         if bias:

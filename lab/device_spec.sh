@@ -9,10 +9,19 @@
 #   bash lab/device_spec.sh scale     # bench spec --forced-accept on the Qwen3-8B/32B presets,
 #                                     # W12 and BF16
 #   bash lab/device_spec.sh attention # the tree-attention benchmark
+#   bash lab/device_spec.sh divergence # batch > 1: lab/spec_divergence.py (verify rows against
+#                                     # plain steps, linear by linear) and, with the demo model,
+#                                     # a sampled spec check under CUDA_LAUNCH_BLOCKING=1
+#   bash lab/device_spec.sh drafter   # w12 draft train on the demo model into out/drafter-run
+#                                     # (one call: the 10-minute limit), its W12 folder, curve
+#                                     # and log copied to $OUT
+#   bash lab/device_spec.sh drafter-eval [DIR] # the drafter in DIR (default out/drafter-run/w12) on
+#                                     # HumanEval: spec check (tau, exactness; chain 16 and tree
+#                                     # 64, greedy and sampled), then bench spec
 # Logs and JSON go to $OUT (default ./out). W12_CACHE must hold the demo model's GGUF for
 # "demo" (the cache layout of converters.demo_models). Each step has its own time limit.
 set -uo pipefail
-STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|attention}
+STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|attention|drafter|drafter-eval [DIR]}
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
@@ -30,11 +39,14 @@ case $STAGE in
 tests)
   TAIL=4 run ${TEST_LIMIT:-150} tests-tree-attention $PY -m pytest -q -x -p no:cacheprovider \
     tests/w12_kernels/test_tree_attention.py tests/w12_kernels/test_norm.py -k "gpu or cuda"
-  TAIL=4 run ${TEST_LIMIT:-150} tests-engine $PY -m pytest -q -x -p no:cacheprovider \
+  TAIL=4 run ${TEST_LIMIT:-150} tests-gemm-demo-shapes $PY -m pytest -q -p no:cacheprovider \
+    tests/w12_kernels/test_gemm_cuda.py -k demo_models_shapes
+  TAIL=8 run ${TEST_LIMIT:-150} tests-engine $PY -m pytest -q -p no:cacheprovider \
     tests/engine/test_speculative_cuda.py tests/engine/test_engine_cuda.py
   ;;
 house)
   OLD=${2:?house needs the folder of the old tree}
+  mkdir -p "$OUT/compare"
   M_LIST=${M_LIST:-1,4,16,32,64,128,256,1024} BENCH_MODELS=${BENCH_MODELS:-qwen3_32b,llama8b} \
     BENCH_M=${BENCH_M:-1,8,32,256} TEST_LIMIT=${TEST_LIMIT:-120} BITS_LIMIT=${BITS_LIMIT:-150} \
     OUT="$OUT/compare" TAIL=40 run ${COMPARE_LIMIT:-400} compare bash lab/compare_revisions.sh "$OLD"
@@ -77,8 +89,49 @@ scale)
     done
   done
   ;;
+divergence)
+  TAIL=40 run ${DIVERGENCE_LIMIT:-120} divergence-w12 $PY lab/spec_divergence.py --batch 8 --nodes 16
+  MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 2>/dev/null | head -1)
+  if [ -n "$MODEL" ]; then
+    CUDA_LAUNCH_BLOCKING=1 TAIL=30 run ${CHECK_LIMIT:-150} check-sampled-blocking $W12 spec check \
+      "$MODEL" --drafter ngram --chain --budget 16 --prompts "${PROMPTS:-humaneval}" \
+      --max-new-tokens 256 --temperature 0.7 --top-p 0.95 --seed 1 --quiet
+  fi
+  ;;
 attention)
   TAIL=30 run 200 tree-attention $PY benchmarks/tree_attention.py --json "$OUT/tree-attention.json"
+  ;;
+drafter)
+  $W12 demo --quiet > "$OUT/demo.txt" 2>&1 || { tail "$OUT/demo.txt"; exit 1; }
+  MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 | head -1)
+  RUN=${DRAFT_RUN:-out/drafter-run}  # in the tree, where drafter-eval looks for it
+  rm -rf "$RUN" "$OUT/drafter"
+  # the whole command, data generation included, is what the 10-minute limit is about
+  began=$(date +%s)
+  timeout ${TRAIN_LIMIT:-590} $W12 draft train "$MODEL" --out "$RUN" --device cuda \
+    ${TRAIN_FLAGS:-} > "$OUT/draft-train.txt" 2>&1
+  rc=$?
+  echo "draft train exited $rc after $(( $(date +%s) - began )) s" | tee -a "$OUT/draft-train.txt"
+  tr '\r' '\n' < "$OUT/draft-train.txt" | grep -v '^$' | tail -${TAIL:-6}
+  # into $OUT: the W12 drafter (shards of at most 10 MB), the loss curve, the log
+  mkdir -p "$OUT/drafter" && cp -r "$RUN"/w12/. "$OUT/drafter/" && \
+    cp "$RUN"/loss.png "$RUN"/train_log.json "$OUT/" 2>/dev/null
+  rm -f "$OUT/demo.txt"
+  ;;
+drafter-eval)
+  DRAFT=${2:-${DRAFT_RUN:-out/drafter-run}/w12}
+  MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 | head -1)
+  PROMPTS=${PROMPTS:-humaneval}
+  for s in "greedy:--temperature 0" "sampled:--temperature 0.7 --top-p 0.95 --seed 1"; do
+    name=${s%%:*}; flags=${s#*:}
+    TAIL=2 run ${CHECK_LIMIT:-150} "check-block-chain-$name" $W12 spec check "$MODEL" --drafter "$DRAFT" \
+      --chain --budget 16 --batch 8 --prompts "$PROMPTS" --max-new-tokens 256 $flags --quiet
+    TAIL=2 run ${CHECK_LIMIT:-150} "check-block-tree-$name" $W12 spec check "$MODEL" --drafter "$DRAFT" \
+      --budget 64 --batch 2 --prompts "$PROMPTS" --max-new-tokens 256 $flags --quiet
+  done
+  TAIL=8 run ${BENCH_LIMIT:-240} bench-block $W12 bench spec "$MODEL" --drafter "$DRAFT" \
+    --prompts "$PROMPTS" --limit ${BENCH_PROMPTS:-32} --budgets 16,64 --max-new-tokens 256 \
+    --json "$OUT/bench-block.json"
   ;;
 *) echo "unknown stage $STAGE"; exit 2 ;;
 esac

@@ -160,13 +160,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts-file", type=Path, default=None)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--candidate", choices=("w12", "bf16-single"), default="w12",
+    parser.add_argument("--candidate", choices=("w12", "bf16-single", "view8"), default="w12",
                         help="what is compared with the batched BF16 run: the W12 model "
-                             "(default), or the BF16 model decoding one prompt at a time (other "
-                             "GEMM kernels, same weights: the rounding floor of the stock stack)")
+                             "(default), the BF16 model decoding one prompt at a time (other "
+                             "GEMM kernels, same weights: the rounding floor of the stock "
+                             "stack), or the 8-bit view of the W12 weights (the two-level "
+                             "verifier's Q pass: its teacher-forced agreement is its top-1 "
+                             "agreement with the exact pass)")
     args = parser.parse_args(argv)
     single = args.candidate == "bf16-single"
-    label = "BF16 one prompt at a time" if single else "W12"
+    label = {"w12": "W12", "bf16-single": "BF16 one prompt at a time",
+             "view8": "8-bit view"}[args.candidate]
 
     with tempfile.TemporaryDirectory() as scratch:
         bf16_dir, w12_dir = (args.bf16, args.w12) if args.bf16 and args.w12 else demo_folders(
@@ -175,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         prompts = [tokenizer.encode(p) for p in read_prompts(args.prompts, args.prompts_file)]
         start = time.perf_counter()
         bf16_model = load_model(bf16_dir, mode="bf16", device=args.device).model
-        w12_model = bf16_model if single else load_model(w12_dir, mode="w12",
-                                                         device=args.device).model
+        w12_model = bf16_model if single else load_model(
+            w12_dir, mode="view8" if args.candidate == "view8" else "w12",
+            device=args.device).model
         w12_tokens, w12_gaps, _, _ = greedy_rows(w12_model, prompts, args.tokens, single=single)
         bf16_tokens, _, bf16_margins, bf16_tops = greedy(bf16_model, prompts, args.tokens,
                                                           probe=w12_tokens)

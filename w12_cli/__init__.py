@@ -8,6 +8,7 @@ function of a package and printing what it returns:
 * ``generate``: ``generate`` (``engine.api``; ``--drafter``: speculative decoding)
 * ``bench``: ``bench decode`` (``engine.bench``), ``bench spec`` (``engine.speculative.bench``)
 * ``spec``: ``spec check`` (``engine.speculative.api``)
+* ``draft``: ``draft train`` (``engine.speculative.train_drafter``)
 * ``tune``: ``tune explain``, ``tune forcing``, ``tune prove`` (``spec_tuning.explain``,
   ``spec_tuning.prove``)
 * ``serve``: ``serve`` (``sglang_integration.serve``)

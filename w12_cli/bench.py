@@ -115,7 +115,8 @@ def bench_spec_command(model, drafter, prompts_path, limit, budgets, modes, max_
     from engine.speculative.bench import as_dicts, bench_spec, load_for_bench, summary
 
     if drafter is None:
-        raise click.UsageError("bench spec needs --drafter (ngram or early-exit:K)")
+        raise click.UsageError("bench spec needs --drafter (ngram, early-exit:K, demo or a "
+                               "drafter folder)")
     if max(budgets) > 128:
         raise click.BadParameter(f"{max(budgets)} nodes: at most 128", param_hint="--budgets")
     mode = None if bf16 is None else ("bf16" if bf16 else "w12")

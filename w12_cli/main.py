@@ -28,6 +28,7 @@ COMMANDS = {
     "tune": ("w12_cli.tune", "tune_group"),
     "serve": ("w12_cli.serve", "serve_command"),
     "spec": ("w12_cli.spec", "spec_group"),
+    "draft": ("w12_cli.draft", "draft_group"),
 }
 
 

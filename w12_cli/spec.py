@@ -37,6 +37,10 @@ def spec_group() -> None:
                    "GEMM keeps its row bits).")
 @budget
 @tree_shape
+@click.option("--two-level", "two_level", default=None, type=click.IntRange(1, 127),
+              help="Two-level verification: a Q pass over a tree of this many nodes on the "
+                   "8-bit view of the weights steers what one exact pass over --budget nodes "
+                   "verifies.")
 @sampling
 @click.option("--bf16/--w12", "bf16", default=None,
               help="Linear layers in BF16 or W12 (default: W12 for a W12 folder, else BF16).")
@@ -46,7 +50,7 @@ def spec_group() -> None:
 @compile_ops
 @quiet
 def check_command(model, drafter, prompts_path, limit, max_new_tokens, batch, budget, chain,
-                  temperature, top_p, seed, bf16, chat, device, compile_, quiet):
+                  two_level, temperature, top_p, seed, bf16, chat, device, compile_, quiet):
     """Decode every prompt plainly and speculatively and compare the tokens.
 
     Exits 1 naming the prompt and position of the first token that differs; 0 when every
@@ -58,11 +62,15 @@ def check_command(model, drafter, prompts_path, limit, max_new_tokens, batch, bu
     from engine.speculative.api import load_target, read_prompts, spec_check
 
     if drafter is None:
-        raise click.UsageError("spec check needs --drafter (ngram or early-exit:K)")
+        raise click.UsageError("spec check needs --drafter (ngram, early-exit:K, demo or a "
+                               "drafter folder)")
     if batch * budget > 128:
         raise click.BadParameter(f"{batch} prompts x {budget} nodes = {batch * budget} rows a "
                                  "verify step; at most 128 keep every GEMM's row bits",
                                  param_hint="--batch")
+    if two_level is not None and two_level >= budget:
+        raise click.BadParameter(f"the Q tree's {two_level} nodes must be fewer than the "
+                                 f"step's budget {budget}", param_hint="--two-level")
     texts = read_prompts(prompts_path, limit)
     target = load_target(model, texts, mode=None if bf16 is None else ("bf16" if bf16 else "w12"),
                          device=device, chat=chat)
@@ -70,11 +78,13 @@ def check_command(model, drafter, prompts_path, limit, max_new_tokens, batch, bu
     report = spec_check(target, drafter, max_new_tokens=max_new_tokens, budget=budget,
                         tree=not chain, sampling=Sampling(temperature, top_p, seed),
                         compile=compile_default(compile_, device), batch=batch,
-                        progress=bar.update)
+                        two_level=two_level, progress=bar.update)
     bar.close()
     shape = "chain" if chain else "tree"
     summary = (f"{report.prompts} prompts, {report.tokens} plain tokens, drafter {drafter} "
                f"({shape}, budget {budget}), tau {report.tau:.3f}")
+    if two_level is not None:
+        summary += f"; two-level, Q tree {two_level} nodes, Q path tau {report.q_tau:.3f}"
     if report.mismatch is None:
         click.echo(f"OK: speculative decoding equals plain decoding on {summary}")
         return

@@ -18,6 +18,7 @@ from engine.generate import Engine, generate
 from engine.sampling import Sampling
 from engine.speculative.decode import SpecRunner, speculative_generate
 from engine.speculative.drafters import make_drafter
+from engine.speculative.two_level import TwoLevel
 from engine.weights import SYNTHETIC_PREFIX, LoadedModel, load_model
 from w12.errors import W12Error
 
@@ -94,10 +95,15 @@ class CheckReport:
     tokens: int = 0
     mismatch: Mismatch | None = None
     taus: list[float] = field(default_factory=list)
+    q_taus: list[float] = field(default_factory=list)  # two-level: the Q path's tokens a step
 
     @property
     def tau(self) -> float:
         return sum(self.taus) / len(self.taus) if self.taus else 0.0
+
+    @property
+    def q_tau(self) -> float:
+        return sum(self.q_taus) / len(self.q_taus) if self.q_taus else 0.0
 
 
 def first_difference(plain: list[int], spec: list[int]) -> tuple[int, int | None, int | None]:
@@ -110,16 +116,24 @@ def first_difference(plain: list[int], spec: list[int]) -> tuple[int, int | None
 
 def spec_check(target: Target, drafter_name: str, *, max_new_tokens: int, budget: int,
                tree: bool, sampling: Sampling, compile: bool = False, batch: int = 1,
+               two_level: int | None = None,
                progress: Callable[[int], None] | None = None) -> CheckReport:
     """Decode every prompt both ways, ``batch`` prompts at a time (one engine and one captured
     runner for all; the last group padded with copies of its last prompt, whose rows are not
-    counted); stop at the first group with a prompt whose tokens differ."""
+    counted); stop at the first group with a prompt whose tokens differ. ``two_level``: verify
+    with two-level verification, its Q tree of that many nodes (the Q pass on the 8-bit view
+    of the model's weights)."""
     model = target.loaded.model
     longest = max(map(len, target.prompts))
     engine = Engine(model, batch=batch, max_seq_len=longest + max_new_tokens + budget,
                     compile=compile)
     drafter = make_drafter(drafter_name, model)
-    runner = SpecRunner(engine, drafter, budget=budget, tree=tree, sampling=sampling)
+    setting = None
+    if two_level is not None:
+        view = load_model(target.loaded.folder, mode="view8", device=model.device).model
+        setting = TwoLevel(view, two_level)
+    runner = SpecRunner(engine, drafter, budget=budget, tree=tree, sampling=sampling,
+                        two_level=setting)
     report = CheckReport()
     for start in range(0, len(target.prompts), batch):
         group = target.prompts[start:start + batch]
@@ -132,6 +146,8 @@ def spec_check(target: Target, drafter_name: str, *, max_new_tokens: int, budget
         report.prompts += len(group)
         report.tokens += sum(len(p) for p in plain[:len(group)])
         report.taus.append(stats.tau)
+        if stats.q_committed:
+            report.q_taus.append(sum(stats.q_committed) / len(stats.q_committed))
         if progress is not None:
             progress(len(group))
         for row in range(len(group)):

@@ -19,6 +19,7 @@ from engine.generate import GREEDY, Engine, StopCheck
 from engine.sampling import Sampling, choose
 from engine.speculative.drafters import Drafter
 from engine.speculative.tree import DraftTree
+from engine.speculative.two_level import TwoLevel, two_level_step
 from engine.speculative.verify import Verdict, verify
 from w12.errors import W12Error
 
@@ -29,6 +30,7 @@ class SpecStats:
 
     committed: list[int] = field(default_factory=list)
     steps: int = 0
+    q_committed: list[int] = field(default_factory=list)  # two-level: the Q path's tokens
 
     @property
     def tau(self) -> float:
@@ -42,22 +44,29 @@ class SpecRunner:
     On a GPU the iteration is captured once in a CUDA graph (the drafter's work too when it is
     device-only; a host drafter's tree is copied into the graph's input buffers), so a step
     costs one replay. The verdict tensors are the graph's outputs: read them before the next
-    step."""
+    step. With ``two_level`` each step is two-level verification (``two_level.py``), run
+    eagerly: its re-draft depends on the Q pass's path."""
 
     def __init__(self, engine: Engine, drafter: Drafter, *, budget: int, tree: bool,
                  sampling: Sampling = GREEDY, forced_accept: int | None = None,
-                 cuda_graph: bool | None = None) -> None:
+                 cuda_graph: bool | None = None, two_level: TwoLevel | None = None) -> None:
         if budget < 1:
             raise W12Error(f"node budget {budget}: must be at least 1")
         self.engine, self.drafter, self.budget, self.tree = engine, drafter, budget, tree
         self.sampling, self.forced_accept = sampling, forced_accept
+        self.two_level, self.q_verdict = two_level, None
+        if two_level is not None and forced_accept is not None:
+            raise W12Error("forced acceptance times one verify pass; two-level verification "
+                           "has two")
         device = engine.model.device
         self.requests = torch.arange(engine.batch, device=device)
         self.roots = torch.zeros(engine.batch, dtype=torch.long, device=device)
         empty = torch.zeros(engine.batch, budget - 1, dtype=torch.long, device=device)
         self.tree_in = DraftTree.chain(self.roots, empty, torch.zeros_like(self.roots))
         self.graph = None
-        if cuda_graph if cuda_graph is not None else device.type == "cuda":
+        drafter.bind(engine.cache)
+        if two_level is None and (cuda_graph if cuda_graph is not None
+                                  else device.type == "cuda"):
             self._capture()
 
     def _body(self) -> Verdict:
@@ -87,6 +96,11 @@ class SpecRunner:
     @torch.inference_mode()
     def step(self, roots: torch.Tensor) -> Verdict:
         """Draft from ``roots`` [B] (each request's last committed token), verify, commit."""
+        if self.two_level is not None:
+            verdict, self.q_verdict = two_level_step(
+                self.engine.model, self.engine.cache, self.drafter, roots, self.two_level,
+                self.budget, self.tree, self.sampling, self.requests)
+            return verdict
         self.roots.copy_(roots)
         if not self.drafter.on_device:
             draft = self.drafter.propose(roots, self.engine.cache, self.budget, self.tree)
@@ -138,11 +152,14 @@ def speculative_generate(
         verdict = runner.step(roots)
         cache.lengths.copy_(torch.where(active, cache.lengths, before))
         counts = (verdict.accepted + 1).tolist()
+        q_counts = (runner.q_verdict.accepted + 1).tolist() if runner.two_level else None
         emitted = verdict.emitted.tolist()
         committed = [emitted[row][: counts[row]] for row in range(len(prompts))]
         for row in range(len(prompts)):
             if not done[row]:
                 stats.committed.append(counts[row])
+                if q_counts is not None:
+                    stats.q_committed.append(q_counts[row])
                 take(row, committed[row])
         stats.steps += 1
         drafter.observe(committed)

@@ -14,7 +14,11 @@ when new prompts start (``start``). Two need no training:
   slots the verify step overwrites next, so the committed prefix of its K layers is the
   target's own and needs no catching up.
 
-``make_drafter("ngram" | "early-exit:K", model)`` builds one from its command-line name.
+The trained one, the block drafter, lives in ``block_drafter.py``.
+
+``make_drafter("ngram" | "early-exit:K" | "demo" | FOLDER, model)`` builds one from its
+command-line name (``demo``: the block drafter shipped for the demo model; a folder: a block
+drafter folder).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from engine.model import Transformer
 from engine.speculative.tree import DraftTree, best_first
 from w12.errors import W12Error
 
-DRAFTER_NAMES = ("ngram", "early-exit:K")
+DRAFTER_NAMES = ("ngram", "early-exit:K", "demo", "a block drafter folder")
 TREE_TOP_K = 8  # candidates per position for best-first trees
 MAX_TREE_DEPTH = 16  # deepest level a best-first tree explores
 
@@ -42,6 +46,10 @@ class Drafter:
     name = "drafter"
     on_device = False
 
+    def bind(self, cache: KVCache) -> None:
+        """The target's cache this drafter drafts for, before its first prefill (a drafter
+        that reads the target's hidden states asks the cache to keep them here)."""
+
     def start(self, prompts: list[list[int]], first: list[int]) -> None:
         """New requests: their prompts and first tokens (the roots of the first step)."""
 
@@ -51,6 +59,14 @@ class Drafter:
     def propose(self, roots: torch.Tensor, cache: KVCache, budget: int, tree: bool
                 ) -> DraftTree:
         raise NotImplementedError
+
+    def propose_after(self, roots: torch.Tensor, context: torch.Tensor, counts: torch.Tensor,
+                      cache: KVCache, budget: int, tree: bool) -> DraftTree:
+        """A tree rooted at each request's token ``context[b, counts[b] - 1]``, drafted as if
+        the root and the first ``counts[b]`` tokens of ``context`` [B, C] were committed (the
+        cache's lengths are the same on return): two-level verification's re-draft."""
+        raise W12Error(f"drafter {self.name} cannot draft after an uncommitted path, which "
+                       "two-level verification needs")
 
 
 class NgramDrafter(Drafter):
@@ -84,6 +100,14 @@ class NgramDrafter(Drafter):
     def propose(self, roots, cache, budget, tree):
         rows = [self._row(seq, budget, tree) for seq in self.history]
         return _tree_from_rows(roots, rows, budget)
+
+    def propose_after(self, roots, context, counts, cache, budget, tree):
+        rows, new_roots = [], []
+        for seq, tokens, count in zip(self.history, context.tolist(), counts.tolist(),
+                                      strict=True):
+            rows.append(self._row(seq + tokens[:count], budget, tree))
+            new_roots.append(tokens[count - 1])
+        return _tree_from_rows(torch.tensor(new_roots, device=roots.device), rows, budget)
 
     def _row(self, seq: list[int], budget: int, tree: bool) -> list[tuple[int, int]]:
         """(token, parent) of the drafted nodes, parents as node indices (root = 0)."""
@@ -143,6 +167,22 @@ class EarlyExitDrafter(Drafter):
             return DraftTree.chain(roots, top_tokens[:, :, 0])
         return best_first(roots, top_tokens, top_logp, budget)
 
+    @torch.inference_mode()
+    def propose_after(self, roots, context, counts, cache, budget, tree):
+        # the K layers' keys and values of the root and the path at its positions (slots the
+        # exact pass overwrites), then a draft from the path's last token
+        lengths = cache.lengths.clone()
+        chain = torch.cat([roots[:, None], context[:, :-1].clamp(min=0)], dim=1)
+        steps = torch.arange(chain.shape[1], device=roots.device)
+        self.model(chain, lengths[:, None] + steps, cache,
+                   AttentionPlan.chain(lengths, chain.shape[1]), n_layers=self.layers)
+        cache.lengths.copy_(lengths + counts)
+        try:
+            return self.propose(context.gather(1, (counts - 1)[:, None])[:, 0], cache, budget,
+                                tree)
+        finally:
+            cache.lengths.copy_(lengths)
+
     def draft(self, roots: torch.Tensor, cache: KVCache, depth: int, k: int
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, depth, k] top tokens and log-probabilities along the drafter's greedy chain."""
@@ -160,7 +200,8 @@ class EarlyExitDrafter(Drafter):
 
 
 def make_drafter(name: str, model: Transformer) -> Drafter:
-    """A drafter from its command-line name: ``ngram`` or ``early-exit:K``."""
+    """A drafter from its command-line name: ``ngram``, ``early-exit:K``, ``demo`` or the folder
+    of a block drafter."""
     if name == "ngram":
         return NgramDrafter()
     if name.startswith("early-exit:"):
@@ -168,4 +209,9 @@ def make_drafter(name: str, model: Transformer) -> Drafter:
         if not layers.isdigit():
             raise W12Error(f"drafter {name!r}: K must be a number of layers, e.g. early-exit:4")
         return EarlyExitDrafter(model, int(layers))
+    from engine.speculative.block_drafter import BlockDrafter, resolve_drafter_folder
+
+    folder = resolve_drafter_folder(name)
+    if folder is not None:
+        return BlockDrafter.load(folder, model, name=name)
     raise W12Error(f"unknown drafter {name!r} (known: {', '.join(DRAFTER_NAMES)})")

@@ -76,6 +76,25 @@ def forced_picks(tree: DraftTree, accept_count: int) -> torch.Tensor:
     return torch.where(go_on, child_token, -1)
 
 
+def target_logits(model: Transformer, cache: KVCache, tree: DraftTree, paths: torch.Tensor,
+                  sampling: Sampling, requests: torch.Tensor):
+    """([B, N, V] logits, [B, N] picks) of ``model`` at every node of ``tree`` (``paths`` = its
+    paths), each pick keyed by the position its token takes; every node's key and value
+    written."""
+    lengths = cache.lengths
+    pos = lengths[:, None] + tree.depth
+    logits = model(tree.tokens, pos, cache, AttentionPlan.tree(lengths, paths))
+    b, n, vocab = logits.shape
+    return logits, choose(logits.view(b * n, vocab), sampling, requests.repeat_interleave(n),
+                          (pos + 1).view(-1)).view(b, n)
+
+
+def target_picks(model: Transformer, cache: KVCache, tree: DraftTree, paths: torch.Tensor,
+                 sampling: Sampling, requests: torch.Tensor) -> torch.Tensor:
+    """[B, N] the token ``model`` picks at every node of ``tree`` (``target_logits``)."""
+    return target_logits(model, cache, tree, paths, sampling, requests)[1]
+
+
 def verify(model: Transformer, cache: KVCache, tree: DraftTree, sampling: Sampling,
            requests: torch.Tensor, forced_accept: int | None = None) -> Verdict:
     """Run ``tree`` through the target, accept, move the accepted rows into place and advance
@@ -84,11 +103,7 @@ def verify(model: Transformer, cache: KVCache, tree: DraftTree, sampling: Sampli
     verdict's logits along a given path; see ``forced_picks``)."""
     lengths = cache.lengths
     paths = tree.paths()
-    pos = lengths[:, None] + tree.depth
-    logits = model(tree.tokens, pos, cache, AttentionPlan.tree(lengths, paths))
-    b, n, vocab = logits.shape
-    picks = choose(logits.view(b * n, vocab), sampling, requests.repeat_interleave(n),
-                   (pos + 1).view(-1)).view(b, n)
+    logits, picks = target_logits(model, cache, tree, paths, sampling, requests)
     if forced_accept is not None:
         picks = forced_picks(tree, forced_accept)  # the target's picks ran all the same
     verdict = accept(tree, picks, paths)

@@ -746,6 +746,21 @@ def test_batch_invariant_up_to_128_rows(n, k):
     assert torch.equal(shuffled, full[perm])
 
 
+@pytest.mark.parametrize("n,k", [(960, 576), (576, 576), (3072, 576), (576, 1536),
+                                 (49152, 576)])
+def test_batch_invariant_on_the_demo_models_shapes_with_escapes(n, k):
+    """The demo model's layer shapes (SmolLM2-135M: q/k/v, o, gate/up, down, the tied head),
+    whose weights carry escapes in most rows: each row's bits at every M up to 128 are the
+    bits of the 128-row call (a speculative verify step against plain decoding at batch 8)."""
+    t = _scattered_escapes(n, k, seed=n + k)
+    x = (torch.randn(128, k, device="cuda") * 0.5).to(torch.bfloat16)
+    pw = prepare_weight(encoded(t))
+    full = w12_linear(x, pw).view(torch.int16)
+    for m in (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 128):
+        part = w12_linear(x[:m].contiguous(), pw).view(torch.int16)
+        assert torch.equal(part, full[:m]), f"M={m}"
+
+
 def test_compile_and_cuda_graph():
     t, x = _inputs(4096, 4096, 8, seed=17)
     pw = prepare_weight(encoded(t))

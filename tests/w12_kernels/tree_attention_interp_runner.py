@@ -101,7 +101,7 @@ def decode_step_of_node(q, k, v, prefix_len, path_slots, t):
 
     k2, v2 = k.clone(), v.clone()
     prefix2 = prefix_len.clone()
-    path2 = torch.full((q.shape[0], 1, 1), -1, dtype=path_slots.dtype)
+    path2 = torch.full((q.shape[0], 1, 1), -1, dtype=path_slots.dtype, device=path_slots.device)
     for b in range(q.shape[0]):
         path = [s for s in path_slots[b, t].tolist()]
         path = path[:path.index(-1)] if -1 in path else path
