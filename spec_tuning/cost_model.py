@@ -184,6 +184,26 @@ def decompose(profile: StepProfile, *, tau: float, tau_best: float, t_ar: float,
     )
 
 
+def measurement_warnings(*, t_ar: float, t_step: float, tree_size: int,
+                         t_prof: float | None = None, t_floor: float | None = None) -> list[str]:
+    """What the measured times contradict: each is a measurement to distrust, not a speed-up.
+
+    T_floor <= T_prof <= T_step must hold (kernels cannot beat their floor, and cannot take
+    longer than the step that runs them), and a step of N > 1 tokens cannot cost less than a
+    step of one (c(N) >= 1), since it does the one-token step's work and more."""
+    out = []
+    if tree_size > 1 and t_step < t_ar:
+        out.append(f"c({tree_size}) = {t_step / t_ar:.3f} < 1: the {tree_size}-token step timed "
+                   f"faster than the 1-token step; T_AR or T_step is not measured like the other")
+    if t_prof is not None and t_prof > t_step:
+        out.append(f"T_prof {1e3 * t_prof:.3f} ms > T_step {1e3 * t_step:.3f} ms: the profiled "
+                   f"kernels took longer than the step (overhead factor < 1)")
+    if t_floor is not None and t_prof is not None and t_floor > t_prof:
+        out.append(f"T_floor {1e3 * t_floor:.3f} ms > T_prof {1e3 * t_prof:.3f} ms: kernels ran "
+                   f"faster than their floor (a peak or a byte count is wrong)")
+    return out
+
+
 def _fmt_count(x: float | None) -> str:
     if x is None:
         return "-"

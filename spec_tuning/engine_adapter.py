@@ -1,22 +1,21 @@
-"""The tuning judges wired to the reference engine: scorers, reference decoding, runners, steps.
+"""The tuning judges wired to the reference engine: systems, runners, steps, prompts.
 
 A *system* is a model loaded by ``engine.load_model`` (BF16 or W12 weights) plus a serving
-config: batch size, compiled elementwise ops, and optional logits transforms (the
-``PlantedDefect``). From a system the judges get what their Protocols ask for:
+config: batch size, compiled elementwise ops, the path it generates through (``decode``,
+``chain:N``, ``tree:N``) and optionally a planted defect. From a system the judges get what
+their Protocols ask for:
 
-* token forcing: ``greedy_reference`` decodes the BF16 model greedily, rows batched through an
-  ``Engine`` (prefill, then one ``Engine.step`` per token), keeping each step's top-1 margin.
-  ``EngineScorer`` runs a system teacher-forced along those tokens, either in one causal forward
-  over prompt + forced tokens (``method="forward"``, the prefill path; fast) or token by token
-  through ``Engine.step`` (``method="steps"``, the decode kernels the system serves with).
-  Transforms see logits with each row's generation offset, as ``LogitsScorer`` does.
+* token forcing: ``System.scorer`` forces the system along the reference through its own path
+  at its own batch (``spec_tuning.engine_forcing``); the reference is plain decoding of the
+  BF16 model at batch 1 (``reference_decode``).
 * paired-run controller: ``GenerationRunner`` serves a request set with greedy generation in
   batches of the system's batch size, each row running its full token budget (fixed work, so
   runs are comparable), and is timed by ``TimedRunner``.
-* cost model: ``profile_decode_step`` profiles one decode step of N tokens per row (the engine's
-  own ``Engine.step`` for N = 1, a chained N-token forward over the cache for N > 1), groups the
-  profiled kernels into matmuls and the rest, and annotates both groups with the bytes and
-  flops the step must move and compute, counted from the model (``step_costs``).
+* cost model: ``profile_decode_step`` profiles one step of N tokens per row through the
+  engine's own steps, both graphed on a GPU: ``Engine.step`` for N = 1, the speculative
+  verify step (``SpecRunner.step`` on a given chain) for N > 1. It groups the profiled kernels
+  into matmuls and the rest and annotates both groups with the bytes and flops the step must
+  move and compute, counted from the model (``step_costs``).
 
 The engine keeps one static cache per model, and the helpers here reallocate it as their
 shapes need; ``GenerationRunner`` notices when its engine's cache was replaced and rebuilds it.
@@ -30,19 +29,24 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from engine.attention import AttentionPlan
 from engine.bench import streamed_bytes
 from engine.generate import Engine
 from engine.model import ModelArgs, Transformer
-from engine.ops import OpSet
+from engine.speculative.bench import GivenTree
+from engine.speculative.decode import SpecRunner
+from engine.speculative.tree import DraftTree
 from engine.weights import LoadedModel, load_model
 from spec_tuning.controller import TimedRunner
-from spec_tuning.forcing import ForcedTrace, PlantedDefect, Reference, top1_and_margin
+from spec_tuning.engine_forcing import (
+    ForcingPath,
+    KVShift,
+    PathScorer,
+    Picker,
+    parse_defect,
+)
+from spec_tuning.forcing import top1_and_margin
 from spec_tuning.profiler import KernelCost, KernelTiming, StepProfile, profile_step
 from w12.errors import W12Error
-
-LOGITS_BUDGET = 1 << 30  # bytes of fp32 logits one teacher-forced forward may produce
-SCORING_METHODS = ("forward", "steps")
 
 # ---------------------------------------------------------------------------------------------
 # Systems
@@ -54,9 +58,10 @@ class SystemSpec:
 
     model: str
     mode: str | None = None  # "bf16" / "w12"; None: W12 for a W12 folder, else BF16
-    planted_defect: int | None = None  # PlantedDefect(start=...) on its logits
-    batch: int = 1  # rows per engine batch when serving
+    defect: str | None = None  # a planted defect (``engine_forcing.parse_defect``)
+    batch: int = 1  # rows per engine batch when serving and when forced
     compile: bool = False  # torch.compile the engine's elementwise ops
+    path: str = "decode"  # what it generates (and is forced) through: decode, chain:N, tree:N
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,18 +77,23 @@ class System:
         return self.loaded.model
 
     @property
+    def defect(self):
+        return None if self.spec.defect is None else parse_defect(self.spec.defect)
+
+    @property
     def transforms(self) -> tuple:
-        p = self.spec.planted_defect
-        return () if p is None else (PlantedDefect(start=p),)
+        d = self.defect
+        return () if d is None or isinstance(d, KVShift) else (d,)
 
     def describe(self) -> str:
-        extra = "" if self.spec.planted_defect is None else (
-            f", planted defect from position {self.spec.planted_defect}")
-        return (f"{self.loaded.name} ({self.loaded.mode}, batch {self.spec.batch}"
-                f"{', compiled' if self.spec.compile else ''}{extra})")
+        extra = "" if self.spec.defect is None else f", planted defect {self.spec.defect}"
+        return (f"{self.loaded.name} ({self.loaded.mode}, {self.spec.path}, batch "
+                f"{self.spec.batch}{', compiled' if self.spec.compile else ''}{extra})")
 
-    def scorer(self, *, method: str = "forward", batch: int = 8) -> EngineScorer:
-        return EngineScorer(self.model, transforms=self.transforms, method=method, batch=batch)
+    def scorer(self, sampling=None) -> PathScorer:
+        picker = Picker(transforms=self.transforms) if sampling is None else \
+            Picker(sampling, self.transforms)
+        return PathScorer(self.model, ForcingPath.parse(self.spec.path), self.spec.batch, picker)
 
     def runner(self, *, max_new: int) -> TimedRunner:
         gen = GenerationRunner(self.model, batch=self.spec.batch, max_new=max_new,
@@ -94,9 +104,12 @@ class System:
 def load_system(spec: SystemSpec, *, device="cpu", seed: int = 0) -> System:
     if spec.batch < 1:
         raise W12Error(f"{spec.model}: batch {spec.batch} must be at least 1")
-    if spec.planted_defect is not None and spec.planted_defect < 0:
-        raise W12Error(f"planted defect position {spec.planted_defect} must be >= 0")
-    return System(spec, load_model(spec.model, mode=spec.mode, device=device, seed=seed))
+    ForcingPath.parse(spec.path)
+    defect = None if spec.defect is None else parse_defect(spec.defect)
+    system = System(spec, load_model(spec.model, mode=spec.mode, device=device, seed=seed))
+    if isinstance(defect, KVShift):
+        defect.install(system.model)
+    return system
 
 
 def _as_ids(tokens) -> list[int]:
@@ -159,134 +172,6 @@ def decode_rows(engine: Engine, prompts: list[list[int]], steps: int, *,
         fed = top1 if feed is None else feed(i, top1)
         logits = engine.step(torch.as_tensor(fed, dtype=torch.long, device=engine.model.device))
     return out
-
-
-def greedy_reference(model: Transformer, prompts: Sequence, max_new: int, *, batch: int = 8,
-                     stop_ids: frozenset[int] = frozenset()) -> Reference:
-    """Plain greedy decoding of ``model`` (eager ops), ``batch`` prompts at a time.
-
-    Each prompt's tokens end at its first stop id (kept) or after ``max_new`` tokens.
-    """
-    prompts = [_as_ids(p) for p in prompts]
-    tokens, margins = [], []
-    for chunk in _chunks(prompts, batch):
-        engine = Engine(model, batch=len(chunk), max_seq_len=max(map(len, chunk)) + max_new)
-        out = decode_rows(engine, chunk, max_new, stop_ids=stop_ids)
-        tokens += [np.asarray(t, dtype=np.int64) for t in out.tokens]
-        margins += [np.asarray(m, dtype=np.float64) for m in out.margins]
-    return Reference([np.asarray(p, dtype=np.int64) for p in prompts], tokens, margins)
-
-
-@dataclass
-class EngineGreedy:
-    """The GreedyDecoder Protocol on the engine, one prompt at a time."""
-
-    model: Transformer
-    stop_ids: frozenset[int] = frozenset()
-
-    def greedy(self, prompt_ids, max_new: int):
-        ref = greedy_reference(self.model, [prompt_ids], max_new, batch=1,
-                               stop_ids=self.stop_ids)
-        return ref.tokens[0], ref.margins[0]
-
-
-# ---------------------------------------------------------------------------------------------
-# Teacher forcing
-
-
-@torch.inference_mode()
-def forced_logits(model: Transformer, prompts: Sequence, forced: Sequence) -> list[torch.Tensor]:
-    """Teacher-forced logits of each row, in one causal forward over prompt + forced tokens.
-
-    Row r gets a [len(forced[r]), V] fp32 tensor whose row i predicts ``forced[r][i]`` from the
-    prompt and ``forced[r][:i]``. Rows are right-padded; causal attention keeps padding out.
-    """
-    seqs = [_as_ids(p) + _as_ids(f)[:-1] for p, f in zip(prompts, forced, strict=True)]
-    longest = max(map(len, seqs))
-    model.ops = OpSet(compiled=False)  # eager ops: one shape per batch would recompile
-    tokens = torch.zeros(len(seqs), longest, dtype=torch.long)
-    for row, seq in enumerate(seqs):
-        tokens[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-    logits = model.score(tokens.to(model.device))
-    starts = [len(_as_ids(p)) - 1 for p in prompts]
-    return [logits[r, s: s + len(f)] for r, (s, f) in enumerate(zip(starts, forced, strict=True))]
-
-
-def _forward_batches(prompts: list, forced: list, vocab: int, batch: int):
-    """Row groups whose logits fit in LOGITS_BUDGET (at least one row each)."""
-    rows_budget = max(1, LOGITS_BUDGET // (4 * vocab))  # logits rows (tokens) per forward
-    group: list[int] = []
-    for i in range(len(prompts)):
-        longest = max([len(prompts[j]) + len(forced[j]) for j in group + [i]])
-        if group and ((len(group) + 1) * longest > rows_budget or len(group) == batch):
-            yield group
-            group = []
-        group.append(i)
-    if group:
-        yield group
-
-
-@dataclass
-class EngineScorer:
-    """A ForcedScorer on the engine: teacher-forced top-1 ids and margins of one model.
-
-    ``method="forward"``: one causal forward per group of rows (the prefill path).
-    ``method="steps"``: prefill the prompts, then feed the forced tokens one ``Engine.step``
-    at a time (the decode path, CUDA graph on a GPU), ``batch`` rows per engine.
-    """
-
-    model: Transformer
-    transforms: Sequence = field(default_factory=tuple)
-    method: str = "forward"
-    batch: int = 8
-
-    def __post_init__(self):
-        if self.method not in SCORING_METHODS:
-            raise W12Error(f"scoring method {self.method!r} is not one of "
-                           f"{', '.join(SCORING_METHODS)}")
-
-    def score(self, prompt_ids, forced_ids):
-        top1, margins = self.score_many([prompt_ids], [forced_ids])
-        return top1[0], margins[0]
-
-    def trace(self, reference: Reference) -> ForcedTrace:
-        top1, margins = self.score_many(reference.prompts, reference.tokens)
-        return ForcedTrace(top1, margins)
-
-    def score_many(self, prompts: Sequence, forced: Sequence):
-        prompts, forced = [_as_ids(p) for p in prompts], [_as_ids(f) for f in forced]
-        if any(not f for f in forced):
-            raise W12Error("forced scoring: a prompt has no forced tokens")
-        if self.method == "forward":
-            return self._by_forward(prompts, forced)
-        return self._by_steps(prompts, forced)
-
-    def _by_forward(self, prompts, forced):
-        top1, margins = [None] * len(prompts), [None] * len(prompts)
-        for group in _forward_batches(prompts, forced, self.model.args.vocab_size, self.batch):
-            rows = forced_logits(self.model, [prompts[i] for i in group],
-                                 [forced[i] for i in group])
-            for i, logits in zip(group, rows, strict=True):
-                logits = _apply(self.transforms, logits, np.arange(len(forced[i])))
-                top1[i], margins[i] = top1_and_margin(logits)
-        return top1, margins
-
-    def _by_steps(self, prompts, forced):
-        top1, margins = [], []
-        for start in range(0, len(prompts), self.batch):
-            chunk_p, chunk_f = prompts[start:start + self.batch], forced[start:start + self.batch]
-            steps = max(map(len, chunk_f))
-            padded = np.zeros((len(chunk_f), steps), dtype=np.int64)
-            for row, f in enumerate(chunk_f):
-                padded[row, : len(f)] = f
-            engine = Engine(self.model, batch=len(chunk_p),
-                            max_seq_len=max(map(len, chunk_p)) + steps)
-            out = decode_rows(engine, chunk_p, steps, feed=lambda i, _top1, p=padded: p[:, i],
-                              transforms=self.transforms)
-            for row, f in enumerate(chunk_f):
-                top1.append(np.asarray(out.tokens[row][: len(f)], dtype=np.int64))
-                margins.append(np.asarray(out.margins[row][: len(f)], dtype=np.float64))
-        return top1, margins
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,27 +319,6 @@ class StepMeasurement:
     cuda_graph: bool
 
 
-def _graphed(fn: Callable[[], torch.Tensor], device: torch.device) -> Callable[[], torch.Tensor]:
-    """``fn`` captured in a CUDA graph on a GPU (as ``Engine`` captures its step), else as is."""
-    if device.type != "cuda":
-        return fn
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):  # compiles and library handles outside the capture
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-
-    def replay() -> torch.Tensor:
-        graph.replay()
-        return out
-
-    return replay
-
-
 STEP_SLACK = 256  # cache slots after the context that N = 1 steps advance through
 
 
@@ -472,26 +336,31 @@ def _step_function(model: Transformer, *, batch: int, n_tokens: int, context: in
     first = engine.prefill(prompts.tolist()).argmax(-1)
     calls = [0, 0.0]  # calls, sum of slots seen
 
+    def advance(width: int) -> None:
+        if calls[0] and calls[0] % STEP_SLACK == 0:
+            engine.rewind(context)  # before the cache runs out
+        calls[1] += context + calls[0] % STEP_SLACK + width
+        calls[0] += 1
+
     if n_tokens == 1:  # the engine's own decode step
         def run():
-            if calls[0] and calls[0] % STEP_SLACK == 0:
-                engine.rewind(context)  # before the cache runs out
-            calls[1] += context + calls[0] % STEP_SLACK + 1
-            calls[0] += 1
+            advance(1)
             return engine.step(first)
         return run, lambda: calls[1] / max(calls[0], 1)
 
-    # A chained verify step: N tokens per row at positions context..context+N-1, graph-captured
-    # like the engine's step, since the engine has no multi-token step of its own.
-    tokens = torch.randint(0, model.args.vocab_size, (batch, n_tokens), generator=gen).to(device)
-    pos = (context + torch.arange(n_tokens)).expand(batch, n_tokens).contiguous().to(device)
-    plan = AttentionPlan.chain(engine.cache.lengths, n_tokens)  # the prompt's length, fixed
+    # The engine's verify step (SpecRunner.step, captured in a CUDA graph on a GPU as the
+    # decode step is) on a given chain of N tokens, accepting none: every step commits one
+    # token, so T_step(N) and T_AR differ only in the step that runs.
+    drafted = torch.randint(0, model.args.vocab_size, (batch, n_tokens - 1), generator=gen)
+    runner = SpecRunner(engine, GivenTree(DraftTree.chain(first, drafted.to(device))),
+                        budget=n_tokens, tree=False, forced_accept=0,
+                        cuda_graph=graph and device.type == "cuda")
 
-    def chained():
-        return model(tokens, pos, engine.cache, plan)
+    def verify_step():
+        advance(n_tokens)
+        return runner.step(first).accepted
 
-    forward = _graphed(chained, device) if graph else chained
-    return forward, lambda: float(context + n_tokens)
+    return verify_step, lambda: calls[1] / max(calls[0], 1)
 
 
 def profile_decode_step(model: Transformer, *, batch: int = 1, n_tokens: int = 1,

@@ -1,30 +1,32 @@
 """Token forcing: is a candidate system lossless against the stock one?
 
-Reference tokens come from plain greedy decoding of the BF16 model (``build_reference``). Any
-system is then run teacher-forced along them (``run_forced``), recording at every position its
-top-1 id and logit margin (top-1 minus runner-up). ``judge`` compares a candidate's trace with
-the stock's under two rules, both at the fixed levels below:
+Reference tokens come from plain greedy (or keyed-sampled) decoding of the BF16 model
+(``build_reference``). Any system is then driven along them through its own steps (the engine
+adapter forces it through its decode step, or its verify step with the reference as the draft),
+recording at every position its pick (top-1, or the keyed-noise sample) and margin (the pick's
+score minus the runner-up's). The stock is forced the same way, so its mismatches are the
+numerics noise a lossless system shows, and ``judge`` compares the candidate with it under two
+rules, combined by Holm's method so that together they falsely reject a lossless candidate at
+most ``ALPHA`` (5%) of the time:
 
-* mismatch rule: reject when the candidate's top-1 mismatch rate exceeds the stock's by more
-  than ``MISMATCH_MARGIN`` (0.5 pp) at 95% confidence, i.e. a one-sided test of
-  H0: p_cand - p_stock <= 0.005. Both systems are scored on the *same* positions, so the test
-  works on per-position differences: positions where both agree (both right, or both wrong)
-  cancel and only discordant positions move the estimate, as in McNemar's test. Unlike
-  McNemar's test it does not treat positions as independent: a prompt that is hard for one
-  system tends to be hard at many positions, which makes position-level standard errors too
-  small and the test too eager to reject (``lab/stat_power.py`` measures this). The
-  excess is therefore a ratio estimator over prompts with a cluster-robust standard error and
-  a Student-t quantile on J-1 degrees of freedom (J prompts); the simulations in the tests
-  check its false-reject rate at the H0 boundary with strongly clustered prompts.
-* margin rule: delta is the largest reference margin at the stock's first divergence in each
-  prompt, rounded up to a multiple of 1/8: the size of a near-tie that the stock's own
-  numerics can flip. An *event* is a mismatch where the reference margin exceeds 2*delta;
-  reject when the candidate has significantly more events than the stock. Events are rare, so
-  the test is exact: on positions where exactly one system has an event, H0 makes the
-  candidate's share Binomial(n, 1/2) (one-sided exact McNemar).
+* mismatch rule: reject when the candidate's mismatch rate exceeds the stock's by more than
+  ``MISMATCH_MARGIN`` (0.5 pp), a one-sided test of H0: p_cand - p_stock <= 0.005 on the
+  per-prompt differences (positions where both agree cancel, as in McNemar's test). Positions
+  inside a prompt are not independent, so the excess is a ratio estimator over prompts with a
+  cluster-robust standard error and a Student-t quantile on J-1 degrees of freedom; the exact
+  binomial p-value of the net excess count is a floor under it, so a zero standard error (a
+  stock that never mismatches) never gives certainty.
+* margin rule: delta is the size of a near-tie that lossless numerics can flip, measured on a
+  *calibration* set of prompts that the verdict never judges: the ``DELTA_QUANTILE`` quantile
+  of |stock margin - reference margin| where the two pick the same token (the noise of the
+  difference of the two best scores), rounded up to a multiple of 1/8 and at least 1/8. An
+  *event* is a mismatch where the reference margin exceeds 2*delta; reject when the candidate
+  has significantly more events than the stock (exact one-sided McNemar test on the
+  positions where exactly one of them has an event).
 
-``PlantedDefect`` is a logits transform (+2 on every 7th vocabulary id from a position on)
-that the engine adapter applies to prove the judge catches a real defect.
+``PlantedDefect`` (+2 on every 7th vocabulary id from a position on) and ``NearTieSwap`` (the
+top two scores swapped where they are within a gap) are logits transforms that prove the judge
+catches real defects.
 """
 
 from __future__ import annotations
@@ -36,13 +38,20 @@ from typing import Protocol
 
 import numpy as np
 
-from spec_tuning.stats import RateEstimate, binomial_excess_p, cluster_rate, paired_excess_test
+from spec_tuning.stats import (
+    RateEstimate,
+    binomial_excess_p,
+    cluster_rate,
+    holm,
+    paired_excess_test,
+)
 from w12.errors import W12Error
 
 # Fixed verdict levels: a candidate cannot choose how it is judged.
-ALPHA = 0.05  # one-sided level of both rules (95% confidence)
+ALPHA = 0.05  # family-wise level of the two rules together (Holm)
 MISMATCH_MARGIN = 0.005  # tolerated mismatch-rate excess over the stock (0.5 pp)
-DELTA_QUANTUM = 1.0 / 8.0  # delta is rounded up to a multiple of this
+DELTA_QUANTILE = 0.999  # delta: this quantile of the stock's margin noise on calibration
+DELTA_QUANTUM = 1.0 / 8.0  # delta is rounded up to a multiple of this, and is at least this
 EVENT_DELTA_FACTOR = 2.0  # an event needs reference margin > this * delta
 AUDIT_EVENTS = 10  # how many of the largest unexplained events the verdict lists
 
@@ -90,6 +99,35 @@ class PlantedDefect:
             sub = out[rows.tolist()]
             sub[:, :: self.every] += self.boost
             out[rows.tolist()] = sub
+        return out
+
+    def fires_within(self, tokens: int) -> bool:
+        """Whether it changes anything in ``tokens`` generated positions."""
+        return tokens > self.start
+
+
+@dataclass(frozen=True)
+class NearTieSwap:
+    """Swaps the two best logits of every row whose top-1 leads the runner-up by less than
+    ``gap``: a kernel that gets near-ties wrong. Numpy or torch; never modifies its input."""
+
+    gap: float = 0.25
+
+    def __call__(self, logits, gen_positions):
+        torch_in = not isinstance(logits, np.ndarray)
+        values = logits.float().cpu().numpy() if torch_in else np.asarray(logits)
+        top2 = np.argsort(-values, axis=-1, kind="stable")[:, :2]
+        rows = np.arange(values.shape[0])
+        first, second = values[rows, top2[:, 0]], values[rows, top2[:, 1]]
+        swap = np.flatnonzero((first - second > 0) & (first - second < self.gap))
+        out = logits.clone() if torch_in else logits.copy()
+        if swap.size:
+            a, b = top2[swap, 0], top2[swap, 1]
+            if torch_in:
+                ra, rb = out[swap, a].clone(), out[swap, b].clone()
+                out[swap, a], out[swap, b] = rb, ra
+            else:
+                out[swap, a], out[swap, b] = values[swap, b], values[swap, a]
         return out
 
 
@@ -166,15 +204,31 @@ def run_forced(scorer: ForcedScorer, reference: Reference) -> ForcedTrace:
     return ForcedTrace(top1, margins)
 
 
-def stock_delta(reference: Reference, stock: ForcedTrace) -> float:
-    """Largest reference margin at the stock's first divergences, rounded up to 1/8."""
-    worst = 0.0
-    for ref_ids, ref_margin, ids in zip(reference.tokens, reference.margins, stock.top1,
-                                        strict=True):
-        diverged = np.flatnonzero(ids != ref_ids)
-        if diverged.size:
-            worst = max(worst, float(ref_margin[diverged[0]]))
-    return math.ceil(worst / DELTA_QUANTUM) * DELTA_QUANTUM
+@dataclass(frozen=True)
+class Calibration:
+    """delta and where it came from: the stock forced along a calibration reference."""
+
+    delta: float
+    noise_quantile: float  # DELTA_QUANTILE quantile of |stock margin - reference margin|
+    prompts: int
+    positions: int  # positions where stock and reference pick the same token
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def calibrate(reference: Reference, stock: ForcedTrace) -> Calibration:
+    """delta from the stock's margin noise along a calibration reference (never judged)."""
+    _check_alignment(reference, stock, "calibration stock")
+    noise = np.concatenate([
+        np.abs(sm - rm)[(sids == rids) & np.isfinite(sm) & np.isfinite(rm)]
+        for rids, rm, sids, sm in zip(reference.tokens, reference.margins, stock.top1,
+                                      stock.margins, strict=True)])
+    if noise.size == 0:
+        raise W12Error("calibration: the stock agrees with the reference at no position")
+    q = float(np.quantile(noise, DELTA_QUANTILE))
+    delta = max(DELTA_QUANTUM, math.ceil(q / DELTA_QUANTUM) * DELTA_QUANTUM)
+    return Calibration(delta, q, len(reference.tokens), int(noise.size))
 
 
 @dataclass(frozen=True)
@@ -200,13 +254,19 @@ class ForcingVerdict:
     excess: float
     excess_lower: float  # one-sided 95% lower bound of p_cand - p_stock
     mismatch_p: float
-    delta: float
+    calibration: Calibration
     candidate_events: int
     stock_events: int
     candidate_only_events: int
     stock_only_events: int
     margin_p: float
+    mismatch_p_holm: float  # the p-values adjusted for testing two rules (Holm)
+    margin_p_holm: float
     audit: list[AuditEvent]
+
+    @property
+    def delta(self) -> float:
+        return self.calibration.delta
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -221,11 +281,14 @@ class ForcingVerdict:
             f"candidate mismatch {_pct_ci(c)}",
             f"excess {100 * self.excess:+.3f} pp, one-sided 95% lower bound "
             f"{100 * self.excess_lower:+.3f} pp vs {100 * MISMATCH_MARGIN:.1f} pp, "
-            f"p={self.mismatch_p:.3g}",
-            f"delta {self.delta:.3f}: events (ref margin > {EVENT_DELTA_FACTOR * self.delta:.3f}) "
+            f"p={self.mismatch_p:.3g} (Holm {self.mismatch_p_holm:.3g})",
+            f"delta {self.delta:.3f} (calibration: {self.calibration.prompts} other prompts, "
+            f"{DELTA_QUANTILE:g} quantile of the stock's margin noise "
+            f"{self.calibration.noise_quantile:.3f})",
+            f"events (ref margin > {EVENT_DELTA_FACTOR * self.delta:.3f}) "
             f"candidate {self.candidate_events}, stock {self.stock_events}, "
             f"discordant {self.candidate_only_events}/{self.stock_only_events}, "
-            f"p={self.margin_p:.3g}",
+            f"p={self.margin_p:.3g} (Holm {self.margin_p_holm:.3g})",
         ]
         for e in self.audit:
             lines.append(
@@ -263,8 +326,10 @@ def _audit(reference, stock, candidate, threshold) -> list[AuditEvent]:
     return events[:AUDIT_EVENTS]
 
 
-def judge(reference: Reference, stock: ForcedTrace, candidate: ForcedTrace) -> ForcingVerdict:
-    """Apply the mismatch and margin rules to a candidate against the stock."""
+def judge(reference: Reference, stock: ForcedTrace, candidate: ForcedTrace,
+          calibration: Calibration) -> ForcingVerdict:
+    """Apply the mismatch and margin rules to a candidate against the stock; ``calibration``
+    (from :func:`calibrate` on other prompts) gives delta."""
     _check_alignment(reference, stock, "stock")
     _check_alignment(reference, candidate, "candidate")
     sizes = np.array([len(t) for t in reference.tokens])
@@ -275,30 +340,35 @@ def judge(reference: Reference, stock: ForcedTrace, candidate: ForcedTrace) -> F
     test = paired_excess_test(cand_counts, stock_counts, sizes, margin=MISMATCH_MARGIN,
                               alpha=ALPHA)
 
-    delta = stock_delta(reference, stock)
-    threshold = EVENT_DELTA_FACTOR * delta
+    threshold = EVENT_DELTA_FACTOR * calibration.delta
     big = [m > threshold for m in reference.margins]
     cand_ev = np.concatenate([c & b for c, b in zip(cand_miss, big, strict=True)])
     stock_ev = np.concatenate([s & b for s, b in zip(stock_miss, big, strict=True)])
     only_c, only_s = int((cand_ev & ~stock_ev).sum()), int((stock_ev & ~cand_ev).sum())
     margin_p = float(binomial_excess_p(only_c, only_s))
+    mismatch_holm, margin_holm = holm([test.p_value, margin_p])
 
     reasons = []
-    if test.reject:
+    if mismatch_holm < ALPHA:
         reasons.append("mismatch rate above stock + 0.5 pp")
-    if margin_p < ALPHA:
+    if margin_holm < ALPHA:
         reasons.append(f"more mismatches above 2*delta={threshold:.3f} than stock")
     return ForcingVerdict(
         accepted=not reasons, reasons=reasons, prompts=len(sizes), positions=int(sizes.sum()),
         stock_rate=cluster_rate(stock_counts, sizes, 1 - ALPHA),
         candidate_rate=cluster_rate(cand_counts, sizes, 1 - ALPHA),
-        excess=test.excess, excess_lower=test.lower, mismatch_p=test.p_value, delta=delta,
-        candidate_events=int(cand_ev.sum()), stock_events=int(stock_ev.sum()),
-        candidate_only_events=only_c, stock_only_events=only_s, margin_p=margin_p,
-        audit=_audit(reference, stock, candidate, threshold),
+        excess=test.excess, excess_lower=test.lower, mismatch_p=test.p_value,
+        calibration=calibration, candidate_events=int(cand_ev.sum()),
+        stock_events=int(stock_ev.sum()), candidate_only_events=only_c, stock_only_events=only_s,
+        margin_p=margin_p, mismatch_p_holm=float(mismatch_holm),
+        margin_p_holm=float(margin_holm), audit=_audit(reference, stock, candidate, threshold),
     )
 
 
-def evaluate(reference: Reference, stock: ForcedScorer, candidate: ForcedScorer) -> ForcingVerdict:
-    """Run both systems teacher-forced along the reference and judge the candidate."""
-    return judge(reference, run_forced(stock, reference), run_forced(candidate, reference))
+def evaluate(calibration_reference: Reference, reference: Reference, stock: ForcedScorer,
+             candidate: ForcedScorer) -> ForcingVerdict:
+    """Force both systems along the references, calibrate delta on the first, judge on the
+    second (the two references must hold different prompts)."""
+    calibration = calibrate(calibration_reference, run_forced(stock, calibration_reference))
+    return judge(reference, run_forced(stock, reference), run_forced(candidate, reference),
+                 calibration)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from spec_tuning.controller import RunSample
-from spec_tuning.forcing import LogitsTransform, top1_and_margin
+from spec_tuning.forcing import ForcedTrace, LogitsTransform, top1_and_margin
 
 
 class SimulatedLM:
@@ -82,6 +82,17 @@ class SimulatedSystem:
         prompt_ids, forced_ids = np.asarray(prompt_ids), np.asarray(forced_ids)
         states = self.lm.states(prompt_ids, forced_ids)
         return top1_and_margin(self._logits(states, np.arange(len(forced_ids))))
+
+    def trace(self, reference) -> ForcedTrace:
+        """``run_forced`` along a whole reference in one logits computation: the same picks
+        and margins as scoring prompt by prompt, in a few large array operations."""
+        states = [self.lm.states(np.asarray(p), np.asarray(f))
+                  for p, f in zip(reference.prompts, reference.tokens, strict=True)]
+        positions = np.concatenate([np.arange(len(f)) for f in reference.tokens])
+        top1, margins = top1_and_margin(self._logits(np.concatenate(states), positions))
+        cuts = np.cumsum([len(f) for f in reference.tokens])[:-1]
+        return ForcedTrace(np.split(top1.astype(np.int64), cuts),
+                           np.split(margins.astype(np.float64), cuts))
 
     def greedy(self, prompt_ids, max_new: int):
         """Plain autoregressive greedy decoding: (tokens, margins) (the GreedyDecoder API)."""

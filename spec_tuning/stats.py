@@ -114,11 +114,43 @@ def paired_excess_arrays(counts_a, counts_b, sizes, *, margin: float, alpha: flo
     dof = sizes.shape[-1] - 1
     with np.errstate(divide="ignore", invalid="ignore"):
         t_stat = (excess - margin) / se
-    # se == 0 means every prompt shows the same difference ratio: the verdict is then certain.
     t_stat = np.where(se > 0, t_stat, np.where(excess > margin, np.inf, -np.inf))
-    p_value = sps.t.sf(t_stat, dof)
-    lower = excess - sps.t.ppf(1.0 - alpha, dof) * se
+    # The t statistic is only as good as its standard error, which is zero (or nearly) when
+    # every prompt shows the same difference, as with a stock that never mismatches. The exact
+    # binomial answer for the net excess count is a floor under the p-value and a cap on the
+    # lower bound, so a few extra mismatches never read as certainty.
+    net, total = diffs.sum(axis=-1), sizes.sum(axis=-1)
+    p_value = np.maximum(sps.t.sf(t_stat, dof), binomial_floor_p(net, total, margin))
+    lower = np.minimum(excess - sps.t.ppf(1.0 - alpha, dof) * se,
+                       binomial_lower_rate(net, total, alpha))
     return excess, se, lower, p_value, p_value < alpha
+
+
+def binomial_floor_p(net, total, margin: float):
+    """P(Binomial(total, margin) >= net): the p-value of ``net`` excess events in ``total``
+    positions when the excess rate is exactly ``margin`` and the other system has none."""
+    net = np.ceil(np.asarray(net, dtype=np.float64))
+    return np.where(net > 0, sps.binom.sf(net - 1, total, margin), 1.0)
+
+
+def binomial_lower_rate(net, total, alpha: float):
+    """One-sided exact (Clopper-Pearson) lower bound of the rate of ``net`` events in
+    ``total`` positions (+inf for no excess, leaving the other bound to decide)."""
+    net = np.asarray(net, dtype=np.float64)
+    safe = np.clip(net, 1.0, None)
+    low = sps.beta.ppf(alpha, safe, np.asarray(total, dtype=np.float64) - safe + 1)
+    return np.where(net > 0, low, np.inf)
+
+
+def holm(p_values) -> np.ndarray:
+    """Holm-adjusted p-values of one family of tests: rejecting each hypothesis whose adjusted
+    p-value is below alpha keeps the family-wise error at alpha."""
+    p = np.asarray(p_values, dtype=np.float64)
+    order = np.argsort(p, kind="stable")
+    scaled = np.minimum(1.0, (p.size - np.arange(p.size)) * p[order])
+    adjusted = np.empty_like(p)
+    adjusted[order] = np.maximum.accumulate(scaled)
+    return adjusted
 
 
 def paired_excess_test(counts_a, counts_b, sizes, *, margin: float, alpha: float) -> ExcessTest:

@@ -3,7 +3,8 @@
 * ``explain MODEL``: the cost-model decomposition of one decode step
   (``spec_tuning.explain.explain_model``), as a table and a PNG.
 * ``forcing MODEL_BF16 CANDIDATE``: the token-forcing verdict of a candidate against the stock
-  BF16 system along greedy BF16 reference tokens (``spec_tuning.prove.forcing_run``).
+  BF16 system, both forced through their own decode or verify steps along plain BF16 decoding
+  (``spec_tuning.prove.forcing_run``).
 * ``prove MODEL_BF16 CANDIDATE``: all three judges in one run on a sealed split of the prompt
   set (``spec_tuning.prove.prove``).
 
@@ -57,18 +58,25 @@ _candidate_mode = click.option("--candidate-mode", type=click.Choice(["bf16", "w
                                default=None,
                                help="Candidate weights (default: W12 for a W12 folder, else "
                                     "BF16).")
-_defect = click.option("--planted-defect", "planted_defect", type=click.IntRange(0),
-                       default=None, metavar="P",
-                       help="Add +2 to every 7th vocabulary id of the candidate's logits from "
-                            "generated position P on (the judge must reject it).")
+_defect = click.option("--defect", default=None, metavar="NAME",
+                       help="Plant a defect in the candidate (the judge must reject it): "
+                            "logit-bias:P (+2 on every 7th vocabulary id from generated "
+                            "position P on), near-tie:GAP (the two best logits swapped where "
+                            "within GAP), kv-shift:SLOT[:EVERY] (the cache write at slot SLOT, "
+                            "and every EVERY-th after it, lands one slot early).")
 _source = click.option("--source", type=click.Choice(["auto", "humaneval", "builtin", "random"]),
                        default="auto", show_default=True,
                        help="Prompts: HumanEval if installed, else built-in instructions; "
                             "random token prompts for models without a tokenizer.")
-_scoring = click.option("--scoring", type=click.Choice(["forward", "steps"]), default="forward",
-                        show_default=True,
-                        help="Teacher forcing in one causal forward, or token by token "
-                             "through the engine's decode step.")
+_path = click.option("--path", default="decode", show_default=True, metavar="PATH",
+                     help="What the candidate generates through, and is forced through: "
+                          "decode (Engine.step), chain:N or tree:N (the speculative verify "
+                          "step with N nodes, the reference as the draft), prefill (one causal "
+                          "forward: blind to the cache and the decode kernels).")
+_calibration = click.option("--calibration-prompts", default=8, show_default=True,
+                            type=click.IntRange(2),
+                            help="Prompts from the end of the set that calibrate delta (never "
+                                 "judged).")
 
 
 @click.group("tune", cls=Group)
@@ -117,29 +125,43 @@ def explain_command(model, mode, batch, tree_sizes, taus, rank_accept, context, 
 @click.argument("candidate")
 @_candidate_mode
 @_defect
+@_path
 @click.option("--prompts", default=32, show_default=True, type=click.IntRange(2))
+@_calibration
 @click.option("--tokens", default=128, show_default=True, type=click.IntRange(1),
               help="Reference tokens per prompt (fewer when it stops).")
 @click.option("--batch", default=8, show_default=True, type=click.IntRange(1),
-              help="Rows per engine batch for the reference and the scoring.")
+              help="Rows per step of the stock (the reference decodes at batch 1).")
+@click.option("--candidate-batch", default=None, type=click.IntRange(1),
+              help="Rows per step of the candidate (default: --batch).")
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0.0),
+              help="0: greedy picks; above: keyed Gumbel samples (seed --seed), as generation "
+                   "draws them.")
+@click.option("--baseline", "baseline_path", type=click.Path(path_type=Path), default=None,
+              help="Store the reference, the stock's trace and delta here, and reuse them "
+                   "when a later call has the same stock, prompts and settings.")
 @_source
-@_scoring
 @device
 @_seed
 @json_out
-def forcing_command(model_bf16, candidate, candidate_mode, planted_defect, prompts, tokens,
-                    batch, source, scoring, device, seed, json_path):
+def forcing_command(model_bf16, candidate, candidate_mode, defect, path, prompts,
+                    calibration_prompts, tokens, batch, candidate_batch, temperature,
+                    baseline_path, source, device, seed, json_path):
     """Is CANDIDATE lossless against MODEL_BF16? Token-forcing verdict on the prompt set.
 
-    Reference tokens are greedy BF16 decoding of MODEL_BF16; stock (MODEL_BF16) and CANDIDATE
-    are both run teacher-forced along them.
+    The reference is plain decoding of MODEL_BF16 at batch 1; the stock (MODEL_BF16 through
+    its decode step at --batch) and CANDIDATE (through --path at its batch) are both forced
+    along it. delta comes from the stock on the calibration prompts.
     """
+    from engine.sampling import Sampling
     from spec_tuning.prove import forcing_run
 
-    result = forcing_run(model_bf16, candidate, candidate_mode=candidate_mode,
-                         planted_defect=planted_defect, prompts=prompts, tokens=tokens,
-                         source=source, method=scoring, batch=batch,
-                         device=device, seed=seed, log=_progress)
+    sampling = Sampling(temperature=temperature, seed=seed) if temperature > 0 else None
+    result = forcing_run(model_bf16, candidate, candidate_mode=candidate_mode, defect=defect,
+                         prompts=prompts, tokens=tokens, calibration_prompts=calibration_prompts,
+                         source=source, batch=batch, candidate_batch=candidate_batch, path=path,
+                         sampling=sampling, device=device, seed=seed,
+                         baseline_path=baseline_path, log=_progress)
     click.echo(result.verdict.report())
     _write_json(json_path, result.to_dict())
 
@@ -149,8 +171,10 @@ def forcing_command(model_bf16, candidate, candidate_mode, planted_defect, promp
 @click.argument("candidate")
 @_candidate_mode
 @_defect
+@_path
 @click.option("--prompts", default=64, show_default=True, type=click.IntRange(2),
               help="Prompts for token forcing.")
+@_calibration
 @click.option("--tokens", default=128, show_default=True, type=click.IntRange(1))
 @click.option("--run-prompts", default=4, show_default=True, type=click.IntRange(1),
               help="Requests per timed run.")
@@ -167,14 +191,13 @@ def forcing_command(model_bf16, candidate, candidate_mode, planted_defect, promp
 @click.option("--force-final", is_flag=True,
               help="Open the final set even if this split's final set was opened before.")
 @_source
-@_scoring
 @device
 @compile_ops
 @_seed
 @json_out
-def prove_command(model_bf16, candidate, candidate_mode, planted_defect, prompts, tokens,
-                  run_prompts, run_tokens, batch, candidate_batch, context, out_dir, force_final,
-                  source, scoring, device, compile_, seed, json_path):
+def prove_command(model_bf16, candidate, candidate_mode, defect, path, prompts,
+                  calibration_prompts, tokens, run_prompts, run_tokens, batch, candidate_batch,
+                  context, out_dir, force_final, source, device, compile_, seed, json_path):
     """Run all three judges on CANDIDATE against MODEL_BF16 on a sealed prompt split.
 
     Token forcing and paired runs on the tuning part decide; the candidate's decode step is
@@ -184,10 +207,11 @@ def prove_command(model_bf16, candidate, candidate_mode, planted_defect, prompts
     from spec_tuning.prove import prove
 
     result = prove(model_bf16, candidate, out_dir=out_dir, candidate_mode=candidate_mode,
-                   planted_defect=planted_defect, prompts=prompts, tokens=tokens,
-                   run_prompts=run_prompts, run_tokens=run_tokens, batch=batch,
-                   candidate_batch=candidate_batch, source=source, method=scoring,
-                   context=context, device=device, compile=compile_default(compile_, device),
-                   seed=seed, force_final=force_final, log=_progress)
+                   defect=defect, prompts=prompts, tokens=tokens,
+                   calibration_prompts=calibration_prompts, run_prompts=run_prompts,
+                   run_tokens=run_tokens, batch=batch, candidate_batch=candidate_batch,
+                   path=path, source=source, context=context, device=device,
+                   compile=compile_default(compile_, device), seed=seed,
+                   force_final=force_final, log=_progress)
     click.echo(result.text)
     _write_json(json_path, result.data)

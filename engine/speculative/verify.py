@@ -35,6 +35,7 @@ class Verdict:
     accepted: torch.Tensor  # [B] drafted tokens accepted (the tokens committed are this + 1)
     path: torch.Tensor  # [B, N] node indices from the root to the last accepted node, then -1
     emitted: torch.Tensor  # [B, N] the committed tokens: accepted drafts then the bonus, then -1
+    logits: torch.Tensor | None = None  # [B, N, V] fp32, the target's logits at every node
 
 
 def accept(tree: DraftTree, picks: torch.Tensor, paths: torch.Tensor) -> Verdict:
@@ -75,29 +76,38 @@ def forced_picks(tree: DraftTree, accept_count: int) -> torch.Tensor:
     return torch.where(go_on, child_token, -1)
 
 
-def target_picks(model: Transformer, cache: KVCache, tree: DraftTree, paths: torch.Tensor,
-                 sampling: Sampling, requests: torch.Tensor) -> torch.Tensor:
-    """[B, N] the token ``model`` picks at every node of ``tree`` (``paths`` = its paths),
-    keyed by the position that token takes; every node's key and value written."""
+def target_logits(model: Transformer, cache: KVCache, tree: DraftTree, paths: torch.Tensor,
+                  sampling: Sampling, requests: torch.Tensor):
+    """([B, N, V] logits, [B, N] picks) of ``model`` at every node of ``tree`` (``paths`` = its
+    paths), each pick keyed by the position its token takes; every node's key and value
+    written."""
     lengths = cache.lengths
     pos = lengths[:, None] + tree.depth
     logits = model(tree.tokens, pos, cache, AttentionPlan.tree(lengths, paths))
     b, n, vocab = logits.shape
-    return choose(logits.view(b * n, vocab), sampling, requests.repeat_interleave(n),
-                  (pos + 1).view(-1)).view(b, n)
+    return logits, choose(logits.view(b * n, vocab), sampling, requests.repeat_interleave(n),
+                          (pos + 1).view(-1)).view(b, n)
+
+
+def target_picks(model: Transformer, cache: KVCache, tree: DraftTree, paths: torch.Tensor,
+                 sampling: Sampling, requests: torch.Tensor) -> torch.Tensor:
+    """[B, N] the token ``model`` picks at every node of ``tree`` (``target_logits``)."""
+    return target_logits(model, cache, tree, paths, sampling, requests)[1]
 
 
 def verify(model: Transformer, cache: KVCache, tree: DraftTree, sampling: Sampling,
            requests: torch.Tensor, forced_accept: int | None = None) -> Verdict:
     """Run ``tree`` through the target, accept, move the accepted rows into place and advance
     every request's length by the tokens it commits. ``forced_accept``: accept that many
-    drafted tokens whatever the target picks (timing only; see ``forced_picks``)."""
+    drafted tokens whatever the target picks (timing, and token forcing, which reads the
+    verdict's logits along a given path; see ``forced_picks``)."""
     lengths = cache.lengths
     paths = tree.paths()
-    picks = target_picks(model, cache, tree, paths, sampling, requests)
+    logits, picks = target_logits(model, cache, tree, paths, sampling, requests)
     if forced_accept is not None:
         picks = forced_picks(tree, forced_accept)  # the target's picks ran all the same
     verdict = accept(tree, picks, paths)
+    verdict.logits = logits
     committed = verdict.accepted + 1
     cache.keep(torch.where(verdict.path >= 0, verdict.path + lengths[:, None], -1), committed)
     cache.commit(committed)

@@ -1,11 +1,17 @@
 """The tuning judges on the real engine.
 
-Demo model (SmolLM2-135M-Instruct, CPU): greedy reference decoding through the engine, the
-stock system teacher-forced along it, and three candidates: a planted defect from position
-P = 4 (rejected), a W12 folder made by the converter (accepted), and a second load of the same
-BF16 model (accepted). Sizes are small (16 prompts x 32 tokens) so this file stays fast;
-``lab/tune_demo.py`` runs the full-size version. Tiny synthetic preset: ``w12 tune explain``
-and ``w12 tune prove``, on the CPU.
+Tiny synthetic preset (``synthetic:tiny-qwen3``, random prompts, BF16 and W12, CPU): the
+reference is the engine's plain decoding at batch 1; forcing through the decode, chain and tree
+paths lines up with it; a cache defect (every write from slot 1 on lands one slot early, so
+every decode and verify step reads a moved key) is missed by the prefill path and rejected
+through the decode and verify steps; a logit-bias defect is rejected; W12 speculative decoding
+(verify step, chain and tree) is accepted. One reference and one stock trace (BF16, batch 2)
+serve every judgement of a model.
+
+Demo model (SmolLM2-135M-Instruct, chat prompts), where real numerics matter: the same cache
+defect is rejected through the decode step, and BF16 at another batch is accepted. Sizes are
+small (4 prompts x 20 tokens, 2 calibration prompts); the notebook records the full-size runs
+of ``w12 tune forcing``. ``w12 tune explain`` and ``w12 tune prove`` run on the tiny preset.
 """
 
 from __future__ import annotations
@@ -22,141 +28,151 @@ import pytest
 from click.testing import CliRunner
 
 from engine.generate import Engine, generate
+from spec_tuning import controller as ctl
 from spec_tuning.controller import read_log
 from spec_tuning.engine_adapter import (
-    EngineGreedy,
     GenerationRunner,
     StepCosts,
     SystemSpec,
-    forced_logits,
-    greedy_reference,
     group_profile,
     is_matmul,
     load_system,
     prompt_requests,
     step_costs,
 )
-from spec_tuning.forcing import build_reference, judge
 from spec_tuning.profiler import KernelTiming, StepProfile
-from spec_tuning.prove import forcing_verdict
+from spec_tuning.prove import forcing_verdict, stock_baseline
 from w12_cli.tune import tune_group
 
 ROOT = Path(__file__).resolve().parents[2]
-PROMPTS, TOKENS, DEFECT_AT = 16, 32, 4
+TINY = "synthetic:tiny-qwen3"
+BATCH = 2  # the stock's serving batch
+CACHE_DEFECT = "kv-shift:1"  # inside every prompt: every decode / verify step reads it
+DEFECT_AT = 4  # logit-bias start position
+
+
+class Bench:
+    """A stock system and its baseline: the reference on judged and calibration prompts, the
+    stock forced along both (``prove.stock_baseline``); candidates are judged against it."""
+
+    def __init__(self, model: str, *, source: str, prompts: int, calibration: int,
+                 tokens: int) -> None:
+        self.model, self.tokens = model, tokens
+        self.stock = self.system()
+        requests, self.stop_ids, used = prompt_requests(self.stock.loaded, source=source,
+                                                        count=prompts + calibration)
+        assert used == source and len(requests) >= prompts + calibration
+        self.judged, self.calibration = requests[:prompts], requests[-calibration:]
+        self.baseline = stock_baseline(self.stock, self.judged, self.calibration,
+                                       tokens=tokens, stop_ids=self.stop_ids)
+        self.reference = self.baseline.reference
+
+    def system(self, **options):
+        return load_system(SystemSpec(self.model, **{"mode": "bf16", "batch": BATCH,
+                                                     **options}))
+
+    def trace(self, **options):
+        return self.system(**options).scorer().trace(self.reference)
+
+    def verdict(self, candidate):
+        return forcing_verdict(self.stock, candidate, self.judged, self.calibration,
+                               tokens=self.tokens, stop_ids=self.stop_ids,
+                               baseline=self.baseline).verdict
+
+    def mismatches(self, trace) -> int:
+        return sum(int((t != r).sum()) for t, r in zip(trace.top1, self.reference.tokens,
+                                                         strict=True))
 
 
 @pytest.fixture(scope="module")
-def demo_bf16() -> Path:
+def tiny() -> Bench:
+    return Bench(TINY, source="random", prompts=8, calibration=4, tokens=32)
+
+
+@pytest.fixture(scope="module")
+def demo() -> Bench:
     from converters.demo_models import demo_hf_folder
 
-    return demo_hf_folder(progress=False)
+    folder = demo_hf_folder(progress=False)
+    return Bench(str(folder), source="builtin", prompts=4, calibration=2, tokens=20)
 
 
-@pytest.fixture(scope="module")
-def stock(demo_bf16):
-    return load_system(SystemSpec(str(demo_bf16), mode="bf16"))
-
-
-@pytest.fixture(scope="module")
-def prompts(stock):
-    requests, stop_ids, used = prompt_requests(stock.loaded, source="builtin")
-    assert used == "builtin" and len(requests) >= PROMPTS
-    return requests[:PROMPTS], stop_ids
-
-
-@pytest.fixture(scope="module")
-def reference(stock, prompts):
-    requests, stop_ids = prompts
-    return greedy_reference(stock.model, [r["ids"] for r in requests], TOKENS, stop_ids=stop_ids)
-
-
-@pytest.fixture(scope="module")
-def stock_trace(stock, reference):
-    return stock.scorer().trace(reference)
-
-
-def _mismatch_rate(trace, reference) -> float:
-    wrong = sum(int((t != r).sum()) for t, r in zip(trace.top1, reference.tokens, strict=True))
-    return wrong / sum(len(r) for r in reference.tokens)
-
-
-def test_reference_is_the_engines_greedy_generation(stock, prompts, reference):
-    requests, stop_ids = prompts
-    decoder = EngineGreedy(stock.model, stop_ids)  # the GreedyDecoder Protocol, batch 1
-    for row in (0, 1):
-        engine = Engine(stock.model, batch=1, max_seq_len=len(requests[row]["ids"]) + TOKENS)
-        out = generate(engine, [requests[row]["ids"]], max_new_tokens=TOKENS, stop_ids=stop_ids)
-        assert out[0] == decoder.greedy(requests[row]["ids"], TOKENS)[0].tolist()
-    # Batched rows may leave the batch-1 path only where the batch's numerics flip a near-tie.
-    single = build_reference(decoder, reference.prompts[:6], TOKENS)
-    for ids, margins, ref_ids, ref_margins in zip(single.tokens, single.margins,
-                                                  reference.tokens, reference.margins,
-                                                  strict=False):  # 6 of 16 rows
-        n = min(len(ids), len(ref_ids))
-        diverged = np.flatnonzero(ids[:n] != ref_ids[:n])
-        if diverged.size:
-            first = diverged[0]
-            assert max(margins[first], ref_margins[first]) <= 0.25
-        else:
-            assert len(ids) == len(ref_ids)
+def test_reference_is_the_engines_plain_decoding(tiny):
+    ref = tiny.reference
+    assert all(len(t) == tiny.tokens for t in ref.tokens)  # random prompts: no stop id
+    for row in (0, 3):
+        prompt = tiny.judged[row]["ids"]
+        engine = Engine(tiny.stock.model, batch=1, max_seq_len=len(prompt) + tiny.tokens)
+        out = generate(engine, [prompt], max_new_tokens=tiny.tokens, stop_ids=tiny.stop_ids)
+        assert out[0] == ref.tokens[row].tolist()
     assert all(len(m) == len(t) and (m >= 0).all()
-               for m, t in zip(reference.margins, reference.tokens, strict=True))
+               for m, t in zip(ref.margins, ref.tokens, strict=True))
 
 
-def test_forced_scoring_lines_up_with_the_reference(stock, reference, stock_trace):
-    # an off-by-one in the forced positions would give a mismatch rate near 100%
-    assert _mismatch_rate(stock_trace, reference) < 0.05
-    steps = stock.scorer(method="steps").trace(reference)
-    assert _mismatch_rate(steps, reference) < 0.01  # the decode path reproduces its own tokens
+@pytest.mark.parametrize("path", ["decode", "chain:4", "tree:5"])
+def test_every_path_lines_up_with_the_reference(tiny, path):
+    # at batch 1 the decode path is the reference's own; the verify step gives a node the bits
+    # of a decode step, so an off-by-one in the forced positions is all that could differ
+    assert tiny.mismatches(tiny.trace(batch=1, path=path)) == 0
 
 
-def test_planted_defect_is_rejected(demo_bf16, stock, reference, stock_trace):
-    defect = load_system(SystemSpec(str(demo_bf16), mode="bf16", planted_defect=DEFECT_AT))
-    trace = defect.scorer().trace(reference)
-    verdict = judge(reference, stock_trace, trace)
+def test_cache_defect_is_missed_by_prefill_and_rejected_through_the_steps(tiny):
+    blind = tiny.trace(path="prefill", defect=CACHE_DEFECT)
+    clean = tiny.trace(path="prefill")
+    for a, b in zip(blind.top1, clean.top1, strict=True):
+        assert np.array_equal(a, b)  # the prefill path never reads the cache
+    for path in ("decode", "chain:4"):
+        verdict = tiny.verdict(tiny.system(path=path, defect=CACHE_DEFECT))
+        assert not verdict.accepted, verdict.report()
+
+
+def test_logit_bias_defect_is_rejected(tiny):
+    defect = tiny.system(defect=f"logit-bias:{DEFECT_AT}")
+    trace = defect.scorer().trace(tiny.reference)
+    verdict = tiny.verdict(defect)
     assert not verdict.accepted, verdict.report()
-    assert verdict.excess_lower > 0.005 and verdict.margin_p < 0.05
-    for cand, base in zip(trace.top1, stock_trace.top1, strict=True):
-        assert np.array_equal(cand[:DEFECT_AT], base[:DEFECT_AT])  # untouched before P
-    assert any(not np.array_equal(c, b) for c, b in zip(trace.top1, stock_trace.top1,
-                                                         strict=True))
+    for cand, ref in zip(trace.top1, tiny.reference.tokens, strict=True):
+        assert np.array_equal(cand[:DEFECT_AT], ref[:DEFECT_AT])  # untouched before P
     assert all(e.position >= DEFECT_AT for e in verdict.audit)
 
 
-def test_identical_system_is_accepted(demo_bf16, stock, prompts):
-    requests, stop_ids = prompts
-    again = load_system(SystemSpec(str(demo_bf16), mode="bf16"))
-    result = forcing_verdict(stock, again, requests, tokens=TOKENS, stop_ids=stop_ids)
-    assert result.verdict.accepted, result.verdict.report()
-    assert result.verdict.excess == 0.0 and result.reference_tokens > PROMPTS * TOKENS // 2
-
-
-def test_w12_folder_is_accepted_against_bf16(demo_bf16, stock, reference, stock_trace,
-                                             tmp_path_factory):
-    from converters.hf import ConvertOptions, convert_folder
-
-    folder = tmp_path_factory.mktemp("demo") / "w12"
-    convert_folder(src=demo_bf16, dst=folder, options=ConvertOptions(), progress=False)
-    w12 = load_system(SystemSpec(str(folder)))
+@pytest.mark.parametrize("path", ["chain:4", "tree:7"])
+def test_w12_speculative_verify_is_accepted(tiny, path):
+    w12 = tiny.system(mode="w12", path=path)
     assert w12.loaded.mode == "w12" and w12.model.layers[0].w13.is_w12
-    trace = w12.scorer().trace(reference)
-    verdict = judge(reference, stock_trace, trace)
+    verdict = tiny.verdict(w12)
     assert verdict.accepted, verdict.report()
-    # On the CPU the W12 op decodes the exact BF16 weights and runs the same matmul.
-    for cand, base in zip(trace.top1, stock_trace.top1, strict=True):
-        assert np.array_equal(cand, base)
 
 
-def test_generation_runner_counts_only_real_rows(stock, prompts):
-    requests, _ = prompts
-    runner = stock.runner(max_new=3)
-    sample = runner.run(requests[:3])
+def test_real_model_cache_defect_is_rejected_through_the_decode_step(demo):
+    verdict = demo.verdict(demo.system(defect=CACHE_DEFECT))
+    assert not verdict.accepted, verdict.report()
+
+
+def test_real_model_bf16_at_another_batch_is_accepted(demo):
+    verdict = demo.verdict(demo.system(batch=3))
+    assert verdict.accepted, verdict.report()
+    assert sum(map(len, demo.reference.tokens)) > len(demo.judged) * demo.tokens // 2
+
+
+def test_defect_that_cannot_fire_is_refused():
+    common = ["forcing", TINY, TINY, "--tokens", "16", "--prompts", "2",
+              "--calibration-prompts", "2", "--source", "random", "--device", "cpu"]
+    result = CliRunner().invoke(tune_group, common + ["--defect", "logit-bias:16"])
+    assert result.exit_code == 2 and "cannot fire" in result.output
+    far = CliRunner().invoke(tune_group, common + ["--defect", "kv-shift:4096"])
+    assert far.exit_code == 2 and "cannot fire" in far.output
+    bad = CliRunner().invoke(tune_group, common + ["--defect", "kv-shift:x"])
+    assert bad.exit_code == 2 and "use one of logit-bias:P" in bad.output
+
+
+def test_generation_runner_counts_only_real_rows(tiny):
+    runner = tiny.stock.runner(max_new=3)
+    sample = runner.run(tiny.judged[:3])
     assert sample.tokens == 9 and sample.seconds > 0
-    gen = GenerationRunner(stock.model, batch=2, max_new=3)
-    first = gen.generate(requests[:3])
+    gen = GenerationRunner(tiny.stock.model, batch=2, max_new=3)
+    first = gen.generate(tiny.judged[:3])
     assert [len(o) for o in first] == [3, 3, 3]
-    forced_logits(stock.model, [requests[0]["ids"]], [[1, 2]])  # replaces the model's cache
-    assert gen.generate(requests[:3]) == first  # the runner rebuilt its engine
 
 
 def test_step_costs_count_the_models_linears():
@@ -202,7 +218,8 @@ def test_explain_cli_on_a_tiny_preset(tmp_path):
         assert d["t_floor"] > 0 and d["t_prof"] > 0
     assert data["sizes"]["1"]["decomposition"]["tau"] == 1.0
     assert "decomposition" not in data["sizes"]["8"]  # tau(8) was not given
-    assert "tau(8) not measured" in result.output and result.output.count("check:") == 2
+    assert "tau(8) not measured" in result.output
+    assert all("warnings" in data["sizes"][n] for n in ("1", "4", "8"))
     if has_plot:
         assert (tmp_path / "chart-N1.png").stat().st_size > 0
         assert (tmp_path / "chart-N4.png").stat().st_size > 0
@@ -224,16 +241,17 @@ def test_module_entry_point_explains_on_cpu():
          "1", "--device", "cpu", "--context", "32"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "T_floor" in result.stdout and "check: acceptance x kernels x overhead" in \
-        result.stdout
+    assert "T_floor" in result.stdout and "N=1" in result.stdout
+
+
+PROVE_SIZES = ["--prompts", "8", "--calibration-prompts", "2", "--tokens", "16",
+               "--run-prompts", "2", "--run-tokens", "4", "--context", "32", "--device", "cpu"]
 
 
 def test_prove_rejects_a_planted_defect_and_keeps_the_final_set_sealed(tmp_path):
     result = CliRunner().invoke(tune_group, [
-        "prove", "synthetic:tiny-qwen3", "synthetic:tiny-qwen3", "--planted-defect", "2",
-        "--prompts", "12", "--tokens", "24", "--run-prompts", "2", "--run-tokens", "4",
-        "--context", "32", "--device", "cpu", "--out", str(tmp_path), "--json",
-        str(tmp_path / "prove.json")])
+        "prove", "synthetic:tiny-qwen3", "synthetic:tiny-qwen3", "--defect", "logit-bias:2",
+        *PROVE_SIZES, "--out", str(tmp_path), "--json", str(tmp_path / "prove.json")])
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "prove.json").read_text())
     assert not data["tuning"]["forcing"]["verdict"]["accepted"] and "final" not in data
@@ -242,42 +260,55 @@ def test_prove_rejects_a_planted_defect_and_keeps_the_final_set_sealed(tmp_path)
     records = read_log(tmp_path / "controller.jsonl")
     decision = records[-1]
     assert decision["kind"] == "decision" and decision["outputs_differ"]
-    assert decision["candidate_config"]["candidate"]["planted_defect"] == 2
+    assert decision["candidate_config"]["candidate"]["defect"] == "logit-bias:2"
     assert sum(r["kind"] == "sample" for r in records) == 2 + 4 * 20
 
 
-def test_prove_w12_candidate_runs_every_judge(tmp_path):
+@pytest.fixture
+def decided(monkeypatch):
+    """Replaces the timed paired runs by a decision on fixed log ratios (the controller has
+    its own tests), so prove's branching is tested on a known outcome, not on this machine's
+    timing."""
+
+    def fix(gain: float) -> None:
+        def compare(self, incumbent, candidate, requests, *, candidate_config):
+            noise = 0.001 * np.random.default_rng(0).standard_normal((2, ctl.ROUNDS))
+            return ctl.decide(math.log1p(gain) + noise[0], noise[1], outputs_differ=False)
+
+        monkeypatch.setattr(ctl.Controller, "compare", compare)
+
+    return fix
+
+
+@pytest.mark.parametrize("gain", [0.0, 0.2])
+def test_prove_w12_candidate_runs_every_judge(tmp_path, decided, gain):
+    decided(gain)
     result = CliRunner().invoke(tune_group, [
         "prove", "synthetic:tiny-qwen3", "synthetic:tiny-qwen3", "--candidate-mode", "w12",
-        "--candidate-batch", "2", "--prompts", "12", "--tokens", "24", "--run-prompts", "2",
-        "--run-tokens", "4", "--context", "32", "--device", "cpu", "--out", str(tmp_path),
+        "--candidate-batch", "2", "--path", "chain:3", *PROVE_SIZES, "--out", str(tmp_path),
         "--json", str(tmp_path / "prove.json")])
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "prove.json").read_text())
     assert data["tuning"]["forcing"]["verdict"]["accepted"]  # W12 is lossless
     assert data["cost_model"]["sizes"]["1"]["decomposition"]["tau"] == 1.0
     assert data["cost_model"]["mode"] == "w12" and data["cost_model"]["batch"] == 2
-    promoted = data["tuning"]["decision"]["promote"]  # a timing outcome: either is valid
-    assert ("final" in data) == promoted
-    assert (tmp_path / "sealed.jsonl").exists() == promoted
-    if promoted:  # the held-out set was judged too, and its opening was logged once
+    assert data["tuning"]["decision"]["promote"] == (gain > 0)
+    assert ("final" in data) == (gain > 0)
+    assert (tmp_path / "sealed.jsonl").exists() == (gain > 0)
+    if gain > 0:  # the held-out set was judged too, and its opening was logged once
         assert data["final"]["forcing"]["verdict"]["accepted"]
         lines = (tmp_path / "sealed.jsonl").read_text().splitlines()
         assert len(lines) == 1 and json.loads(lines[0])["kind"] == "final_access"
 
 
-def test_prove_opens_the_final_set_once_for_a_passing_candidate(tmp_path):
-    # Four requests per engine batch against one: far faster on any machine, same tokens.
+def test_prove_opens_the_final_set_once_for_a_passing_candidate(tmp_path, decided):
+    decided(0.2)
     args = ["prove", "synthetic:tiny-qwen3", "synthetic:tiny-qwen3", "--candidate-batch", "4",
-            "--prompts", "8", "--tokens", "16", "--run-prompts", "4", "--run-tokens", "4",
-            "--context", "32", "--device", "cpu", "--out", str(tmp_path), "--json",
-            str(tmp_path / "prove.json")]
+            *PROVE_SIZES, "--out", str(tmp_path), "--json", str(tmp_path / "prove.json")]
     result = CliRunner().invoke(tune_group, args)
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "prove.json").read_text())
     assert data["tuning"]["forcing"]["verdict"]["accepted"]
-    if not data["tuning"]["decision"]["promote"]:
-        pytest.skip(f"not promoted on this machine: {data['tuning']['decision']['reason']}")
     assert data["final"]["forcing"]["verdict"]["accepted"] and "final (held-out)" in \
         result.output
     again = CliRunner().invoke(tune_group, args)
@@ -286,10 +317,10 @@ def test_prove_opens_the_final_set_once_for_a_passing_candidate(tmp_path):
         warnings.simplefilter("always")
         forced = CliRunner().invoke(tune_group, args + ["--force-final"])
     assert forced.exit_code == 0, forced.output
-    looked_again = "final" in json.loads((tmp_path / "prove.json").read_text())
+    assert "final" in json.loads((tmp_path / "prove.json").read_text())
     accesses = [json.loads(line) for line in (tmp_path / "sealed.jsonl").read_text().splitlines()]
-    assert [a["forced"] for a in accesses] == ([False, True] if looked_again else [False])
-    assert any("opened again" in str(w.message) for w in caught) == looked_again
+    assert [a["forced"] for a in accesses] == [False, True]
+    assert any("opened again" in str(w.message) for w in caught)
 
 
 def _has_matplotlib() -> bool:
@@ -298,12 +329,3 @@ def _has_matplotlib() -> bool:
     except ImportError:
         return False
     return True
-
-
-def test_forced_logits_match_single_row_forwards(stock, reference):
-    # right padding in a batch must not change a row's logits beyond rounding of other shapes
-    rows = forced_logits(stock.model, reference.prompts[:2], reference.tokens[:2])
-    alone = forced_logits(stock.model, reference.prompts[:1], reference.tokens[:1])[0]
-    assert rows[0].shape == (len(reference.tokens[0]), stock.model.args.vocab_size)
-    agree = (rows[0].argmax(-1) == alone.argmax(-1)).float().mean().item()
-    assert agree >= 0.95

@@ -34,11 +34,26 @@ def test_gain_below_floor_is_not_promoted(tmp_path):
 
 
 def test_changed_outputs_demand_three_percent(tmp_path):
-    same = _compare(tmp_path, 0.025)
-    changed = _compare(tmp_path, 0.025, digest="other")
+    same = _compare(tmp_path, 0.025, noise=0.002)
+    changed = _compare(tmp_path, 0.025, noise=0.002, digest="other")
     assert same.promote and not changed.promote
     assert changed.outputs_differ and changed.bar >= ctl.MIN_GAIN_CHANGED_OUTPUT
-    assert _compare(tmp_path, 0.06, digest="other").promote
+    assert _compare(tmp_path, 0.06, noise=0.002, digest="other").promote
+
+
+def test_noise_is_the_run_to_run_spread_and_does_not_shrink_with_rounds():
+    """Two runs of one system 0.5% apart, read over 20 or 2000 A/A pairs: the same noise
+    (about sqrt(2) x 0.5%), while the standard error of the A/A mean falls tenfold."""
+    rng = np.random.default_rng(3)
+    few = paired_log_ratios(rng, sims=1, pairs=20, gain=0.0, noise=0.005)[0]
+    many = paired_log_ratios(rng, sims=1, pairs=2000, gain=0.0, noise=0.005)[0]
+    ab = np.full(20, np.log(1.02))
+    d_few = decide(ab, few, outputs_differ=False)
+    d_many = decide(ab, many, outputs_differ=False)
+    assert d_many.noise == pytest.approx(0.005 * np.sqrt(2), rel=0.05)
+    assert d_few.noise == pytest.approx(d_many.noise, rel=0.4)
+    assert d_many.self_gain.log_std_error < d_few.self_gain.log_std_error / 5
+    assert not d_many.promote  # 2% is inside 1% + 2 x 0.7%: the bar did not fall with rounds
 
 
 def test_unknown_outputs_count_as_changed(tmp_path):

@@ -15,6 +15,7 @@ from spec_tuning.cost_model import (
     explain,
     kernel_floor,
     measure_peaks,
+    measurement_warnings,
     speedup,
     speedup_curve,
 )
@@ -135,3 +136,16 @@ def test_explain_writes_table_and_png(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     d = decompose(prof, tau=2.5, tau_best=3.0, t_ar=2e-3, peaks=PEAKS)
     assert f"{d.factors['acceptance']:.3f}x" in table
+
+
+def test_measurements_that_contradict_each_other_are_flagged():
+    assert measurement_warnings(t_ar=1e-3, t_step=1.5e-3, tree_size=4, t_prof=1e-3,
+                                t_floor=0.5e-3) == []
+    cheap = measurement_warnings(t_ar=1e-3, t_step=0.8e-3, tree_size=4)
+    assert len(cheap) == 1 and "c(4) = 0.800 < 1" in cheap[0]
+    assert measurement_warnings(t_ar=1e-3, t_step=0.8e-3, tree_size=1) == []  # N = 1: T_AR
+    long_kernels = measurement_warnings(t_ar=1e-3, t_step=1e-3, tree_size=1, t_prof=1.2e-3)
+    assert len(long_kernels) == 1 and "overhead factor < 1" in long_kernels[0]
+    below_floor = measurement_warnings(t_ar=1e-3, t_step=1e-3, tree_size=1, t_prof=0.5e-3,
+                                       t_floor=0.6e-3)
+    assert len(below_floor) == 1 and "faster than their floor" in below_floor[0]

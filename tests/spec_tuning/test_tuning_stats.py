@@ -4,11 +4,15 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
+from spec_tuning.forcing import ALPHA as FAMILY_ALPHA
+from spec_tuning.forcing import MISMATCH_MARGIN
 from spec_tuning.simulate import clustered_paired_counts, paired_log_ratios
 from spec_tuning.stats import (
     binomial_excess_p,
+    binomial_floor_p,
     clopper_pearson,
     cluster_rate,
+    holm,
     paired_excess_arrays,
     paired_excess_test,
     rate_tolerance,
@@ -42,10 +46,20 @@ def test_excess_test_needs_two_prompts():
         paired_excess_test([3], [1], [100], margin=MARGIN, alpha=ALPHA)
 
 
-def test_identical_systems_are_never_rejected():
-    counts = np.array([3, 0, 7, 1])
-    t = paired_excess_test(counts, counts, [128] * 4, margin=MARGIN, alpha=ALPHA)
-    assert t.excess == 0.0 and t.p_value == 1.0 and not t.reject
+def test_zero_standard_error_keeps_the_exact_binomial_p_value():
+    # every prompt one extra mismatch: the cluster standard error is zero
+    t = paired_excess_test([1, 1], [0, 0], [128, 128], margin=MARGIN, alpha=ALPHA)
+    assert t.std_error == 0.0 and not t.reject
+    assert t.p_value == pytest.approx(sps.binom.sf(1, 256, MARGIN))
+    assert t.lower < MARGIN  # the bound does not claim what the test cannot
+    many = paired_excess_test([9] * 16, [0] * 16, [128] * 16, margin=MARGIN, alpha=ALPHA)
+    assert many.reject and many.p_value == pytest.approx(binomial_floor_p(144, 2048, MARGIN))
+
+
+def test_holm_adjusts_the_smaller_p_value_twice():
+    np.testing.assert_allclose(holm([0.01, 0.04]), [0.02, 0.04])
+    np.testing.assert_allclose(holm([0.04, 0.03]), [0.06, 0.06])
+    np.testing.assert_allclose(holm([0.9, 0.001]), [0.9, 0.002])
 
 
 # (prompts, positions per prompt, difficulty dispersion, mean mismatch run length)
@@ -107,3 +121,33 @@ def test_ratio_lower_bound_coverage():
     above = np.array([ratio_lower_bound(r, 0.95).lower > gain for r in ratios])
     assert above.mean() <= ALPHA + rate_tolerance(ALPHA, sims)
     assert above.mean() >= ALPHA - rate_tolerance(ALPHA, sims)  # exact, not just conservative
+
+
+# The command line's default sample: 32 judged prompts x 128 tokens.
+CLI_PROMPTS, CLI_TOKENS = 32, 128
+
+
+def _mismatch_rejects(rng, excess, *, dispersion, burst, sims=4000):
+    """Rejections of the mismatch rule at the family level it gets from Holm when the other
+    rule shows nothing (the adjusted p-value is twice its own)."""
+    cand, stock = clustered_paired_counts(
+        rng, sims=sims, prompts=CLI_PROMPTS, positions=CLI_TOKENS, stock_rate=0.01,
+        excess=excess, shared_rate=0.003, dispersion=dispersion, burst=burst)
+    p = paired_excess_arrays(cand, stock, CLI_TOKENS, margin=MISMATCH_MARGIN,
+                             alpha=FAMILY_ALPHA)[3]
+    return np.minimum(1.0, 2 * p) < FAMILY_ALPHA
+
+
+@pytest.mark.parametrize("dispersion,burst", [(0.0, 1.0), (1.0, 4.0)])
+def test_mismatch_rule_at_the_cli_sample_size_false_rejects_and_power(dispersion, burst):
+    """At the boundary (0.5 pp) a lossless-by-the-rule candidate is rejected at most 5% of
+    the time; the power grows with the excess (1 and 2 pp over the stock: the notebook
+    records the measured values)."""
+    rng = np.random.default_rng(31)
+    at_boundary = _mismatch_rejects(rng, MISMATCH_MARGIN, dispersion=dispersion, burst=burst)
+    one_point = _mismatch_rejects(rng, 0.01, dispersion=dispersion, burst=burst)
+    two_points = _mismatch_rejects(rng, 0.02, dispersion=dispersion, burst=burst)
+    assert at_boundary.mean() <= FAMILY_ALPHA + rate_tolerance(FAMILY_ALPHA, at_boundary.size)
+    assert at_boundary.mean() < one_point.mean() < two_points.mean()
+    if dispersion == 0.0:  # independent positions: a 1-point excess is found often
+        assert one_point.mean() >= 0.4 and two_points.mean() >= 0.95
