@@ -71,12 +71,21 @@ def gumbel_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     return -torch.log(-torch.log(u))
 
 
+def row_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """``x.cumsum(-1)`` for [R, V] with each row's bits independent of R: on a GPU torch scans
+    a lone row with another kernel (another summation order) than a batch of rows, so one row
+    is scanned as the first of two."""
+    if x.shape[0] == 1:
+        return torch.cat([x, x]).cumsum(dim=-1)[:1]
+    return x.cumsum(dim=-1)
+
+
 def top_p_mask(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
     """[R, V] boolean: the smallest set of highest-probability tokens whose mass reaches
     ``top_p`` (the most likely token always stays)."""
     probs = torch.softmax(scaled, dim=-1)
     sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
-    outside = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p
+    outside = row_cumsum(sorted_probs) - sorted_probs > top_p
     return torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, ~outside)
 
 

@@ -8,6 +8,11 @@
 #                                     # chain, early-exit tree; greedy and sampled), bench spec
 #   bash lab/device_spec.sh scale     # bench spec --forced-accept on the Qwen3-8B/32B presets,
 #                                     # W12 and BF16
+#   bash lab/device_spec.sh exactness # the demo model at batch 8 greedy with and without compiled
+#                                     # ops, sampled at batch 1 under CUDA_LAUNCH_BLOCKING=1, and
+#                                     # lab/spec_divergence.py on it
+#   bash lab/device_spec.sh forcing   # lab/forcing_bits.py: decode and verify logits bits at batch
+#                                     # 8 (the synthetic model, and the demo model if converted)
 #   bash lab/device_spec.sh attention # the tree-attention benchmark
 #   bash lab/device_spec.sh divergence # batch > 1: lab/spec_divergence.py (verify rows against
 #                                     # plain steps, linear by linear) and, with the demo model,
@@ -21,7 +26,7 @@
 # Logs and JSON go to $OUT (default ./out). W12_CACHE must hold the demo model's GGUF for
 # "demo" (the cache layout of converters.demo_models). Each step has its own time limit.
 set -uo pipefail
-STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|attention|drafter|drafter-eval [DIR]}
+STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|forcing|attention|drafter|drafter-eval [DIR]}
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
@@ -37,7 +42,7 @@ run() {  # run LIMIT NAME CMD...: the command's output into $OUT/NAME.txt, its t
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.txt"
 case $STAGE in
 tests)
-  TAIL=4 run ${TEST_LIMIT:-150} tests-tree-attention $PY -m pytest -q -x -p no:cacheprovider \
+  TAIL=4 run ${TEST_LIMIT:-150} tests-tree-attention $PY -m pytest -q -p no:cacheprovider \
     tests/w12_kernels/test_tree_attention.py tests/w12_kernels/test_norm.py -k "gpu or cuda"
   TAIL=4 run ${TEST_LIMIT:-150} tests-gemm-demo-shapes $PY -m pytest -q -p no:cacheprovider \
     tests/w12_kernels/test_gemm_cuda.py -k demo_models_shapes
@@ -97,6 +102,29 @@ divergence)
       "$MODEL" --drafter ngram --chain --budget 16 --prompts "${PROMPTS:-humaneval}" \
       --max-new-tokens 256 --temperature 0.7 --top-p 0.95 --seed 1 --quiet
   fi
+  ;;
+exactness)  # batch > 1 on the demo model: compiled ops or not, greedy; sampled at batch 1
+  $W12 demo --quiet > "$OUT/demo.txt" 2>&1 || { tail "$OUT/demo.txt"; exit 1; }
+  MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 | head -1)
+  for c in compile no-compile; do
+    TAIL=3 run ${CHECK_LIMIT:-100} "check-b8-greedy-$c" $W12 spec check "$MODEL" --drafter ngram \
+      --chain --budget 16 --batch 8 --prompts "${PROMPTS:-humaneval}" --limit ${LIMIT:-48} \
+      --max-new-tokens 256 --$c --quiet
+  done
+  CUDA_LAUNCH_BLOCKING=1 TAIL=30 run ${CHECK_LIMIT:-100} check-sampled-blocking $W12 spec check \
+    "$MODEL" --drafter ngram --chain --budget 16 --prompts "${PROMPTS:-humaneval}" --limit 16 \
+    --max-new-tokens 256 --temperature 0.7 --top-p 0.95 --seed 1 --quiet
+  for c in "" --compile; do
+    TAIL=20 run ${DIVERGENCE_LIMIT:-100} "divergence-demo$c" $PY lab/spec_divergence.py \
+      --model "$MODEL" --batch 8 --nodes 16 $c
+  done
+  ;;
+forcing)  # logits bits of decode and verify at one batch, forced along one continuation
+  MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 2>/dev/null | head -1)
+  for m in synthetic:smollm2-135m $MODEL; do
+    TAIL=24 run ${FORCING_LIMIT:-200} "forcing-${m##*/}" $PY lab/forcing_bits.py --model "$m" \
+      --paths ${PATHS:-decode:8,chain:8,tree:8} --steps ${STEPS:-300}
+  done
   ;;
 attention)
   TAIL=30 run 200 tree-attention $PY benchmarks/tree_attention.py --json "$OUT/tree-attention.json"

@@ -71,3 +71,25 @@ def test_tree_attention_decodes_like_torch_attention(mode):
     for a, b in zip(plain, replayed, strict=True):
         assert torch.isfinite(b).all()
         assert ((a - b).norm() / a.norm()).item() < 2e-2
+
+
+def test_sampling_rows_do_not_depend_on_the_row_count():
+    """The top-p nucleus and the keyed draw of a row are the same whether the row is drawn
+    alone (plain decoding at batch 1) or among the rows of a verify step (a lone row's cumsum
+    takes another CUDA kernel than a batch's)."""
+    from engine.sampling import Sampling, choose, row_cumsum, top_p_mask
+
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(64, 49152, generator=gen) * 4).cuda()
+    probs = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)[0]
+    full = row_cumsum(probs)
+    mask = top_p_mask(logits, 0.9)
+    sampling = Sampling(0.7, 0.9, 5)
+    picks = choose(logits, sampling, torch.zeros(64, dtype=torch.long, device="cuda"),
+                   torch.arange(64, device="cuda"))
+    for r in range(0, 64, 7):
+        assert torch.equal(row_cumsum(probs[r:r + 1]), full[r:r + 1])
+        assert torch.equal(top_p_mask(logits[r:r + 1], 0.9), mask[r:r + 1])
+        one = choose(logits[r:r + 1], sampling, torch.zeros(1, dtype=torch.long, device="cuda"),
+                     torch.tensor([r], device="cuda"))
+        assert int(one) == int(picks[r])
