@@ -4,8 +4,9 @@ The loop mirrors ``engine.generate.generate``: the same prefill, the same first 
 keyed pick from the prefill's logits), the same stop rules (a stop id ends a row and is kept;
 ``max_new_tokens`` caps it). Each step commits one or more tokens per row; a row's output is
 cut at its first stop and at ``max_new_tokens``, so it is exactly the list plain decoding
-returns. A finished row stops advancing (its length is put back after each step), so the
-cache needs room for ``prompt + max_new_tokens + budget`` positions.
+returns. A finished row is parked at its prompt length while the others go on (its steps
+then write scratch slots after its prompt), so the cache needs room for
+``prompt + max_new_tokens + budget`` positions.
 """
 
 from __future__ import annotations
@@ -146,11 +147,9 @@ def speculative_generate(
         take(row, [token])
     drafter.start(prompts, first)
     cache = engine.cache
+    prompt_lengths = torch.tensor(lengths, device=device)
     while not all(done):
-        active = torch.tensor([not d for d in done], device=device)
-        before = cache.lengths.clone()
         verdict = runner.step(roots)
-        cache.lengths.copy_(torch.where(active, cache.lengths, before))
         counts = (verdict.accepted + 1).tolist()
         q_counts = (runner.q_verdict.accepted + 1).tolist() if runner.two_level else None
         emitted = verdict.emitted.tolist()
@@ -162,6 +161,11 @@ def speculative_generate(
                     stats.q_committed.append(q_counts[row])
                 take(row, committed[row])
         stats.steps += 1
+        # a finished row is parked at its prompt: its later (discarded) steps write scratch
+        # slots there, never past the cache (a row can finish up to budget - 1 tokens beyond
+        # max_new_tokens, and each step writes budget slots past its length)
+        finished = torch.tensor(done, device=device)
+        cache.lengths.copy_(torch.where(finished, prompt_lengths, cache.lengths))
         drafter.observe(committed)
         roots = verdict.emitted.gather(1, verdict.accepted[:, None])[:, 0]
     return outputs, stats

@@ -161,6 +161,24 @@ def test_stop_ids_cut_rows_as_plain_decoding_does(tiny_folder):
     assert spec == plain and len(spec[0]) == 6
 
 
+def test_a_finished_row_never_writes_past_the_cache(tiny_folder):
+    """Row 0 (the longest prompt) finishes in a step that accepts past ``max_new_tokens``
+    while the others go on accepting nothing; in the smallest cache the length check allows,
+    its later steps must not write past the last slot (nor corrupt the other rows)."""
+    model = load_model(tiny_folder("llama"), dtype=torch.float32).model
+    vocab, new, budget = model.args.vocab_size, 21, 6
+    seq = max(map(len, PROMPTS)) + new + budget
+    plain = generate(Engine(model, batch=3, max_seq_len=seq), PROMPTS, max_new_tokens=new)
+    longer = generate(Engine(model, batch=3, max_seq_len=seq + budget), PROMPTS,
+                      max_new_tokens=new + budget)  # row 0's drafts run past max_new_tokens
+    answers = [longer[0]] + [[(t + 1) % vocab for t in row] for row in plain[1:]]
+    spec, stats = speculative_generate(Engine(model, batch=3, max_seq_len=seq),
+                                       OracleDrafter(answers, vocab), PROMPTS,
+                                       max_new_tokens=new, budget=budget, tree=False)
+    assert spec == plain
+    assert stats.committed[:3] == [budget, 1, 1]  # row 0 accepts all, the others nothing
+
+
 def test_a_verify_that_keys_noise_wrongly_is_caught(tiny_folder, monkeypatch):
     """The equality above can fail: picks keyed by the wrong position change sampled text."""
     model = load_model(tiny_folder("llama"), dtype=torch.float32).model
