@@ -8,9 +8,8 @@
 #                                     # chain, early-exit tree; greedy and sampled), bench spec
 #   bash lab/device_spec.sh scale     # bench spec --forced-accept on the Qwen3-8B/32B presets,
 #                                     # W12 and BF16
-#   bash lab/device_spec.sh exactness # the demo model at batch 8 greedy with and without compiled
-#                                     # ops, sampled at batch 1 under CUDA_LAUNCH_BLOCKING=1, and
-#                                     # lab/spec_divergence.py on it
+#   bash lab/device_spec.sh exactness # the demo model at batch 8 greedy and sampled, and sampled
+#                                     # at batch 1 under CUDA_LAUNCH_BLOCKING=1
 #   bash lab/device_spec.sh forcing   # lab/forcing_bits.py: decode and verify logits bits at batch
 #                                     # 8 (the synthetic model, and the demo model if converted)
 #   bash lab/device_spec.sh attention # the tree-attention benchmark
@@ -103,21 +102,18 @@ divergence)
       --max-new-tokens 256 --temperature 0.7 --top-p 0.95 --seed 1 --quiet
   fi
   ;;
-exactness)  # batch > 1 on the demo model: compiled ops or not, greedy; sampled at batch 1
+exactness)  # the demo model: batch 8 greedy and sampled, sampled at batch 1 (all prompts)
   $W12 demo --quiet > "$OUT/demo.txt" 2>&1 || { tail "$OUT/demo.txt"; exit 1; }
   MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 | head -1)
-  for c in compile no-compile; do
-    TAIL=3 run ${CHECK_LIMIT:-100} "check-b8-greedy-$c" $W12 spec check "$MODEL" --drafter ngram \
+  for s in "greedy:--temperature 0" "sampled:--temperature 0.7 --top-p 0.95 --seed 1"; do
+    name=${s%%:*}; flags=${s#*:}
+    TAIL=3 run ${CHECK_LIMIT:-100} "check-b8-$name" $W12 spec check "$MODEL" --drafter ngram \
       --chain --budget 16 --batch 8 --prompts "${PROMPTS:-humaneval}" --limit ${LIMIT:-48} \
-      --max-new-tokens 256 --$c --quiet
+      --max-new-tokens 256 $flags --quiet
   done
-  CUDA_LAUNCH_BLOCKING=1 TAIL=30 run ${CHECK_LIMIT:-100} check-sampled-blocking $W12 spec check \
-    "$MODEL" --drafter ngram --chain --budget 16 --prompts "${PROMPTS:-humaneval}" --limit 16 \
+  CUDA_LAUNCH_BLOCKING=1 TAIL=30 run ${B1_LIMIT:-150} check-b1-sampled-blocking $W12 spec check \
+    "$MODEL" --drafter ngram --chain --budget 16 --prompts "${PROMPTS:-humaneval}" \
     --max-new-tokens 256 --temperature 0.7 --top-p 0.95 --seed 1 --quiet
-  for c in "" --compile; do
-    TAIL=20 run ${DIVERGENCE_LIMIT:-100} "divergence-demo$c" $PY lab/spec_divergence.py \
-      --model "$MODEL" --batch 8 --nodes 16 $c
-  done
   ;;
 forcing)  # logits bits of decode and verify at one batch, forced along one continuation
   MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 2>/dev/null | head -1)
