@@ -16,6 +16,7 @@ from w12_cli.options import (
     json_out,
     positive_int_list,
     sampling,
+    two_level,
 )
 
 
@@ -96,6 +97,7 @@ def _modes(ctx, param, value: str) -> tuple[str, ...]:
                    "at scale on random weights (tau forced; the speed-up is a projection).")
 @click.option("--context", default=512, show_default=True, type=click.IntRange(1),
               help="Prompt length of the random prompts of a synthetic model.")
+@two_level
 @sampling
 @click.option("--bf16/--w12", "bf16", default=None,
               help="Linear layers in BF16 or W12 (default: W12 for a W12 folder, else BF16).")
@@ -103,13 +105,15 @@ def _modes(ctx, param, value: str) -> tuple[str, ...]:
 @compile_ops
 @json_out
 def bench_spec_command(model, drafter, prompts_path, limit, budgets, modes, max_new_tokens,
-                       forced_accept, context, temperature, top_p, seed, bf16, device,
-                       compile_, json_path):
+                       forced_accept, context, two_level, temperature, top_p, seed, bf16,
+                       device, compile_, json_path):
     """Time speculative decoding of MODEL against plain decoding in the same run.
 
     Per budget: tau (tokens per verify step, bonus included), c = T_step / T_AR, tokens/s and
     the speed-up over plain decoding. MODEL is a folder, or synthetic:PRESET with
-    --forced-accept (c(N) at real sizes; tau / c is then a projection).
+    --forced-accept (c(N) at real sizes; tau / c is then a projection). With --two-level Q
+    (a W12 folder) every budget above Q is also timed with two-level verification, as rows of
+    its own.
     """
     from engine.sampling import Sampling
     from engine.speculative.bench import as_dicts, bench_spec, load_for_bench, summary
@@ -119,6 +123,9 @@ def bench_spec_command(model, drafter, prompts_path, limit, budgets, modes, max_
                                "drafter folder)")
     if max(budgets) > 128:
         raise click.BadParameter(f"{max(budgets)} nodes: at most 128", param_hint="--budgets")
+    if two_level is not None and forced_accept is not None:
+        raise click.BadParameter("two-level verification times two passes; --forced-accept "
+                                 "fixes what one pass accepts", param_hint="--two-level")
     mode = None if bf16 is None else ("bf16" if bf16 else "w12")
     loaded, prompts, stop_ids = load_for_bench(model, prompts_path, limit=limit, mode=mode,
                                                device=device, forced_accept=forced_accept,
@@ -126,7 +133,8 @@ def bench_spec_command(model, drafter, prompts_path, limit, budgets, modes, max_
     rows = bench_spec(loaded, prompts, drafter=drafter, budgets=budgets, modes=modes,
                       max_new_tokens=max_new_tokens, forced_accept=forced_accept,
                       sampling=Sampling(temperature, top_p, seed), stop_ids=stop_ids,
-                      compile=compile_default(compile_, device), log=click.echo)
+                      compile=compile_default(compile_, device), two_level=two_level,
+                      log=click.echo)
     for line in summary(rows):
         click.echo(line)
     if json_path is not None:

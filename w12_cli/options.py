@@ -87,6 +87,10 @@ budget = click.option("--budget", "--tree-budget", "budget", default=16, show_de
                       type=click.IntRange(1, 128),
                       help="Nodes per verify step, the root included (a chain drafts budget - "
                            "1 tokens); at most 128, the rows the W12 GEMM keeps row-exact.")
+two_level = click.option(
+    "--two-level", "two_level", default=None, type=click.IntRange(1, 127),
+    help="Two-level verification: a Q pass over a tree of this many nodes on the 8-bit view "
+         "of the W12 weights steers what one exact pass over the step's budget verifies.")
 tree_shape = click.option("--chain/--tree", "chain", default=False,
                           help="Verify the drafter's top-1 chain, or a best-first tree "
                                "(default).")

@@ -17,6 +17,7 @@ from w12_cli.options import (
     quiet,
     sampling,
     tree_shape,
+    two_level,
 )
 
 
@@ -37,10 +38,7 @@ def spec_group() -> None:
                    "GEMM keeps its row bits).")
 @budget
 @tree_shape
-@click.option("--two-level", "two_level", default=None, type=click.IntRange(1, 127),
-              help="Two-level verification: a Q pass over a tree of this many nodes on the "
-                   "8-bit view of the weights steers what one exact pass over --budget nodes "
-                   "verifies.")
+@two_level
 @sampling
 @click.option("--bf16/--w12", "bf16", default=None,
               help="Linear layers in BF16 or W12 (default: W12 for a W12 folder, else BF16).")

@@ -29,6 +29,7 @@ from engine.speculative.api import load_target, read_prompts
 from engine.speculative.decode import SpecRunner, speculative_generate
 from engine.speculative.drafters import Drafter, make_drafter
 from engine.speculative.tree import DraftTree
+from engine.speculative.two_level import TwoLevel
 from engine.weights import SYNTHETIC_PREFIX, LoadedModel, load_model
 from w12.errors import W12Error
 
@@ -49,6 +50,12 @@ class SpecRow:
     tokens_per_s: float | None  # generation of the prompt set (None with forced acceptance)
     speedup: float | None  # tokens/s over plain decoding's, same run
     forced_accept: int | None = None
+    two_level: int | None = None  # the Q tree's nodes of two-level verification
+    q_tau: float | None = None  # two-level: the Q path's tokens per step, bonus included
+
+    @property
+    def label(self) -> str:
+        return self.mode if self.two_level is None else f"{self.mode}+Q{self.two_level}"
 
 
 def _timer(device: torch.device) -> Callable[[Callable[[], object], Callable[[], object]], float]:
@@ -93,13 +100,18 @@ def bench_spec(
     loaded: LoadedModel, prompts: list[list[int]], *, drafter: str, budgets: list[int],
     modes: tuple[str, ...] = ("chain", "tree"), max_new_tokens: int = 128,
     forced_accept: int | None = None, sampling: Sampling = GREEDY,
-    stop_ids: frozenset[int] = frozenset(), compile: bool = False, log=print,
+    stop_ids: frozenset[int] = frozenset(), compile: bool = False,
+    two_level: int | None = None, log=print,
 ) -> list[SpecRow]:
-    """Plain decoding, then every (mode, budget), on one engine of batch 1."""
+    """Plain decoding, then every (mode, budget), on one engine of batch 1; with
+    ``two_level`` Q, every (mode, budget > Q) again with two-level verification (the Q pass on
+    the 8-bit view of the W12 folder's weights)."""
     if not prompts:
         raise W12Error("bench spec: no prompts")
     if max(budgets) < 1 or min(budgets) < 1:
         raise W12Error(f"node budgets {budgets}: each must be at least 1")
+    if two_level is not None and forced_accept is not None:
+        raise W12Error("bench spec: two-level verification cannot run with forced acceptance")
     model, device = loaded.model, loaded.model.device
     longest = max(map(len, prompts))
     engine = Engine(model, batch=1, max_seq_len=longest + max_new_tokens + max(budgets) + 1,
@@ -128,16 +140,35 @@ def bench_spec(
                                    forced_accept, max_new_tokens, sampling, stop_ids, t_ar,
                                    plain_tps, timer, context))
             log(format_row(rows[-1]))
+    if two_level is None:
+        return rows
+    setting = TwoLevel(_view_model(loaded), two_level)
+    for mode in modes:
+        for budget in (b for b in budgets if b > two_level):
+            rows.append(_bench_one(engine, loaded, prompts, drafter, mode, budget,
+                                   forced_accept, max_new_tokens, sampling, stop_ids, t_ar,
+                                   plain_tps, timer, context, setting))
+            log(format_row(rows[-1]))
     return rows
 
 
+def _view_model(loaded: LoadedModel):
+    """The Q pass's model: the 8-bit view of the folder's weights in W12 (encoded on load
+    from a BF16 folder)."""
+    if loaded.folder is None:
+        raise W12Error(f"{loaded.name}: two-level verification needs a model folder")
+    return load_model(loaded.folder, mode="view8", device=loaded.model.device,
+                      dtype=loaded.model.dtype).model
+
+
 def _bench_one(engine, loaded, prompts, drafter_name, mode, budget, forced_accept,
-               max_new_tokens, sampling, stop_ids, t_ar, plain_tps, timer, context) -> SpecRow:
+               max_new_tokens, sampling, stop_ids, t_ar, plain_tps, timer, context,
+               setting: TwoLevel | None = None) -> SpecRow:
     device = loaded.model.device
     drafter = make_drafter(drafter_name, loaded.model)
     runner = SpecRunner(engine, drafter, budget=budget, tree=mode == "tree", sampling=sampling,
-                        forced_accept=forced_accept)
-    tps = speedup = None
+                        forced_accept=forced_accept, two_level=setting)
+    tps = speedup = q_tau = None
     if forced_accept is None:
         results, seconds = _generate_timed(device, lambda: [
             speculative_generate(engine, drafter, [p], max_new_tokens=max_new_tokens,
@@ -145,6 +176,9 @@ def _bench_one(engine, loaded, prompts, drafter_name, mode, budget, forced_accep
                                  stop_ids=stop_ids, runner=runner) for p in prompts])
         committed = [c for _, stats in results for c in stats.committed]
         tau = sum(committed) / len(committed)
+        if setting is not None:
+            q_committed = [c for _, stats in results for c in stats.q_committed]
+            q_tau = sum(q_committed) / len(q_committed)
         tps = sum(len(out[0]) for out, _ in results) / seconds
         speedup = tps / plain_tps
     # T_step at the first prompt's context, the drafter primed with that prompt
@@ -164,7 +198,8 @@ def _bench_one(engine, loaded, prompts, drafter_name, mode, budget, forced_accep
     t_verify = timer(lambda: verifier.step(root), rewind)
     c = t_step / t_ar
     return SpecRow(mode, budget, drafter_name, tau, t_step, c, tau / c, t_verify,
-                   t_verify / t_ar, tps, speedup, forced_accept)
+                   t_verify / t_ar, tps, speedup, forced_accept,
+                   None if setting is None else setting.q_budget, q_tau)
 
 
 class GivenTree(Drafter):
@@ -200,19 +235,19 @@ def load_for_bench(spec: str, prompts_path: str | None, *, limit: int | None, mo
 def format_row(r: SpecRow) -> str:
     rate = "" if r.tokens_per_s is None else f"  {r.tokens_per_s:9.1f} tok/s"
     gain = "" if r.speedup is None else f"  x{r.speedup:.3f} measured"
-    return (f"{r.mode:<6} N={r.budget:<4} {r.drafter:<14} tau {r.tau:6.3f}  "
+    q = "" if r.q_tau is None else f"  Q path tau {r.q_tau:6.3f}"
+    return (f"{r.label:<10} N={r.budget:<4} {r.drafter:<14} tau {r.tau:6.3f}  "
             f"step {r.t_step_ms:8.3f} ms  c {r.c:6.3f}  verify {r.t_verify_ms:8.3f} ms  "
-            f"c_verify {r.c_verify:6.3f}  tau/c {r.projected:6.3f}{rate}{gain}")
+            f"c_verify {r.c_verify:6.3f}  tau/c {r.projected:6.3f}{rate}{gain}{q}")
 
 
 def summary(rows: list[SpecRow]) -> list[str]:
-    """The last lines: the best measured (or projected) speed-up per mode."""
+    """The last lines: the best measured (or projected) speed-up per mode (two-level rows
+    apart)."""
     lines = []
     forced = rows[0].forced_accept is not None
-    for mode in ("chain", "tree"):
-        mine = [r for r in rows if r.mode == mode]
-        if not mine:
-            continue
+    for mode in dict.fromkeys(r.label for r in rows if r.mode != "plain"):
+        mine = [r for r in rows if r.label == mode]
         if forced:
             best = max(mine, key=lambda r: r.projected)
             lines.append(f"{mode}: projected S = tau/c = {best.projected:.3f} at N={best.budget} "
@@ -223,7 +258,7 @@ def summary(rows: list[SpecRow]) -> list[str]:
                          f"(tau {best.tau:.2f}, c {best.c:.3f}; measured in this run)")
     for r in rows:
         if r.c < 1.0 and r.mode != "plain":
-            lines.append(f"warning: c({r.budget}) = {r.c:.3f} < 1 for {r.mode}: a step over "
+            lines.append(f"warning: c({r.budget}) = {r.c:.3f} < 1 for {r.label}: a step over "
                          f"{r.budget} nodes timed faster than a plain step")
     return lines
 

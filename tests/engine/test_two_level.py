@@ -91,3 +91,33 @@ def test_bad_two_level_settings_are_refused(tiny_folder):
     with pytest.raises(W12Error, match="two-level verification has two"):
         SpecRunner(engine, drafter, budget=4, tree=False, forced_accept=2,
                    two_level=TwoLevel(target, 2))
+
+
+def test_bench_spec_times_two_level_rows_of_their_own(tiny_folder):
+    """``bench spec --two-level Q``: every budget above Q again with two-level verification,
+    labelled apart, with the Q path's tau; refused with forced acceptance."""
+    from engine.speculative.bench import bench_spec, summary
+
+    loaded = load_model(tiny_folder("qwen3"), mode="bf16", dtype=torch.float32)
+    rows = bench_spec(loaded, PROMPTS[:2], drafter="ngram", budgets=[2, 6], modes=("chain",),
+                      max_new_tokens=12, two_level=3, log=lambda line: None)
+    assert [(r.label, r.budget) for r in rows] == [("plain", 1), ("chain", 2), ("chain", 6),
+                                                   ("chain+Q3", 6)]
+    tlv = rows[-1]
+    assert tlv.two_level == 3 and tlv.q_tau >= 1.0 and tlv.tau >= 1.0 and tlv.c > 0
+    assert all(r.q_tau is None for r in rows[:-1])
+    assert any(line.startswith("chain+Q3: ") for line in summary(rows))
+    with pytest.raises(W12Error, match="forced acceptance"):
+        bench_spec(loaded, PROMPTS[:1], drafter="ngram", budgets=[6], modes=("chain",),
+                   forced_accept=2, two_level=3, log=lambda line: None)
+
+
+def test_cli_refuses_two_level_with_forced_acceptance():
+    from click.testing import CliRunner
+
+    from w12_cli import main
+
+    result = CliRunner().invoke(main, ["bench", "spec", "synthetic:tiny-qwen3", "--drafter",
+                                       "early-exit:1", "--forced-accept", "2", "--two-level",
+                                       "3", "--device", "cpu"])
+    assert result.exit_code == 2 and "--forced-accept fixes" in result.output
