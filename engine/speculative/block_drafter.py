@@ -350,11 +350,17 @@ class BlockDrafter(Drafter):
         self.taps = cache.tap(c.target_layers, c.dim)
         # room past the longest request for the scratch rows an ingest window writes
         self.context = KVCache(c.n_layers, cache.batch, c.n_kv_heads,
-                               cache.seq_len + c.block_size, c.head_dim,
+                               cache.seq_len + self.window, c.head_dim,
                                dtype=self.target.dtype, device=cache.device)
         cos, sin = rope_tables(c.rope_args(), self.context.seq_len, self.target.dtype,
                                cache.device)
         self.cos, self.sin = cos, sin
+
+    @property
+    def window(self) -> int:
+        """Positions a step can commit past the context: a block's depth and its bonus, twice
+        under two-level verification (the Q path, then a block drafted after it)."""
+        return 2 * self.config.block_size
 
     def _require_bound(self) -> KVCache:
         if self.cache is None:
@@ -380,12 +386,30 @@ class BlockDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, roots, cache, budget, tree):
+        # the last step committed at most ``window`` positions past the context
+        self._ingest(self.context.lengths[:, None] + torch.arange(self.window,
+                                                                  device=roots.device))
+        self.context.lengths.copy_(cache.lengths)
+        return self._draft(roots, budget, tree)
+
+    @torch.inference_mode()
+    def propose_after(self, roots, context, counts, cache, budget, tree, path):
+        # the Q pass wrote its path's hidden states at the tree's scratch slots: move them to
+        # the positions they would take if committed (scratch too: the exact pass rewrites
+        # every slot past the lengths), make them context entries, draft from the Q bonus
+        lengths = cache.lengths
+        taps = self._require_bound().hidden
+        taps.keep(torch.where(path >= 0, path + lengths[:, None], -1), lengths, counts)
+        self._ingest(lengths[:, None] + torch.arange(self.window, device=roots.device))
+        self.context.lengths.copy_(lengths + counts)
+        try:
+            return self._draft(context.gather(1, (counts - 1)[:, None])[:, 0], budget, tree)
+        finally:
+            self.context.lengths.copy_(lengths)
+
+    def _draft(self, roots: torch.Tensor, budget: int, tree: bool) -> DraftTree:
         block = self.config.block_size
         depth = min(budget - 1, block - 1, MAX_TREE_DEPTH if tree else block)
-        # the last step committed at most min(budget, block) positions past the context
-        window = torch.arange(min(budget, block), device=roots.device)
-        self._ingest(self.context.lengths[:, None] + window)
-        self.context.lengths.copy_(cache.lengths)
         if depth == 0:
             return DraftTree.chain(roots, roots[:, None][:, :0])
         logp = self.block_logprobs(roots)[:, :depth]

@@ -61,10 +61,12 @@ class Drafter:
         raise NotImplementedError
 
     def propose_after(self, roots: torch.Tensor, context: torch.Tensor, counts: torch.Tensor,
-                      cache: KVCache, budget: int, tree: bool) -> DraftTree:
+                      cache: KVCache, budget: int, tree: bool, path: torch.Tensor) -> DraftTree:
         """A tree rooted at each request's token ``context[b, counts[b] - 1]``, drafted as if
         the root and the first ``counts[b]`` tokens of ``context`` [B, C] were committed (the
-        cache's lengths are the same on return): two-level verification's re-draft."""
+        cache's lengths are the same on return): two-level verification's re-draft. ``path``
+        [B, N]: the tree nodes of the root and those tokens (the Q pass's path, then -1),
+        whose rows the Q pass wrote at slots ``lengths + node``."""
         raise W12Error(f"drafter {self.name} cannot draft after an uncommitted path, which "
                        "two-level verification needs")
 
@@ -101,7 +103,7 @@ class NgramDrafter(Drafter):
         rows = [self._row(seq, budget, tree) for seq in self.history]
         return _tree_from_rows(roots, rows, budget)
 
-    def propose_after(self, roots, context, counts, cache, budget, tree):
+    def propose_after(self, roots, context, counts, cache, budget, tree, path):
         rows, new_roots = [], []
         for seq, tokens, count in zip(self.history, context.tolist(), counts.tolist(),
                                       strict=True):
@@ -168,7 +170,7 @@ class EarlyExitDrafter(Drafter):
         return best_first(roots, top_tokens, top_logp, budget)
 
     @torch.inference_mode()
-    def propose_after(self, roots, context, counts, cache, budget, tree):
+    def propose_after(self, roots, context, counts, cache, budget, tree, path):
         # the K layers' keys and values of the root and the path at its positions (slots the
         # exact pass overwrites), then a draft from the path's last token
         lengths = cache.lengths.clone()

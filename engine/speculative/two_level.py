@@ -70,5 +70,5 @@ def two_level_step(model: Transformer, cache: KVCache, drafter: Drafter, roots: 
     q = q_pass(setting.view_model, cache, t1, sampling, requests)
     counts = q.accepted + 1  # the Q path's drafted tokens and its bonus
     last = q.path.gather(1, q.accepted[:, None])[:, 0]
-    t2 = drafter.propose_after(roots, q.emitted, counts, cache, budget - t1.size, tree)
+    t2 = drafter.propose_after(roots, q.emitted, counts, cache, budget - t1.size, tree, q.path)
     return verify(model, cache, graft(t1, last, t2), sampling, requests), q

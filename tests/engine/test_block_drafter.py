@@ -22,6 +22,7 @@ from engine.speculative.block_drafter import (
     BlockDrafterModel,
     tap_layers,
 )
+from engine.speculative.decode import SpecRunner
 from engine.speculative.train_drafter import (
     Sequence,
     TrainLog,
@@ -33,6 +34,7 @@ from engine.speculative.train_drafter import (
     target_states,
     train_drafter,
 )
+from engine.speculative.two_level import TwoLevel
 from engine.weights import load_model
 from w12.errors import W12Error
 from w12_cli import main
@@ -283,6 +285,58 @@ def test_speculative_with_a_block_drafter_equals_plain(tiny_folder, tmp_path, mo
                                       max_new_tokens=16, budget=budget, tree=tree,
                                       sampling=sampling)
         assert out == plain, (tree, budget)
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), SAMPLED], ids=["greedy", "sampled"])
+def test_two_level_with_the_block_drafter(target, trained, sampling):
+    """Two-level verification re-drafts with the block drafter after the Q path (its hidden
+    states moved into place): the output stays plain decoding's, and with the target itself
+    as the Q model the re-drafted block is accepted on top of the Q path, so tau beats a
+    one-level step over the Q tree's budget alone."""
+    net, _, _, prompts = trained
+    plain = generate(Engine(target, batch=len(prompts), max_seq_len=64), prompts,
+                     max_new_tokens=24, sampling=sampling)
+    taus = {}
+    for name, setting, budget in (("one level", None, 8), ("two level", TwoLevel(target, 8), 16)):
+        engine = Engine(target, batch=len(prompts), max_seq_len=64)
+        drafter = BlockDrafter(target, net)
+        # trees: the Q path runs through siblings, so its states must move into place
+        runner = SpecRunner(engine, drafter, budget=budget, tree=True, sampling=sampling,
+                            two_level=setting)
+        out, stats = speculative_generate(engine, drafter, prompts, max_new_tokens=24,
+                                          budget=budget, tree=True, sampling=sampling,
+                                          runner=runner)
+        assert out == plain, name
+        taus[name] = stats.tau
+    assert taus["two level"] > taus["one level"] + 0.5, taus
+
+
+def test_redraft_after_the_q_path_is_the_draft_after_committing_it(target, trained):
+    """With the target itself as the Q model, the block drafted after the Q path (its states
+    moved from the tree's slots into place) is the block drafted once that path is committed
+    by a real verify step, node for node."""
+    from engine.speculative.two_level import q_pass
+    from engine.speculative.verify import verify
+
+    net, _, _, prompts = trained
+    engine = Engine(target, batch=len(prompts), max_seq_len=64, cuda_graph=False)
+    drafter = BlockDrafter(target, net)
+    drafter.bind(engine.cache)
+    roots = engine.prefill(prompts).argmax(-1)
+    drafter.start(prompts, roots.tolist())
+    requests = torch.arange(len(prompts))
+    with torch.inference_mode():
+        t1 = drafter.propose(roots, engine.cache, 8, True)
+        q = q_pass(target, engine.cache, t1, Sampling(), requests)
+        counts = q.accepted + 1
+        assert (q.path[:, 2:] > 2).any()  # some Q path runs through a sibling's slot
+        after = drafter.propose_after(roots, q.emitted, counts, engine.cache, 8, True, q.path)
+        verdict = verify(target, engine.cache, t1, Sampling(), requests)
+        assert torch.equal(verdict.accepted, q.accepted)
+        bonus = verdict.emitted.gather(1, verdict.accepted[:, None])[:, 0]
+        committed = drafter.propose(bonus, engine.cache, 8, True)
+    for name in ("tokens", "parents", "depth", "valid", "scores"):
+        assert torch.equal(getattr(after, name), getattr(committed, name)), name
 
 
 # ----------------------------------------------------------------------------- bad input
