@@ -63,6 +63,15 @@ class KVCache:
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
 
+    def row(self, index: int) -> KVCache:
+        """A batch-1 cache over row ``index``: its keys, values, length and hidden taps are
+        views of this cache's, so a forward over it (one request's prefill) writes here."""
+        view = KVCache.__new__(KVCache)
+        view.k, view.v = self.k[:, index:index + 1], self.v[:, index:index + 1]
+        view.lengths = self.lengths[index:index + 1]
+        view.hidden = None if self.hidden is None else self.hidden.row(index)
+        return view
+
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of one layer, [B, Hkv, S, D] views."""
         return self.k[index], self.v[index]
@@ -129,6 +138,13 @@ class HiddenTaps:
         self.layers = layers
         self.index = {layer: i for i, layer in enumerate(layers)}
         self.states = torch.zeros(batch, seq_len, len(layers), dim, dtype=dtype, device=device)
+
+    def row(self, index: int) -> HiddenTaps:
+        """These taps for row ``index`` alone, a view (see ``KVCache.row``)."""
+        view = HiddenTaps.__new__(HiddenTaps)
+        view.layers, view.index = self.layers, self.index
+        view.states = self.states[index:index + 1]
+        return view
 
     def write(self, layer: int, slots: torch.Tensor, x: torch.Tensor) -> None:
         """Rows ``x`` [B, T, dim], the output of ``layer``, at slots ``slots`` [B, T]."""

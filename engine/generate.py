@@ -107,6 +107,27 @@ class Engine:
         return logits[:, 0]
 
     @torch.inference_mode()
+    def prefill_row(self, row: int, prompt: list[int]) -> torch.Tensor:
+        """Prefill one prompt alone into ``row`` (the other rows keep their state) and return
+        its last logits [V]: the bits a batch-1 ``prefill`` of the prompt gives. The row's
+        length becomes the prompt's; ``next_slot`` is the caller's to keep."""
+        if not 0 <= row < self.batch:
+            raise W12Error(f"row {row}: the engine has {self.batch} rows")
+        if not prompt:
+            raise W12Error("empty prompt")
+        if len(prompt) >= self.max_seq_len:
+            raise W12Error(f"a prompt of {len(prompt)} tokens leaves no room in a cache of "
+                           f"{self.max_seq_len} positions")
+        device = self.model.device
+        tokens = torch.tensor([prompt], dtype=torch.long, device=device)
+        pos = torch.arange(len(prompt), device=device)[None, :]
+        with invariant_rows(SMALL_M_MAX):  # as ``prefill``: the bits of a batch-1 prefill
+            logits = self.model(tokens, pos, self.cache.row(row), AttentionPlan.prefill(pos),
+                                last=torch.tensor([len(prompt) - 1], device=device))
+        self.cache.lengths[row] = len(prompt)
+        return logits[0, 0]
+
+    @torch.inference_mode()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row ([B], on the device); return the next logits [B, V].
 
@@ -164,16 +185,21 @@ def generate(
     engine: Engine, prompts: list[list[int]], *, max_new_tokens: int,
     sampling: Sampling = GREEDY, stop_ids: frozenset[int] = frozenset(),
     stop_check: StopCheck | None = None, on_token: Callable[[int, int], None] | None = None,
+    request_ids: list[int] | None = None,
 ) -> list[list[int]]:
     """New tokens per prompt, each list ending at its first stop token (kept) or stop_check.
 
     ``stop_check(row, tokens)`` lets the caller stop a row on text (stop strings);
-    ``on_token(row, token)`` streams. Sampling draws with noise keyed by (seed, row, position)
-    (``engine.sampling``), so a row's text does not depend on the other rows.
+    ``on_token(row, token)`` streams. Sampling draws with noise keyed by (seed, request,
+    position) (``engine.sampling``), the request being ``request_ids[row]`` (default: the row),
+    so a row's text does not depend on the other rows.
     """
     lengths = engine.check_prompts(prompts, new_tokens=max_new_tokens)
     device = engine.model.device
-    requests = torch.arange(len(prompts), device=device)
+    if request_ids is not None and len(request_ids) != len(prompts):
+        raise W12Error(f"{len(request_ids)} request ids for {len(prompts)} prompts")
+    requests = torch.tensor(request_ids if request_ids is not None
+                            else list(range(len(prompts))), device=device)
     positions = torch.tensor(lengths, device=device)
     outputs: list[list[int]] = [[] for _ in prompts]
     done = [False] * len(prompts)

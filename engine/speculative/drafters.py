@@ -53,6 +53,11 @@ class Drafter:
     def start(self, prompts: list[list[int]], first: list[int]) -> None:
         """New requests: their prompts and first tokens (the roots of the first step)."""
 
+    def admit(self, row: int, prompt: list[int], first: int) -> None:
+        """A new request in ``row`` (the others go on): its prompt, already in the target's
+        cache, and its first token. Continuous batching calls this instead of ``start``."""
+        raise W12Error(f"drafter {self.name} cannot take a request into a running batch")
+
     def observe(self, committed: list[list[int]]) -> None:
         """The tokens each request committed in the last step (accepted drafts + bonus)."""
 
@@ -79,6 +84,12 @@ class NgramDrafter(Drafter):
 
     def start(self, prompts: list[list[int]], first: list[int]) -> None:
         self.history = [list(p) + [t] for p, t in zip(prompts, first, strict=True)]
+
+    def bind(self, cache: KVCache) -> None:
+        self.history = [[] for _ in range(cache.batch)]  # an empty row drafts nothing
+
+    def admit(self, row: int, prompt: list[int], first: int) -> None:
+        self.history[row] = list(prompt) + [first]
 
     def observe(self, committed: list[list[int]]) -> None:
         for row, tokens in enumerate(committed):
@@ -157,6 +168,9 @@ class EarlyExitDrafter(Drafter):
                            f"K must be 1..{model.args.n_layers - 1}")
         self.name = f"early-exit:{layers}"
         self.model, self.layers, self.top_k, self.max_depth = model, layers, top_k, max_depth
+
+    def admit(self, row, prompt, first):
+        """Nothing to do: its K layers' keys and values are the target's, from the prefill."""
 
     @torch.inference_mode()
     def propose(self, roots, cache, budget, tree):

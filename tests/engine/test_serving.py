@@ -1,0 +1,95 @@
+"""Continuous batching (engine/serving.py): requests arriving and leaving between steps, each
+one's tokens equal to its own plain decoding at batch 1, plain and speculative, greedy and
+keyed sampling; bad requests refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.generate import Engine, generate
+from engine.sampling import Sampling
+from engine.serving import Server
+from engine.speculative import make_drafter
+from engine.weights import load_model
+from w12.errors import W12Error
+
+SAMPLED = Sampling(temperature=0.9, top_p=0.9, seed=11)
+# (prompt, max_new_tokens, arrival step): more requests than rows, arrivals while others run,
+# short and long answers so rows free up at different steps, one request of a single token
+REQUESTS = [([5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], 20, 0), ([3, 4], 6, 0),
+            ([100, 20, 30, 40, 50], 14, 0), ([7, 7, 7], 1, 1), ([9, 10, 11, 12, 9, 10], 17, 2),
+            ([42], 9, 3), ([60, 61, 62, 60, 61, 62, 60], 12, 30)]
+SEQ = 48
+
+
+def plain_alone(model, prompt, new, request_id, sampling):
+    return generate(Engine(model, batch=1, max_seq_len=SEQ), [prompt], max_new_tokens=new,
+                    sampling=sampling, request_ids=[request_id])[0]
+
+
+@pytest.fixture(scope="module")
+def w12_model(tiny_llama_folder):
+    return load_model(tiny_llama_folder, mode="w12").model
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("drafter,tree,budget", [(None, False, 1), ("ngram", False, 5),
+                                                 ("early-exit:1", True, 6)],
+                         ids=["plain", "ngram-chain", "early-exit-tree"])
+def test_every_request_gets_its_own_plain_decoding(w12_model, sampling, drafter, tree, budget):
+    engine = Engine(w12_model, batch=3, max_seq_len=SEQ)
+    server = Server(engine, sampling=sampling, budget=budget, tree=tree,
+                    drafter=make_drafter(drafter, w12_model) if drafter else None)
+    ids = [server.submit(p, max_new_tokens=n, arrival=a) for p, n, a in REQUESTS]
+    streamed: dict[int, list[int]] = {}
+    out, stats = server.run(on_token=lambda i, t: streamed.setdefault(i, []).append(t))
+    for request_id, (prompt, new, arrival) in zip(ids, REQUESTS, strict=True):
+        want = plain_alone(w12_model, prompt, new, request_id, sampling)
+        assert out[request_id] == want == streamed[request_id], request_id
+        assert stats.admitted_at[request_id] >= arrival
+    # requests joined a running batch: one admitted after step 0 shared steps with one
+    # admitted before it
+    spans = [(stats.admitted_at[i], stats.finished_at[i]) for i in ids]
+    assert any(0 < a2 < f1 and a1 < a2 < f2 for a1, f1 in spans for a2, f2 in spans)
+    assert stats.admitted_at[ids[-1]] >= 30  # the last arrives after a pause
+
+
+def test_keys_follow_the_request_not_the_row(w12_model):
+    """The same prompt as two requests: sampled differently (its own noise), each equal to its
+    plain decoding under its own id."""
+    engine = Engine(w12_model, batch=2, max_seq_len=SEQ)
+    server = Server(engine, sampling=SAMPLED)
+    a = server.submit([5, 6, 7], max_new_tokens=12)
+    b = server.submit([5, 6, 7], max_new_tokens=12)
+    out, _ = server.run()
+    assert out[a] != out[b]
+    assert out[b] == plain_alone(w12_model, [5, 6, 7], 12, b, SAMPLED)
+
+
+def test_stop_ids_free_the_row(w12_model):
+    free = plain_alone(w12_model, [3, 4], 10, 0, Sampling())
+    engine = Engine(w12_model, batch=1, max_seq_len=SEQ)
+    server = Server(engine, stop_ids=frozenset({free[3]}))
+    first = server.submit([3, 4], max_new_tokens=10)
+    second = server.submit([100, 20, 30], max_new_tokens=4)
+    out, stats = server.run()
+    assert out[first] == free[:free.index(free[3]) + 1]
+    assert stats.admitted_at[second] == stats.finished_at[first]
+
+
+def test_bad_requests_are_refused(w12_model):
+    server = Server(Engine(w12_model, batch=1, max_seq_len=SEQ))
+    with pytest.raises(W12Error, match="empty prompt"):
+        server.submit([], max_new_tokens=4)
+    with pytest.raises(W12Error, match="outside the vocabulary"):
+        server.submit([10**6], max_new_tokens=4)
+    with pytest.raises(W12Error, match="needs 55 cache positions"):
+        server.submit(list(range(5, 55)), max_new_tokens=4)
+    with pytest.raises(W12Error, match="at least 1"):
+        server.submit([1], max_new_tokens=0)
+    with pytest.raises(W12Error, match="cannot take a request into a running batch"):
+        from engine.speculative.drafters import Drafter
+
+        Drafter().admit(0, [1], 2)
+    assert torch.equal(server.engine.cache.lengths, torch.zeros(1, dtype=torch.long))
