@@ -17,6 +17,7 @@ arrived. ``arrival`` (a step number) simulates requests that arrive while others
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ class ServeStats:
     committed: list[int] = field(default_factory=list)  # tokens per active row and step
     admitted_at: dict[int, int] = field(default_factory=dict)  # request id -> step
     finished_at: dict[int, int] = field(default_factory=dict)
+    seconds: dict[int, float] = field(default_factory=dict)  # request id -> run start to done
 
     @property
     def tau(self) -> float:
@@ -98,6 +100,7 @@ class Server:
             ) -> tuple[dict[int, list[int]], ServeStats]:
         """Serve until the queue and the rows are empty: request id -> new tokens."""
         stats, outputs, step = ServeStats(), {}, 0
+        self.began = time.perf_counter()
         pending = sorted(self.queue, key=lambda r: r.arrival)
         self.queue.clear()
         self.queue.extend(pending)
@@ -119,9 +122,7 @@ class Server:
                 stats.committed.append(len(tokens))
                 self._take(request, tokens, on_token)
                 if request.done:
-                    outputs[request.id] = request.output
-                    stats.finished_at[request.id] = step
-                    self._free(row)
+                    self._finish(request, row, step, stats, outputs)
         return outputs, stats
 
     # --------------------------------------------------------------------------- internals
@@ -139,9 +140,7 @@ class Server:
             stats.admitted_at[request.id] = step
             self._take(request, [first], on_token)
             if request.done:  # a stop token or max_new_tokens == 1: it never takes a step
-                outputs[request.id] = request.output
-                stats.finished_at[request.id] = step
-                self._free(row)
+                self._finish(request, row, step, stats, outputs)
                 continue
             self.rows[row] = request
             self.roots[row] = first
@@ -157,6 +156,13 @@ class Server:
             if on_token is not None:
                 on_token(request.id, token)
             request.done = token in self.stop_ids or len(request.output) == request.max_new_tokens
+
+    def _finish(self, request: Request, row: int, step: int, stats: ServeStats,
+                outputs: dict[int, list[int]]) -> None:
+        outputs[request.id] = request.output
+        stats.finished_at[request.id] = step
+        stats.seconds[request.id] = time.perf_counter() - self.began  # tokens read back: synced
+        self._free(row)
 
     def _free(self, row: int) -> None:
         self.rows[row] = None

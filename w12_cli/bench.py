@@ -9,6 +9,7 @@ import click
 
 from w12_cli.options import (
     Group,
+    budget,
     compile_default,
     compile_ops,
     device,
@@ -16,6 +17,7 @@ from w12_cli.options import (
     json_out,
     positive_int_list,
     sampling,
+    tree_shape,
     two_level,
 )
 
@@ -139,4 +141,46 @@ def bench_spec_command(model, drafter, prompts_path, limit, budgets, modes, max_
         click.echo(line)
     if json_path is not None:
         json_path.write_text(json.dumps({"model": model, "drafter": drafter, "mode": loaded.mode,
+                                         "rows": as_dicts(rows)}, indent=2))
+
+
+@bench_group.command("serve")
+@click.argument("model")
+@drafter
+@click.option("--prompts", "prompts_path", required=True,
+              help="JSONL file of {\"prompt\": ...} lines, or 'humaneval': one request each.")
+@click.option("--limit", default=None, type=click.IntRange(1), help="Only the first N prompts.")
+@click.option("--concurrency", default="1,8,32", show_default=True, callback=positive_int_list,
+              help="Rows served at once (the engine's batch), comma-separated.")
+@click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1))
+@budget
+@tree_shape
+@sampling
+@click.option("--bf16/--w12", "bf16", default=None,
+              help="Linear layers in BF16 or W12 (default: W12 for a W12 folder, else BF16).")
+@device
+@compile_ops
+@json_out
+def bench_serve_command(model, drafter, prompts_path, limit, concurrency, max_new_tokens, budget,
+                        chain, temperature, top_p, seed, bf16, device, compile_, json_path):
+    """Serve every prompt of a set with continuous batching, plain and speculative, same run.
+
+    Per concurrency: tokens/s, request latency percentiles (from the start of the run),
+    engine steps, tau and the speculative speed-up over plain serving. Both runs must return
+    the same tokens per request (checked).
+    """
+    from engine.sampling import Sampling
+    from engine.serving_bench import as_dicts, bench_serve
+    from engine.speculative.api import load_target, read_prompts
+
+    if drafter is None:
+        raise click.UsageError("bench serve needs --drafter (ngram or early-exit:K)")
+    mode = None if bf16 is None else ("bf16" if bf16 else "w12")
+    target = load_target(model, read_prompts(prompts_path, limit), mode=mode, device=device)
+    rows = bench_serve(target.loaded, target.prompts, drafter=drafter, concurrency=concurrency,
+                       max_new_tokens=max_new_tokens, budget=budget, tree=not chain,
+                       sampling=Sampling(temperature, top_p, seed), stop_ids=target.stop_ids,
+                       compile=compile_default(compile_, device), log=click.echo)
+    if json_path is not None:
+        json_path.write_text(json.dumps({"model": model, "drafter": drafter,
                                          "rows": as_dicts(rows)}, indent=2))

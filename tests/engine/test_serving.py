@@ -93,3 +93,22 @@ def test_bad_requests_are_refused(w12_model):
 
         Drafter().admit(0, [1], 2)
     assert torch.equal(server.engine.cache.lengths, torch.zeros(1, dtype=torch.long))
+
+
+def test_bench_serve_reports_both_modes_and_checks_their_tokens(tiny_folder):
+    """``bench serve`` on a tiny folder: a plain and a speculative row per concurrency, the
+    speed-up on the speculative row, every request served (the same tokens both ways)."""
+    from engine.serving_bench import bench_serve
+
+    loaded = load_model(tiny_folder("llama"), mode="w12")
+    prompts = [p for p, _, _ in REQUESTS]
+    rows = bench_serve(loaded, prompts, drafter="ngram", concurrency=[1, 3], max_new_tokens=8,
+                       budget=4, tree=False, log=lambda line: None)
+    assert [(r.concurrency, r.mode) for r in rows] == [(1, "plain"), (1, "spec"), (3, "plain"),
+                                                       (3, "spec")]
+    for r in rows:
+        assert r.requests == len(prompts) and r.tokens == 8 * len(prompts)
+        assert r.latency_p50_s <= r.latency_p90_s <= r.latency_max_s <= r.seconds
+        assert (r.speedup is None) == (r.mode == "plain") and r.tau >= 1.0
+    assert rows[0].steps == 8 * len(prompts) - len(prompts)  # one row: a step per later token
+    assert rows[2].steps < rows[0].steps  # three rows share steps
