@@ -56,11 +56,13 @@ class ServeStats:
 
 class Server:
     """Continuous batching over ``engine``'s rows (module docstring). With ``drafter``, every
-    step is speculative with ``budget`` nodes (``tree``: a best-first tree, else a chain)."""
+    step is speculative with ``budget`` nodes (``tree``: a best-first tree, else a chain);
+    ``shared_total``: at most that many nodes over all rows, the best across requests
+    (``tree.share_budget``; a drafter with scores)."""
 
     def __init__(self, engine: Engine, *, sampling: Sampling = GREEDY,
                  stop_ids: frozenset[int] = frozenset(), drafter: Drafter | None = None,
-                 budget: int = 16, tree: bool = True) -> None:
+                 budget: int = 16, tree: bool = True, shared_total: int | None = None) -> None:
         self.engine, self.sampling, self.stop_ids = engine, sampling, stop_ids
         self.drafter, self.budget = drafter, budget if drafter is not None else 1
         self.queue: deque[Request] = deque()
@@ -72,8 +74,9 @@ class Server:
         self.runner = None
         if drafter is not None:
             self.runner = SpecRunner(engine, drafter, budget=budget, tree=tree,
-                                     sampling=sampling)
+                                     sampling=sampling, shared_total=shared_total)
             self.runner.requests.zero_()
+            self.runner.active.zero_()
         engine.cache.lengths.zero_()
 
     def submit(self, prompt: list[int], *, max_new_tokens: int, arrival: int = 0) -> int:
@@ -146,6 +149,7 @@ class Server:
             self.roots[row] = first
             if self.runner is not None:
                 self.runner.requests[row] = request.id
+                self.runner.active[row] = True
                 self.drafter.admit(row, request.prompt, first)
 
     def _take(self, request: Request, tokens: list[int], on_token) -> None:
@@ -166,6 +170,8 @@ class Server:
 
     def _free(self, row: int) -> None:
         self.rows[row] = None
+        if self.runner is not None:
+            self.runner.active[row] = False
         self.lengths[row] = 0
         self.engine.cache.lengths[row] = 0
 

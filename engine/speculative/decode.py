@@ -19,7 +19,7 @@ import torch
 from engine.generate import GREEDY, Engine, StopCheck
 from engine.sampling import Sampling, choose
 from engine.speculative.drafters import Drafter
-from engine.speculative.tree import DraftTree
+from engine.speculative.tree import DraftTree, share_budget
 from engine.speculative.two_level import TwoLevel, two_level_step
 from engine.speculative.verify import Verdict, verify
 from w12.errors import W12Error
@@ -50,12 +50,17 @@ class SpecRunner:
 
     def __init__(self, engine: Engine, drafter: Drafter, *, budget: int, tree: bool,
                  sampling: Sampling = GREEDY, forced_accept: int | None = None,
-                 cuda_graph: bool | None = None, two_level: TwoLevel | None = None) -> None:
+                 cuda_graph: bool | None = None, two_level: TwoLevel | None = None,
+                 shared_total: int | None = None) -> None:
         if budget < 1:
             raise W12Error(f"node budget {budget}: must be at least 1")
         self.engine, self.drafter, self.budget, self.tree = engine, drafter, budget, tree
         self.sampling, self.forced_accept = sampling, forced_accept
         self.two_level, self.q_verdict = two_level, None
+        # a node budget shared by all requests: ``budget`` nodes at most per request, this
+        # many over the batch (``tree.share_budget``)
+        self.shared_total = shared_total
+        self.active = torch.ones(engine.batch, dtype=torch.bool, device=engine.model.device)
         if two_level is not None and forced_accept is not None:
             raise W12Error("forced acceptance times one verify pass; two-level verification "
                            "has two")
@@ -70,9 +75,18 @@ class SpecRunner:
                                   else device.type == "cuda"):
             self._capture()
 
+    def _propose(self, roots: torch.Tensor) -> DraftTree:
+        draft = self.drafter.propose(roots, self.engine.cache, self.budget, self.tree)
+        if self.shared_total is None:
+            return draft
+        try:
+            return share_budget(draft, self.shared_total, self.active)
+        except ValueError as exc:
+            raise W12Error(f"drafter {self.drafter.name}: {exc}") from None
+
     def _body(self) -> Verdict:
         if self.drafter.on_device:
-            draft = self.drafter.propose(self.roots, self.engine.cache, self.budget, self.tree)
+            draft = self._propose(self.roots)
         else:
             draft = self.tree_in
         return verify(self.engine.model, self.engine.cache, draft, self.sampling,
@@ -104,7 +118,7 @@ class SpecRunner:
             return verdict
         self.roots.copy_(roots)
         if not self.drafter.on_device:
-            draft = self.drafter.propose(roots, self.engine.cache, self.budget, self.tree)
+            draft = self._propose(roots)
             for name in ("tokens", "parents", "depth", "valid"):
                 getattr(self.tree_in, name).copy_(getattr(draft, name))
         if self.graph is None:

@@ -145,6 +145,30 @@ def best_first(root: torch.Tensor, top_tokens: torch.Tensor, top_logp: torch.Ten
     return DraftTree(tree_tokens, tree_parents, tree_depth, valid, tree_scores)
 
 
+def share_budget(tree: DraftTree, total: int, active: torch.Tensor | None = None
+                 ) -> DraftTree:
+    """The same trees with only ``total`` nodes kept over all requests: every root, then the
+    best drafted nodes by path score across requests (one best-first selection over every
+    request's candidates, the shared node budget of batched speculative decoding); the others
+    become padding. A child scores below its parent, so what is kept is a set of trees. The
+    layout keeps its [B, N] shape (a verify step still computes every row). ``active`` [B]:
+    rows without a request keep only their root."""
+    if tree.scores is None:
+        raise ValueError("a shared node budget ranks nodes by their drafter scores; this tree "
+                         "has none (a best-first tree has)")
+    b, n = tree.tokens.shape
+    if not b <= total <= b * n:
+        raise ValueError(f"a shared budget of {total} nodes for {b} requests of {n} nodes "
+                         f"(at least one a request, at most {b * n})")
+    usable = tree.valid if active is None else tree.valid & active[:, None]
+    key = torch.where(usable, tree.scores - _DEPTH_TIE * tree.depth, float("-inf"))
+    key = torch.where(tree.parents < 0, float("inf"), key).flatten()  # roots always kept
+    kept = torch.zeros(b * n, dtype=torch.bool, device=key.device)
+    kept[key.topk(total).indices] = True
+    valid = tree.valid & kept.view(b, n)
+    return DraftTree(tree.tokens, tree.parents, tree.depth, valid, tree.scores)
+
+
 def best_first_reference(top_tokens: list[list[int]], top_logp: list[list[float]],
                          budget: int) -> list[tuple[int, ...]]:
     """The heap search for one request: the drafted nodes (as token paths) in pop order."""

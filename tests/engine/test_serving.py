@@ -112,3 +112,32 @@ def test_bench_serve_reports_both_modes_and_checks_their_tokens(tiny_folder):
         assert (r.speedup is None) == (r.mode == "plain") and r.tau >= 1.0
     assert rows[0].steps == 8 * len(prompts) - len(prompts)  # one row: a step per later token
     assert rows[2].steps < rows[0].steps  # three rows share steps
+
+
+def test_a_shared_node_budget_serves_exactly(w12_model, monkeypatch):
+    """Three rows, at most 8 nodes each, 12 shared: every step verifies at most 12 nodes and
+    every request still gets its own plain decoding; a drafter without scores is refused."""
+    from engine.speculative import decode
+
+    sizes = []
+
+    def counted(tree, total, active=None):
+        out = share(tree, total, active)
+        sizes.append(int(out.valid.sum()))
+        return out
+
+    share = decode.share_budget
+    monkeypatch.setattr(decode, "share_budget", counted)
+    engine = Engine(w12_model, batch=3, max_seq_len=SEQ)
+    server = Server(engine, drafter=make_drafter("early-exit:1", w12_model), budget=8,
+                    tree=True, shared_total=12)
+    ids = [server.submit(p, max_new_tokens=n, arrival=a) for p, n, a in REQUESTS]
+    out, stats = server.run()
+    for request_id, (prompt, new, _) in zip(ids, REQUESTS, strict=True):
+        assert out[request_id] == plain_alone(w12_model, prompt, new, request_id, Sampling())
+    assert len(sizes) == stats.steps and max(sizes) == 12  # 24 drafted, 12 verified
+    ngram = Server(Engine(w12_model, batch=2, max_seq_len=SEQ),
+                   drafter=make_drafter("ngram", w12_model), budget=4, shared_total=6)
+    ngram.submit([1, 2, 3], max_new_tokens=4)
+    with pytest.raises(W12Error, match="ranks nodes by their drafter scores"):
+        ngram.run()

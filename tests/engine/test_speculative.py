@@ -229,3 +229,30 @@ def test_cli_spec_check_on_the_demo_model(demo_bf16, tmp_path):
                                         "--drafter", "ngram", "--device", "cpu"])
     assert result.exit_code == 2
     assert "prompts.jsonl:2: not JSON" in result.output and result.output.count("\n") == 1
+
+
+def test_a_shared_budget_keeps_the_best_nodes_across_requests():
+    """Two requests' best-first trees of 5 nodes, 6 nodes shared: both roots, then the four
+    best drafted nodes of either, closed under parents; an inactive row keeps its root only."""
+    from engine.speculative.tree import share_budget
+
+    gen = torch.Generator().manual_seed(3)
+    top_logp = torch.randn(2, 4, 3, generator=gen).sort(dim=-1, descending=True).values
+    top_logp = top_logp.log_softmax(-1)
+    top_logp[0] += 1.5  # request 0 is predicted more confidently: it should get more nodes
+    top_logp[0] = top_logp[0].clamp(max=-1e-3)
+    tokens = torch.arange(24).view(2, 4, 3)
+    tree = best_first(torch.tensor([100, 200]), tokens, top_logp, 5)
+    shared = share_budget(tree, 6)
+    assert shared.valid.sum() == 6 and shared.valid[:, 0].all()
+    kept = shared.valid & (shared.parents >= 0)
+    best = torch.where(tree.parents >= 0, tree.scores - 1e-6 * tree.depth, float("-inf"))
+    assert set(best.flatten().topk(4).indices.tolist()) == set(kept.flatten().nonzero()[:, 0]
+                                                             .tolist())
+    assert kept[0].sum() > kept[1].sum()
+    parents_kept = shared.valid.gather(1, shared.parents.clamp(min=0))
+    assert (parents_kept | ~shared.valid).all()  # every kept node's parent is kept
+    alone = share_budget(tree, 6, active=torch.tensor([True, False]))
+    assert alone.valid[1].tolist() == [True, False, False, False, False]
+    with pytest.raises(ValueError, match="no"):
+        share_budget(DraftTree.chain(torch.tensor([1]), torch.tensor([[2, 3]])), 2)
