@@ -376,13 +376,24 @@ class BlockDrafter(Drafter):
         self._ingest(slots)
         self.context.lengths.copy_(cache.lengths)
 
-    def _ingest(self, slots: torch.Tensor) -> None:
-        """Context entries of the positions at ``slots`` [B, W] from the target's taps."""
-        states = self.net.context(self.taps.read(slots).to(self.target.dtype))
+    @torch.inference_mode()
+    def admit(self, row: int, prompt: list[int], first: int) -> None:
+        """A request prefilled into ``row`` while the others go on: its prompt's context
+        entries, from the taps the prefill left in that row."""
+        slots = torch.arange(len(prompt), device=self.context.device)[None, :]
+        self._ingest(slots, self.taps.row(row), self.context.row(row))
+        self.context.lengths[row] = len(prompt)
+
+    def _ingest(self, slots: torch.Tensor, taps=None, context: KVCache | None = None) -> None:
+        """Context entries of the positions at ``slots`` [B, W] from the target's taps (of
+        every row, or of the rows of ``taps`` into ``context``)."""
+        taps = self.taps if taps is None else taps
+        context = self.context if context is None else context
+        states = self.net.context(taps.read(slots).to(self.target.dtype))
         cos, sin = self.cos[slots].unsqueeze(2), self.sin[slots].unsqueeze(2)
         for i, layer in enumerate(self.net.layers):
             k, v = layer.keys_values(states, cos, sin)
-            self.context.write(i, slots, k, v)
+            context.write(i, slots, k, v)
 
     @torch.inference_mode()
     def propose(self, roots, cache, budget, tree):

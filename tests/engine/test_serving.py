@@ -141,3 +141,41 @@ def test_a_shared_node_budget_serves_exactly(w12_model, monkeypatch):
     ngram.submit([1, 2, 3], max_new_tokens=4)
     with pytest.raises(W12Error, match="ranks nodes by their drafter scores"):
         ngram.run()
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), SAMPLED], ids=["greedy", "sampled"])
+def test_the_block_drafter_takes_requests_into_a_running_batch(tiny_llama_folder, w12_model,
+                                                               sampling):
+    """``BlockDrafter.admit`` builds a new row's context from the taps its prefill left;
+    every request still gets its own plain decoding."""
+    from engine.speculative.block_drafter import (
+        BlockDrafter,
+        BlockDrafterConfig,
+        BlockDrafterModel,
+    )
+    from engine.speculative.train_drafter import init_from_target
+
+    dense = load_model(tiny_llama_folder, dtype=torch.float32).model
+    net = BlockDrafterModel(BlockDrafterConfig.for_target(dense.args, n_layers=1, block_size=5,
+                                                          taps=2))
+    init_from_target(net, dense, 0)
+    engine = Engine(w12_model, batch=3, max_seq_len=SEQ)
+    server = Server(engine, sampling=sampling, drafter=BlockDrafter(w12_model, net.eval()),
+                    budget=6, tree=True)
+    ids = [server.submit(p, max_new_tokens=n, arrival=a) for p, n, a in REQUESTS]
+    out, _ = server.run()
+    for request_id, (prompt, new, _) in zip(ids, REQUESTS, strict=True):
+        assert out[request_id] == plain_alone(w12_model, prompt, new, request_id, sampling)
+    # a row admitted into a running batch has the context a batch-1 start gives its prompt
+    prompt = REQUESTS[2][0]
+    drafter = server.drafter
+    row_logits = engine.prefill_row(1, prompt)
+    drafter.admit(1, prompt, int(row_logits.argmax()))
+    alone = Engine(w12_model, batch=1, max_seq_len=SEQ)
+    solo = BlockDrafter(w12_model, net.eval())
+    solo.bind(alone.cache)
+    solo.start([prompt], alone.prefill([prompt]).argmax(-1).tolist())
+    n = len(prompt)
+    assert torch.equal(drafter.context.k[:, 1, :, :n], solo.context.k[:, 0, :, :n])
+    assert torch.equal(drafter.context.v[:, 1, :, :n], solo.context.v[:, 0, :, :n])
+    assert int(drafter.context.lengths[1]) == n
