@@ -48,6 +48,7 @@ class ServeStats:
     admitted_at: dict[int, int] = field(default_factory=dict)  # request id -> step
     finished_at: dict[int, int] = field(default_factory=dict)
     seconds: dict[int, float] = field(default_factory=dict)  # request id -> run start to done
+    width_steps: dict[int, int] = field(default_factory=dict)  # per-row width -> row-steps
 
     @property
     def tau(self) -> float:
@@ -58,11 +59,14 @@ class Server:
     """Continuous batching over ``engine``'s rows (module docstring). With ``drafter``, every
     step is speculative with ``budget`` nodes (``tree``: a best-first tree, else a chain);
     ``shared_total``: at most that many nodes over all rows, the best across requests
-    (``tree.share_budget``; a drafter with scores)."""
+    (``tree.share_budget``; a drafter with scores). ``widths`` (e.g. (8, 12, 16), the largest
+    being ``budget``): per-request draft sizes chosen from each request's recent acceptance
+    (``_width``)."""
 
     def __init__(self, engine: Engine, *, sampling: Sampling = GREEDY,
                  stop_ids: frozenset[int] = frozenset(), drafter: Drafter | None = None,
-                 budget: int = 16, tree: bool = True, shared_total: int | None = None) -> None:
+                 budget: int = 16, tree: bool = True, shared_total: int | None = None,
+                 widths: tuple[int, ...] | None = None) -> None:
         self.engine, self.sampling, self.stop_ids = engine, sampling, stop_ids
         self.drafter, self.budget = drafter, budget if drafter is not None else 1
         self.queue: deque[Request] = deque()
@@ -72,9 +76,16 @@ class Server:
         self.lengths = [0] * engine.batch  # host copy of each row's committed length
         self.roots = torch.zeros(engine.batch, dtype=torch.long, device=device)
         self.runner = None
+        self.widths = tuple(sorted(widths)) if widths else None
+        if self.widths is not None and (drafter is None or self.widths[-1] != budget
+                                        or self.widths[0] < 1):
+            raise W12Error(f"per-request widths {widths}: need a drafter, each at least 1 and "
+                           f"the largest equal to the budget {budget}")
+        self.ema = [0.0] * engine.batch  # recent tokens committed per step, per row
         if drafter is not None:
             self.runner = SpecRunner(engine, drafter, budget=budget, tree=tree,
-                                     sampling=sampling, shared_total=shared_total)
+                                     sampling=sampling, shared_total=shared_total,
+                                     per_row=self.widths is not None)
             self.runner.requests.zero_()
             self.runner.active.zero_()
         engine.cache.lengths.zero_()
@@ -103,6 +114,7 @@ class Server:
             ) -> tuple[dict[int, list[int]], ServeStats]:
         """Serve until the queue and the rows are empty: request id -> new tokens."""
         stats, outputs, step = ServeStats(), {}, 0
+        self.stats = stats
         self.began = time.perf_counter()
         pending = sorted(self.queue, key=lambda r: r.arrival)
         self.queue.clear()
@@ -150,6 +162,9 @@ class Server:
             if self.runner is not None:
                 self.runner.requests[row] = request.id
                 self.runner.active[row] = True
+                if self.widths is not None:  # start in the middle
+                    self.runner.widths[row] = self.widths[len(self.widths) // 2]
+                    self.ema[row] = self.widths[len(self.widths) // 2] / 2
                 self.drafter.admit(row, request.prompt, first)
 
     def _take(self, request: Request, tokens: list[int], on_token) -> None:
@@ -201,9 +216,24 @@ class Server:
         for row in range(self.engine.batch):
             self.lengths[row] += counts[row] if active[row] else 0
         self.roots.copy_(verdict.emitted.gather(1, verdict.accepted[:, None])[:, 0])
+        if self.widths is not None:
+            self._adapt_widths(active, counts)
         self._park_idle(active)
         self.drafter.observe(committed)
         return committed
+
+    def _adapt_widths(self, active: list[bool], counts: list[int]) -> None:
+        """Each active row's next draft size: the smallest width at least twice its recent
+        tokens per step (an exponential average, weight 1/2), the largest if none is."""
+        widths = self.runner.widths.tolist()
+        for row in range(self.engine.batch):
+            if not active[row]:
+                continue
+            self.stats.width_steps[widths[row]] = self.stats.width_steps.get(widths[row], 0) + 1
+            self.ema[row] = 0.5 * self.ema[row] + 0.5 * counts[row]
+            widths[row] = next((w for w in self.widths if w >= 2 * self.ema[row]),
+                               self.widths[-1])
+        self.runner.widths.copy_(torch.tensor(widths))
 
     def _park_idle(self, active: list[bool]) -> None:
         """Idle rows back to length 0, so their discarded steps never write past the cache."""

@@ -19,7 +19,7 @@ import torch
 from engine.generate import GREEDY, Engine, StopCheck
 from engine.sampling import Sampling, choose
 from engine.speculative.drafters import Drafter
-from engine.speculative.tree import DraftTree, share_budget
+from engine.speculative.tree import DraftTree, limit_rows, share_budget
 from engine.speculative.two_level import TwoLevel, two_level_step
 from engine.speculative.verify import Verdict, verify
 from w12.errors import W12Error
@@ -51,7 +51,7 @@ class SpecRunner:
     def __init__(self, engine: Engine, drafter: Drafter, *, budget: int, tree: bool,
                  sampling: Sampling = GREEDY, forced_accept: int | None = None,
                  cuda_graph: bool | None = None, two_level: TwoLevel | None = None,
-                 shared_total: int | None = None) -> None:
+                 shared_total: int | None = None, per_row: bool = False) -> None:
         if budget < 1:
             raise W12Error(f"node budget {budget}: must be at least 1")
         self.engine, self.drafter, self.budget, self.tree = engine, drafter, budget, tree
@@ -61,6 +61,11 @@ class SpecRunner:
         # many over the batch (``tree.share_budget``)
         self.shared_total = shared_total
         self.active = torch.ones(engine.batch, dtype=torch.bool, device=engine.model.device)
+        # per_row: request b's tree cut to ``widths[b]`` nodes (``tree.limit_rows``), a buffer
+        # the caller sets between steps (a captured graph reads it)
+        self.per_row = per_row
+        self.widths = torch.full((engine.batch,), budget, dtype=torch.long,
+                                 device=engine.model.device)
         if two_level is not None and forced_accept is not None:
             raise W12Error("forced acceptance times one verify pass; two-level verification "
                            "has two")
@@ -77,6 +82,8 @@ class SpecRunner:
 
     def _propose(self, roots: torch.Tensor) -> DraftTree:
         draft = self.drafter.propose(roots, self.engine.cache, self.budget, self.tree)
+        if self.per_row:
+            draft = limit_rows(draft, self.widths)
         if self.shared_total is None:
             return draft
         try:

@@ -169,6 +169,23 @@ def share_budget(tree: DraftTree, total: int, active: torch.Tensor | None = None
     return DraftTree(tree.tokens, tree.parents, tree.depth, valid, tree.scores)
 
 
+def limit_rows(tree: DraftTree, widths: torch.Tensor) -> DraftTree:
+    """The same trees with at most ``widths[b]`` nodes kept in request ``b`` (root included):
+    the best drafted nodes by path score where the tree has scores, else the first ones in
+    index order (a topological order, so either way what is kept is a tree); the others
+    become padding. Per-request draft sizes in a batch: fixed [B, N] shapes, no host work."""
+    b, n = tree.tokens.shape
+    nodes = torch.arange(n, device=tree.tokens.device).expand(b, n)
+    if tree.scores is None:
+        keep = nodes < widths[:, None]
+    else:
+        key = torch.where(tree.valid, tree.scores - _DEPTH_TIE * tree.depth, float("-inf"))
+        key = torch.where(tree.parents < 0, float("inf"), key)
+        rank = key.argsort(dim=1, descending=True, stable=True).argsort(dim=1)
+        keep = rank < widths[:, None]
+    return DraftTree(tree.tokens, tree.parents, tree.depth, tree.valid & keep, tree.scores)
+
+
 def best_first_reference(top_tokens: list[list[int]], top_logp: list[list[float]],
                          budget: int) -> list[tuple[int, ...]]:
     """The heap search for one request: the drafted nodes (as token paths) in pop order."""

@@ -10,7 +10,7 @@ import torch
 from engine.generate import Engine, generate
 from engine.sampling import Sampling
 from engine.serving import Server
-from engine.speculative import make_drafter
+from engine.speculative import DraftTree, best_first, make_drafter
 from engine.weights import load_model
 from w12.errors import W12Error
 
@@ -179,3 +179,36 @@ def test_the_block_drafter_takes_requests_into_a_running_batch(tiny_llama_folder
     assert torch.equal(drafter.context.k[:, 1, :, :n], solo.context.k[:, 0, :, :n])
     assert torch.equal(drafter.context.v[:, 1, :, :n], solo.context.v[:, 0, :, :n])
     assert int(drafter.context.lengths[1]) == n
+
+
+def test_per_request_widths_follow_acceptance_and_stay_exact(w12_model):
+    """Widths (3, 5, 8) chosen per request from its recent acceptance: several are used, every
+    request still gets its own plain decoding, and a bad set of widths is refused."""
+    engine = Engine(w12_model, batch=3, max_seq_len=SEQ)
+    server = Server(engine, drafter=make_drafter("early-exit:1", w12_model), budget=8,
+                    tree=True, widths=(8, 3, 5))
+    ids = [server.submit(p, max_new_tokens=n, arrival=a) for p, n, a in REQUESTS]
+    out, stats = server.run()
+    for request_id, (prompt, new, _) in zip(ids, REQUESTS, strict=True):
+        assert out[request_id] == plain_alone(w12_model, prompt, new, request_id, Sampling())
+    assert len(stats.width_steps) >= 2 and set(stats.width_steps) <= {3, 5, 8}
+    with pytest.raises(W12Error, match="largest equal to the budget 8"):
+        Server(Engine(w12_model, batch=1, max_seq_len=SEQ),
+               drafter=make_drafter("ngram", w12_model), budget=8, widths=(4, 6))
+
+
+def test_limit_rows_keeps_each_requests_best_nodes():
+    from engine.speculative.tree import limit_rows
+
+    gen = torch.Generator().manual_seed(5)
+    logp = torch.randn(2, 3, 3, generator=gen).log_softmax(-1).sort(-1, descending=True).values
+    tree = best_first(torch.tensor([1, 2]), torch.arange(18).view(2, 3, 3), logp, 7)
+    cut = limit_rows(tree, torch.tensor([3, 7]))
+    assert cut.valid.sum(1).tolist() == [3, 7]
+    key = torch.where(tree.parents >= 0, tree.scores - 1e-6 * tree.depth, float("inf"))
+    assert set(key[0].topk(3).indices.tolist()) == set(cut.valid[0].nonzero()[:, 0].tolist())
+    parents_kept = cut.valid.gather(1, cut.parents.clamp(min=0))
+    assert (parents_kept | ~cut.valid).all()
+    chain = limit_rows(DraftTree.chain(torch.tensor([1]), torch.tensor([[2, 3, 4]])),
+                       torch.tensor([2]))
+    assert chain.valid[0].tolist() == [True, True, False, False]
