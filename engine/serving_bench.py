@@ -28,7 +28,7 @@ from w12.errors import W12Error
 @dataclass
 class ServeRow:
     concurrency: int
-    mode: str  # "plain" or "spec"
+    mode: str  # "plain", "spec", or a policy: "shared", "widths"
     requests: int
     tokens: int
     seconds: float
@@ -48,10 +48,10 @@ def _percentile(values: list[float], q: float) -> float:
 
 def _serve(model, prompts, *, concurrency: int, seq: int, max_new_tokens: int,
            sampling: Sampling, stop_ids, drafter: str | None, budget: int, tree: bool,
-           compile: bool):
+           compile: bool, policy: dict):
     engine = Engine(model, batch=concurrency, max_seq_len=seq, compile=compile)
     server = Server(engine, sampling=sampling, stop_ids=stop_ids, budget=budget, tree=tree,
-                    drafter=make_drafter(drafter, model) if drafter else None)
+                    drafter=make_drafter(drafter, model) if drafter else None, **policy)
     for prompt in prompts:
         server.submit(prompt, max_new_tokens=max_new_tokens)
     if model.device.type == "cuda":
@@ -65,7 +65,11 @@ def bench_serve(loaded: LoadedModel, prompts: list[list[int]], *, drafter: str,
                 concurrency: list[int], max_new_tokens: int = 128, budget: int = 16,
                 tree: bool = True, sampling: Sampling = GREEDY,
                 stop_ids: frozenset[int] = frozenset(), compile: bool = False,
+                shared_per_row: int | None = None, widths: tuple[int, ...] | None = None,
                 log=print) -> list[ServeRow]:
+    """Per concurrency: plain serving, speculative serving, then the batching policies asked
+    for as rows of their own: ``shared_per_row`` (a node budget of that many nodes per active
+    row, shared by all: mode "shared") and ``widths`` (per-request draft sizes: "widths")."""
     if not prompts:
         raise W12Error("bench serve: no prompts")
     if min(concurrency) < 1:
@@ -75,31 +79,39 @@ def bench_serve(loaded: LoadedModel, prompts: list[list[int]], *, drafter: str,
     rows: list[ServeRow] = []
     for c in concurrency:
         outputs = {}
-        for mode, name in (("plain", None), ("spec", drafter)):
+        modes = [("plain", None, {}), ("spec", drafter, {})]
+        if shared_per_row is not None:
+            modes.append(("shared", drafter, {"shared_total": shared_per_row * c}))
+        if widths is not None:
+            modes.append(("widths", drafter, {"widths": widths}))
+        for mode, name, policy in modes:
             options = dict(concurrency=c, seq=seq, max_new_tokens=max_new_tokens,
                            sampling=sampling, stop_ids=stop_ids, drafter=name, budget=budget,
-                           tree=tree, compile=compile)
+                           tree=tree, compile=compile, policy=policy)
             _serve(model, prompts[:c], **{**options, "max_new_tokens": 2})  # warm-up
             out, stats, seconds = _serve(model, prompts, **options)
             outputs[mode] = out
             tokens = sum(map(len, out.values()))
             latency = list(stats.seconds.values())
-            plain = rows[-1].tokens_per_s if mode == "spec" else None
+            plain = next((r.tokens_per_s for r in rows
+                          if r.concurrency == c and r.mode == "plain"), None)
             rows.append(ServeRow(c, mode, len(prompts), tokens, seconds, tokens / seconds,
                                  _percentile(latency, 0.5), _percentile(latency, 0.9),
                                  max(latency), stats.steps, stats.tau,
                                  tokens / seconds / plain if plain else None))
             log(format_row(rows[-1]))
-        if outputs["plain"] != outputs["spec"]:
-            bad = next(i for i in outputs["plain"] if outputs["plain"][i] != outputs["spec"][i])
-            raise W12Error(f"concurrency {c}: request {bad}'s speculative tokens differ from "
-                           "its plain ones (the kernels are not row-exact here: BF16 on a GPU?)")
+        for mode, out in outputs.items():
+            if out != outputs["plain"]:
+                bad = next(i for i in out if out[i] != outputs["plain"][i])
+                raise W12Error(f"concurrency {c}: request {bad}'s tokens ({mode}) differ from "
+                               "its plain ones (the kernels are not row-exact here: BF16 on a "
+                               "GPU?)")
     return rows
 
 
 def format_row(r: ServeRow) -> str:
     gain = "" if r.speedup is None else f"  x{r.speedup:.3f} plain"
-    return (f"C={r.concurrency:<4} {r.mode:<5} {r.requests} requests  {r.tokens_per_s:9.1f} tok/s"
+    return (f"C={r.concurrency:<4} {r.mode:<6} {r.requests} requests  {r.tokens_per_s:9.1f} tok/s"
             f"  latency p50 {r.latency_p50_s:7.3f} s  p90 {r.latency_p90_s:7.3f} s  "
             f"max {r.latency_max_s:7.3f} s  steps {r.steps:6d}  tau {r.tau:6.3f}{gain}")
 

@@ -155,6 +155,12 @@ def bench_spec_command(model, drafter, prompts_path, limit, budgets, modes, max_
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1))
 @budget
 @tree_shape
+@click.option("--shared-budget", "shared", default=None, type=click.IntRange(1),
+              help="Also serve with one node budget of this many nodes per row shared by all "
+                   "rows (best nodes across requests; a best-first tree drafter).")
+@click.option("--widths", default=None, callback=positive_int_list,
+              help="Also serve with per-request draft sizes from these (e.g. 8,12,16; the "
+                   "largest is --budget), chosen from each request's recent acceptance.")
 @sampling
 @click.option("--bf16/--w12", "bf16", default=None,
               help="Linear layers in BF16 or W12 (default: W12 for a W12 folder, else BF16).")
@@ -162,7 +168,8 @@ def bench_spec_command(model, drafter, prompts_path, limit, budgets, modes, max_
 @compile_ops
 @json_out
 def bench_serve_command(model, drafter, prompts_path, limit, concurrency, max_new_tokens, budget,
-                        chain, temperature, top_p, seed, bf16, device, compile_, json_path):
+                        chain, shared, widths, temperature, top_p, seed, bf16, device, compile_,
+                        json_path):
     """Serve every prompt of a set with continuous batching, plain and speculative, same run.
 
     Per concurrency: tokens/s, request latency percentiles (from the start of the run),
@@ -180,7 +187,8 @@ def bench_serve_command(model, drafter, prompts_path, limit, concurrency, max_ne
     rows = bench_serve(target.loaded, target.prompts, drafter=drafter, concurrency=concurrency,
                        max_new_tokens=max_new_tokens, budget=budget, tree=not chain,
                        sampling=Sampling(temperature, top_p, seed), stop_ids=target.stop_ids,
-                       compile=compile_default(compile_, device), log=click.echo)
+                       compile=compile_default(compile_, device), shared_per_row=shared,
+                       widths=tuple(widths) if widths else None, log=click.echo)
     if json_path is not None:
         json_path.write_text(json.dumps({"model": model, "drafter": drafter,
                                          "rows": as_dicts(rows)}, indent=2))

@@ -33,8 +33,11 @@ class Group(_OneLineErrors, click.Group):
     """A group whose commands' user errors end them with one ``error:`` line and exit code 2."""
 
 
-def positive_int_list(ctx, param, value: str) -> list[int]:
-    """Click callback for options like ``--batch 1,8,32``."""
+def positive_int_list(ctx, param, value: str | None) -> list[int] | None:
+    """Click callback for options like ``--batch 1,8,32`` (None where the option has no
+    default and is not given)."""
+    if value is None:
+        return None
     try:
         sizes = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:

@@ -103,15 +103,15 @@ def test_bench_serve_reports_both_modes_and_checks_their_tokens(tiny_folder):
     loaded = load_model(tiny_folder("llama"), mode="w12")
     prompts = [p for p, _, _ in REQUESTS]
     rows = bench_serve(loaded, prompts, drafter="ngram", concurrency=[1, 3], max_new_tokens=8,
-                       budget=4, tree=False, log=lambda line: None)
-    assert [(r.concurrency, r.mode) for r in rows] == [(1, "plain"), (1, "spec"), (3, "plain"),
-                                                       (3, "spec")]
+                       budget=4, tree=False, widths=(2, 4), log=lambda line: None)
+    assert [(r.concurrency, r.mode) for r in rows] == [
+        (1, "plain"), (1, "spec"), (1, "widths"), (3, "plain"), (3, "spec"), (3, "widths")]
     for r in rows:
         assert r.requests == len(prompts) and r.tokens == 8 * len(prompts)
         assert r.latency_p50_s <= r.latency_p90_s <= r.latency_max_s <= r.seconds
         assert (r.speedup is None) == (r.mode == "plain") and r.tau >= 1.0
     assert rows[0].steps == 8 * len(prompts) - len(prompts)  # one row: a step per later token
-    assert rows[2].steps < rows[0].steps  # three rows share steps
+    assert rows[3].steps < rows[0].steps  # three rows share steps
 
 
 def test_a_shared_node_budget_serves_exactly(w12_model, monkeypatch):
