@@ -10,6 +10,9 @@
 #                                     # W12 and BF16
 #   bash lab/device_spec.sh exactness # the demo model at batch 8 greedy and sampled, and sampled
 #                                     # at batch 1 under CUDA_LAUNCH_BLOCKING=1
+#   bash lab/device_spec.sh serve     # w12 bench serve on the demo model at 8 and 32 requests
+#                                     # (DRAFT=ngram or a drafter folder; SERVE_FLAGS e.g.
+#                                     # "--shared-budget 8 --widths 8,12,16" with a tree drafter)
 #   bash lab/device_spec.sh forcing   # lab/forcing_bits.py: decode and verify logits bits at batch
 #                                     # 8 (the synthetic model, and the demo model if converted)
 #   bash lab/device_spec.sh attention # the tree-attention benchmark
@@ -25,7 +28,7 @@
 # Logs and JSON go to $OUT (default ./out). W12_CACHE must hold the demo model's GGUF for
 # "demo" (the cache layout of converters.demo_models). Each step has its own time limit.
 set -uo pipefail
-STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|forcing|attention|drafter|drafter-eval [DIR]}
+STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|attention|drafter|drafter-eval [DIR]}
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
@@ -114,6 +117,14 @@ exactness)  # the demo model: batch 8 greedy and sampled, sampled at batch 1 (al
   CUDA_LAUNCH_BLOCKING=1 TAIL=30 run ${B1_LIMIT:-150} check-b1-sampled-blocking $W12 spec check \
     "$MODEL" --drafter ngram --chain --budget 16 --prompts "${PROMPTS:-humaneval}" \
     --max-new-tokens 256 --temperature 0.7 --top-p 0.95 --seed 1 --quiet
+  ;;
+serve)  # continuous batching on the demo model: plain against speculative, and the policies
+  $W12 demo --quiet > "$OUT/demo.txt" 2>&1 || { tail "$OUT/demo.txt"; exit 1; }
+  MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 | head -1)
+  DRAFT=${DRAFT:-ngram}
+  TAIL=16 run ${SERVE_LIMIT:-400} "serve-${DRAFT##*/}" $W12 bench serve "$MODEL" --drafter "$DRAFT" \
+    --prompts "${PROMPTS:-humaneval}" --limit ${REQUESTS:-64} --concurrency 8,32 \
+    --max-new-tokens 128 --budget 16 ${SERVE_FLAGS:-} --json "$OUT/serve-${DRAFT##*/}.json"
   ;;
 forcing)  # logits bits of decode and verify at one batch, forced along one continuation
   MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 2>/dev/null | head -1)
