@@ -114,7 +114,6 @@ class Server:
             ) -> tuple[dict[int, list[int]], ServeStats]:
         """Serve until the queue and the rows are empty: request id -> new tokens."""
         stats, outputs, step = ServeStats(), {}, 0
-        self.stats = stats
         self.began = time.perf_counter()
         pending = sorted(self.queue, key=lambda r: r.arrival)
         self.queue.clear()
@@ -127,7 +126,7 @@ class Server:
             if self.runner is None:
                 committed = self._decode_step()
             else:
-                committed = self._spec_step()
+                committed = self._spec_step(stats)
             stats.steps += 1
             step += 1
             for row, tokens in enumerate(committed):
@@ -206,7 +205,7 @@ class Server:
         self._park_idle(active)
         return [[t] if a else [] for t, a in zip(tokens, active, strict=True)]
 
-    def _spec_step(self) -> list[list[int]]:
+    def _spec_step(self, stats: ServeStats) -> list[list[int]]:
         active = [r is not None for r in self.rows]
         verdict = self.runner.step(self.roots)
         counts = (verdict.accepted + 1).tolist()
@@ -217,19 +216,19 @@ class Server:
             self.lengths[row] += counts[row] if active[row] else 0
         self.roots.copy_(verdict.emitted.gather(1, verdict.accepted[:, None])[:, 0])
         if self.widths is not None:
-            self._adapt_widths(active, counts)
+            self._adapt_widths(active, counts, stats)
         self._park_idle(active)
         self.drafter.observe(committed)
         return committed
 
-    def _adapt_widths(self, active: list[bool], counts: list[int]) -> None:
+    def _adapt_widths(self, active: list[bool], counts: list[int], stats: ServeStats) -> None:
         """Each active row's next draft size: the smallest width at least twice its recent
         tokens per step (an exponential average, weight 1/2), the largest if none is."""
         widths = self.runner.widths.tolist()
         for row in range(self.engine.batch):
             if not active[row]:
                 continue
-            self.stats.width_steps[widths[row]] = self.stats.width_steps.get(widths[row], 0) + 1
+            stats.width_steps[widths[row]] = stats.width_steps.get(widths[row], 0) + 1
             self.ema[row] = 0.5 * self.ema[row] + 0.5 * counts[row]
             widths[row] = next((w for w in self.widths if w >= 2 * self.ema[row]),
                                self.widths[-1])

@@ -19,6 +19,7 @@ from w12_cli.options import (
     sampling,
     tree_shape,
     two_level,
+    weight_mode,
 )
 
 
@@ -101,8 +102,7 @@ def _modes(ctx, param, value: str) -> tuple[str, ...]:
               help="Prompt length of the random prompts of a synthetic model.")
 @two_level
 @sampling
-@click.option("--bf16/--w12", "bf16", default=None,
-              help="Linear layers in BF16 or W12 (default: W12 for a W12 folder, else BF16).")
+@weight_mode
 @device
 @compile_ops
 @json_out
@@ -162,8 +162,7 @@ def bench_spec_command(model, drafter, prompts_path, limit, budgets, modes, max_
               help="Also serve with per-request draft sizes from these (e.g. 8,12,16; the "
                    "largest is --budget), chosen from each request's recent acceptance.")
 @sampling
-@click.option("--bf16/--w12", "bf16", default=None,
-              help="Linear layers in BF16 or W12 (default: W12 for a W12 folder, else BF16).")
+@weight_mode
 @device
 @compile_ops
 @json_out

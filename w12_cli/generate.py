@@ -14,6 +14,7 @@ from w12_cli.options import (
     device,
     drafter,
     tree_shape,
+    weight_mode,
 )
 
 
@@ -22,8 +23,7 @@ from w12_cli.options import (
 @click.option("--prompt", "prompts", multiple=True, required=True,
               help="Prompt text; repeat for a batch.")
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1))
-@click.option("--bf16/--w12", "bf16", default=None,
-              help="Linear layers in BF16 or W12 (default: W12 for a W12 folder, else BF16).")
+@weight_mode
 @click.option("--chat/--no-chat", default=None,
               help="Wrap the prompt in the model's chat template (default: if it has one).")
 @click.option("--system", default=None, help="System message for --chat.")

@@ -90,6 +90,9 @@ budget = click.option("--budget", "--tree-budget", "budget", default=16, show_de
                       type=click.IntRange(1, 128),
                       help="Nodes per verify step, the root included (a chain drafts budget - "
                            "1 tokens); at most 128, the rows the W12 GEMM keeps row-exact.")
+weight_mode = click.option(
+    "--bf16/--w12", "bf16", default=None,
+    help="Linear layers in BF16 or W12 (default: W12 for a W12 folder, else BF16).")
 two_level = click.option(
     "--two-level", "two_level", default=None, type=click.IntRange(1, 127),
     help="Two-level verification: a Q pass over a tree of this many nodes on the 8-bit view "

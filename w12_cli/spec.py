@@ -18,6 +18,7 @@ from w12_cli.options import (
     sampling,
     tree_shape,
     two_level,
+    weight_mode,
 )
 
 
@@ -40,8 +41,7 @@ def spec_group() -> None:
 @tree_shape
 @two_level
 @sampling
-@click.option("--bf16/--w12", "bf16", default=None,
-              help="Linear layers in BF16 or W12 (default: W12 for a W12 folder, else BF16).")
+@weight_mode
 @click.option("--chat/--no-chat", default=None,
               help="Wrap prompts in the model's chat template (default: if it has one).")
 @device
