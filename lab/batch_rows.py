@@ -1,0 +1,66 @@
+"""Which side of a batched exactness failure moves: plain decoding or speculative decoding.
+
+    python lab/batch_rows.py MODEL --prompts FILE --limit 8 --batch 8 [--budget 16] [--no-compile]
+
+Decodes the first ``--limit`` prompts plainly one at a time (the reference), plainly at
+``--batch``, and speculatively at ``--batch`` (ngram drafter, chain of ``--budget`` nodes), all
+greedy, and prints per prompt its reference length and the first new token where each batched
+run leaves the reference ("=" where it never does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.generate import Engine, generate  # noqa: E402
+from engine.speculative.api import first_difference, load_target, read_prompts  # noqa: E402
+from engine.speculative.decode import speculative_generate  # noqa: E402
+from engine.speculative.drafters import make_drafter  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model")
+    parser.add_argument("--prompts", required=True)
+    parser.add_argument("--limit", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--budget", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--drafter", default="ngram")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--device", default="cuda")
+    a = parser.parse_args()
+
+    target = load_target(a.model, read_prompts(a.prompts, a.limit), mode=None, device=a.device)
+    model, prompts = target.loaded.model, target.prompts
+    room = max(map(len, prompts)) + a.tokens + a.budget
+
+    def plain(batch: int, rows: list[list[int]]) -> list[list[int]]:
+        engine = Engine(model, batch=batch, max_seq_len=room, compile=a.compile)
+        return generate(engine, rows, max_new_tokens=a.tokens, stop_ids=target.stop_ids)
+
+    reference = [plain(1, [p])[0] for p in prompts]
+    batched, spec = [], []
+    engine = Engine(model, batch=a.batch, max_seq_len=room, compile=a.compile)
+    drafter = make_drafter(a.drafter, model)
+    for start in range(0, len(prompts), a.batch):
+        group = prompts[start:start + a.batch]
+        rows = group + [group[-1]] * (a.batch - len(group))
+        batched += plain(a.batch, rows)[:len(group)]
+        out, _ = speculative_generate(engine, drafter, rows, budget=a.budget, tree=False,
+                                      max_new_tokens=a.tokens, stop_ids=target.stop_ids)
+        spec += out[:len(group)]
+    print(f"{'prompt':>6} {'length':>6} {'prompt_tokens':>13} {'plain@B':>8} {'spec@B':>8}")
+    for i, ref in enumerate(reference):
+        cells = []
+        for other in (batched[i], spec[i]):
+            cells.append("=" if other == ref else str(first_difference(ref, other)[0]))
+        print(f"{i:>6} {len(ref):>6} {len(prompts[i]):>13} {cells[0]:>8} {cells[1]:>8}")
+
+
+if __name__ == "__main__":
+    main()
