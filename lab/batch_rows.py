@@ -5,7 +5,9 @@
 Decodes the first ``--limit`` prompts plainly one at a time (the reference), plainly at
 ``--batch``, and speculatively at ``--batch`` (ngram drafter, chain of ``--budget`` nodes), all
 greedy, and prints per prompt its reference length and the first new token where each batched
-run leaves the reference ("=" where it never does).
+run leaves the reference ("=" where it never does). ``--repeat``: instead, the batched runs
+twice each (speculative: on one engine, then on a fresh one) against their own first run, which
+separates a batch effect from state left behind or nondeterminism.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def main() -> None:
     parser.add_argument("--drafter", default="ngram")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--repeat", action="store_true")
     a = parser.parse_args()
 
     target = load_target(a.model, read_prompts(a.prompts, a.limit), mode=None, device=a.device)
@@ -43,23 +46,37 @@ def main() -> None:
         engine = Engine(model, batch=batch, max_seq_len=room, compile=a.compile)
         return generate(engine, rows, max_new_tokens=a.tokens, stop_ids=target.stop_ids)
 
-    reference = [plain(1, [p])[0] for p in prompts]
-    batched, spec = [], []
     engine = Engine(model, batch=a.batch, max_seq_len=room, compile=a.compile)
     drafter = make_drafter(a.drafter, model)
-    for start in range(0, len(prompts), a.batch):
-        group = prompts[start:start + a.batch]
-        rows = group + [group[-1]] * (a.batch - len(group))
-        batched += plain(a.batch, rows)[:len(group)]
-        out, _ = speculative_generate(engine, drafter, rows, budget=a.budget, tree=False,
+
+    def batched(run) -> list[list[int]]:
+        out = []
+        for start in range(0, len(prompts), a.batch):
+            group = prompts[start:start + a.batch]
+            out += run(group + [group[-1]] * (a.batch - len(group)))[:len(group)]
+        return out
+
+    def spec(rows, on=None):
+        out, _ = speculative_generate(on or engine, drafter, rows, budget=a.budget, tree=False,
                                       max_new_tokens=a.tokens, stop_ids=target.stop_ids)
-        spec += out[:len(group)]
-    print(f"{'prompt':>6} {'length':>6} {'prompt_tokens':>13} {'plain@B':>8} {'spec@B':>8}")
+        return out
+
+    if a.repeat:
+        fresh = Engine(model, batch=a.batch, max_seq_len=room, compile=a.compile)
+        reference = batched(lambda rows: plain(a.batch, rows))
+        runs = {"plain@B again": batched(lambda rows: plain(a.batch, rows)),
+                "spec@B": batched(spec), "spec@B again": batched(spec),
+                "spec@B fresh": batched(lambda rows: spec(rows, fresh))}
+    else:
+        reference = [plain(1, [p])[0] for p in prompts]
+        runs = {"plain@B": batched(lambda rows: plain(a.batch, rows)), "spec@B": batched(spec)}
+    print(f"{'prompt':>6} {'length':>6} {'prompt_tokens':>13} " +
+          " ".join(f"{name:>14}" for name in runs))
     for i, ref in enumerate(reference):
-        cells = []
-        for other in (batched[i], spec[i]):
-            cells.append("=" if other == ref else str(first_difference(ref, other)[0]))
-        print(f"{i:>6} {len(ref):>6} {len(prompts[i]):>13} {cells[0]:>8} {cells[1]:>8}")
+        cells = ["=" if out[i] == ref else str(first_difference(ref, out[i])[0])
+                 for out in runs.values()]
+        print(f"{i:>6} {len(ref):>6} {len(prompts[i]):>13} " +
+              " ".join(f"{c:>14}" for c in cells))
 
 
 if __name__ == "__main__":
