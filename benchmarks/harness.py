@@ -87,7 +87,7 @@ def capture(calls: Sequence[Callable[[], object]]):
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):  # the warm-up's stream (w12_kernels)
         for call in calls:
             call()
     graph.replay()

@@ -71,7 +71,7 @@ class Engine:
             self._warm_up()
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, stream=stream):  # the warm-up's stream (w12_kernels)
             self.logits = self._decode()
         self.cache.lengths.copy_(saved)
 

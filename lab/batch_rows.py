@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.generate import Engine, generate  # noqa: E402
 from engine.speculative.api import first_difference, load_target, read_prompts  # noqa: E402
-from engine.speculative.decode import speculative_generate  # noqa: E402
+from engine.speculative.decode import SpecRunner, speculative_generate  # noqa: E402
 from engine.speculative.drafters import make_drafter  # noqa: E402
 
 
@@ -36,6 +36,8 @@ def main() -> None:
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--repeat", action="store_true")
+    parser.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
+                        help="CUDA graphs (default: on a GPU)")
     a = parser.parse_args()
 
     target = load_target(a.model, read_prompts(a.prompts, a.limit), mode=None, device=a.device)
@@ -43,10 +45,12 @@ def main() -> None:
     room = max(map(len, prompts)) + a.tokens + a.budget
 
     def plain(batch: int, rows: list[list[int]]) -> list[list[int]]:
-        engine = Engine(model, batch=batch, max_seq_len=room, compile=a.compile)
+        engine = Engine(model, batch=batch, max_seq_len=room, compile=a.compile,
+                        cuda_graph=a.graph)
         return generate(engine, rows, max_new_tokens=a.tokens, stop_ids=target.stop_ids)
 
-    engine = Engine(model, batch=a.batch, max_seq_len=room, compile=a.compile)
+    engine = Engine(model, batch=a.batch, max_seq_len=room, compile=a.compile,
+                    cuda_graph=a.graph)
     drafter = make_drafter(a.drafter, model)
 
     def batched(run) -> list[list[int]]:
@@ -57,12 +61,16 @@ def main() -> None:
         return out
 
     def spec(rows, on=None):
-        out, _ = speculative_generate(on or engine, drafter, rows, budget=a.budget, tree=False,
-                                      max_new_tokens=a.tokens, stop_ids=target.stop_ids)
+        on = on or engine
+        runner = SpecRunner(on, drafter, budget=a.budget, tree=False, cuda_graph=a.graph)
+        out, _ = speculative_generate(on, drafter, rows, budget=a.budget, tree=False,
+                                      max_new_tokens=a.tokens, stop_ids=target.stop_ids,
+                                      runner=runner)
         return out
 
     if a.repeat:
-        fresh = Engine(model, batch=a.batch, max_seq_len=room, compile=a.compile)
+        fresh = Engine(model, batch=a.batch, max_seq_len=room, compile=a.compile,
+                       cuda_graph=a.graph)
         reference = batched(lambda rows: plain(a.batch, rows))
         runs = {"plain@B again": batched(lambda rows: plain(a.batch, rows)),
                 "spec@B": batched(spec), "spec@B again": batched(spec),

@@ -15,6 +15,9 @@
 #                                     # "--shared-budget 8 --widths 8,12,16" with a tree drafter)
 #   bash lab/device_spec.sh forcing   # lab/forcing_bits.py: decode and verify logits bits at batch
 #                                     # 8 (the synthetic model, and the demo model if converted)
+#   bash lab/device_spec.sh determinism # the same inputs twice: every linear of the synthetic and
+#                                     # demo models at prefill-sized M, batched prefills on fresh
+#                                     # engines (graphs, compile), lab/batch_rows.py --repeat
 #   bash lab/device_spec.sh attention # the tree-attention benchmark
 #   bash lab/device_spec.sh divergence # batch > 1: lab/spec_divergence.py (verify rows against
 #                                     # plain steps, linear by linear) and, with the demo model,
@@ -28,7 +31,7 @@
 # Logs and JSON go to $OUT (default ./out). W12_CACHE must hold the demo model's GGUF for
 # "demo" (the cache layout of converters.demo_models). Each step has its own time limit.
 set -uo pipefail
-STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|attention|drafter|drafter-eval [DIR]}
+STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|determinism|attention|drafter|drafter-eval [DIR]}
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
@@ -131,6 +134,17 @@ forcing)  # logits bits of decode and verify at one batch, forced along one cont
   for m in synthetic:smollm2-135m $MODEL; do
     TAIL=24 run ${FORCING_LIMIT:-200} "forcing-${m##*/}" $PY lab/forcing_bits.py --model "$m" \
       --paths ${PATHS:-decode:8,chain:8,tree:8} --steps ${STEPS:-300}
+  done
+  ;;
+determinism)  # batch-8 plain decoding gave other tokens on a second fresh engine (H100)
+  MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 2>/dev/null | head -1)
+  for m in synthetic:smollm2-135m $MODEL; do
+    TAIL=12 run 120 "determinism-linears-${m##*/}" $PY lab/determinism.py --model "$m" \
+      --all-modules --reps 5 --rows 8,128,155,1240,2048 --engines 3 --graph --compile
+  done
+  for flags in "--graph --compile" "--no-graph --compile" "--graph --no-compile"; do
+    [ -n "$MODEL" ] && TAIL=10 run 150 "repeat${flags// /}" $PY lab/batch_rows.py "$MODEL" \
+      --prompts "${PROMPTS:-humaneval}" --limit 8 --batch 8 --repeat $flags
   done
   ;;
 attention)

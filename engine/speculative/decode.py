@@ -111,7 +111,7 @@ class SpecRunner:
                 cache.lengths.copy_(saved)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, stream=stream):  # the warm-up's stream (w12_kernels)
             self.verdict = self._body()
         cache.lengths.copy_(saved)
 

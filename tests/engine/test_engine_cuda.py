@@ -93,3 +93,21 @@ def test_sampling_rows_do_not_depend_on_the_row_count():
         one = choose(logits[r:r + 1], sampling, torch.zeros(1, dtype=torch.long, device="cuda"),
                      torch.tensor([r], device="cuda"))
         assert int(one) == int(picks[r])
+
+
+def test_graphs_capture_no_unzeroed_gemm_state():
+    """The engine's and the speculative runner's graphs are captured on the stream their warm-up
+    ran on, so the GEMM's zero-started per-stream state (K-split counters, stream-K flags) is
+    created eagerly, never as a zero fill that only one graph's replay runs."""
+    import warnings
+
+    from engine.speculative.decode import SpecRunner
+    from engine.speculative.drafters import make_drafter
+
+    model = load_model("synthetic:smollm2-135m", mode="w12", device="cuda").model
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        engine = Engine(model, batch=8, max_seq_len=256)
+        SpecRunner(engine, make_drafter("ngram", model), budget=16, tree=False)
+        SpecRunner(engine, make_drafter("ngram", model), budget=16, tree=True)
+    assert not [w for w in seen if "during CUDA graph capture" in str(w.message)]

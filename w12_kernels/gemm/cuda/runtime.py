@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +62,17 @@ def module(index: int, code: str, arch_suffix: str = "",
         return cupy.RawModule(code=f"// shared headers {headers_digest()}\n{code}",
                               options=compile_options(index, arch_suffix),
                               name_expressions=list(name_expressions) or None)
+
+
+def check_not_capturing(what: str) -> None:
+    """Warn when zero-started per-stream state (``what``) is being created inside a CUDA graph
+    capture: its zero fill is then a node of that graph, run only when that graph replays, and
+    another graph captured later on the same stream would start from whatever memory it holds.
+    Capturing on the stream that ran the calls once before (``torch.cuda.graph(g,
+    stream=...)``) creates it eagerly instead."""
+    if torch.cuda.is_current_stream_capturing():
+        warnings.warn(f"{what} created during CUDA graph capture; run the captured calls once "
+                      "on the capture stream before capturing", RuntimeWarning, stacklevel=3)
 
 
 def current_stream_ptr(index: int) -> int:

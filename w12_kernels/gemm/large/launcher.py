@@ -315,6 +315,7 @@ def _stream_k_memory(device: torch.device, blocks: int,
     stream = torch.cuda.current_stream(index).cuda_stream
     key = (index, stream, blocks, floats)
     if key not in _STREAM_K:
+        runtime.check_not_capturing("W12 GEMM stream-K flags")
         _STREAM_K[key] = (torch.empty(blocks * floats, dtype=torch.float32, device=device),
                           torch.zeros(blocks, dtype=torch.int32, device=device))
     return _STREAM_K[key]

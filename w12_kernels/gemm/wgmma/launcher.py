@@ -88,6 +88,7 @@ def _counters(device: torch.device, count: int) -> torch.Tensor:
     key = (index, runtime.current_stream_ptr(index))
     have = _COUNTERS.get(key)
     if have is None or have.numel() < count:
+        runtime.check_not_capturing("W12 GEMM K-split counters")
         if have is not None:
             _OUTGROWN.append(have)
         size = max(count, 4096, 0 if have is None else 2 * have.numel())

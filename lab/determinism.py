@@ -1,0 +1,86 @@
+"""Whether the same inputs give the same bits twice: each W12 linear shape alone at several M,
+then a batched prefill on two fresh engines.
+
+    python lab/determinism.py --model synthetic:smollm2-135m --batch 8
+
+Prints, per (module, M), how many of ``--reps`` repeats differ from the first call anywhere;
+then, for the prefill, whether the logits and each layer's K cache match between the engines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.generate import Engine  # noqa: E402
+from engine.model import Linear  # noqa: E402
+from engine.weights import load_model  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="synthetic:smollm2-135m")
+    parser.add_argument("--mode", default="w12")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--rows", default="1,8,16,128,155,256,512,1240,2048")
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--engines", type=int, default=3)
+    parser.add_argument("--graph", action="store_true", help="engines with their CUDA graph")
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--skip-linears", action="store_true")
+    parser.add_argument("--all-modules", action="store_true",
+                        help="every linear module (their escapes differ), not one per shape")
+    a = parser.parse_args()
+    model = load_model(a.model, mode=a.mode, device=a.device).model
+    gen = torch.Generator().manual_seed(0)
+    seen = set()
+    for name, module in model.named_modules():
+        if a.skip_linears or not isinstance(module, Linear):
+            continue
+        shape = (module.in_features, module.out_features)
+        if shape in seen and not a.all_modules:
+            continue
+        seen.add(shape)
+        cells = []
+        for m in map(int, a.rows.split(",")):
+            x = torch.randn(m, shape[0], generator=gen).to(a.device, torch.bfloat16)
+            with torch.inference_mode():
+                first = module(x)
+                bad = sum(not torch.equal(module(x).view(torch.int16), first.view(torch.int16))
+                          for _ in range(a.reps))
+            cells.append(f"M={m}:{bad}")
+        if not a.all_modules or any(not c.endswith(":0") for c in cells):
+            print(f"{name:<28} K={shape[0]:<5} N={shape[1]:<6} " + " ".join(cells), flush=True)
+    if a.all_modules:
+        print(f"{sum(isinstance(m, Linear) for m in model.modules())} linear modules tested; "
+              "those listed above differ somewhere")
+
+    vocab = model.args.vocab_size
+    lengths = [int(torch.randint(100, 160, (1,), generator=gen)) for _ in range(a.batch)]
+    prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+    runs = []
+    for _ in range(a.engines):
+        engine = Engine(model, batch=a.batch, max_seq_len=max(lengths) + 8,
+                        cuda_graph=a.graph, compile=a.compile)
+        logits = engine.prefill(prompts).clone()
+        runs.append((logits, [layer.clone() for layer in engine.cache.k]))
+    l0, k0 = runs[0]
+    for l1, k1 in runs[1:]:
+        rows = [r for r in range(a.batch) if not torch.equal(l0[r].view(torch.int16),
+                                                             l1[r].view(torch.int16))]
+        print(f"prefill of {a.batch} prompts of {lengths} tokens (graph {a.graph}, compile "
+              f"{a.compile}): logits differ from the first engine's in rows {rows}")
+        for i, (x, y) in enumerate(zip(k0, k1, strict=True)):
+            if not torch.equal(x.view(torch.int16), y.view(torch.int16)):
+                print(f"  first K cache difference: layer {i}")
+                break
+
+
+if __name__ == "__main__":
+    main()
