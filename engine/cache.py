@@ -35,13 +35,14 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.hidden: HiddenTaps | None = None
+        self.recurrent = None  # a hybrid's GDN layers' state (engine.gated_delta)
 
     @classmethod
     def for_model(cls, args, batch: int, seq_len: int, *, dtype: torch.dtype,
                   device: torch.device) -> KVCache:
-        """A cache shaped for ``args`` (an ``engine.model.ModelArgs``)."""
-        return cls(args.n_layers, batch, args.n_kv_heads, seq_len, args.head_dim, dtype=dtype,
-                   device=device)
+        """A cache shaped for ``args`` (an ``engine.model.ModelArgs``): its attention layers."""
+        return cls(len(args.attention_layers), batch, args.n_kv_heads, seq_len, args.head_dim,
+                   dtype=dtype, device=device)
 
     @property
     def n_layers(self) -> int:
@@ -61,7 +62,8 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        extra = 0 if self.recurrent is None else self.recurrent.nbytes
+        return 2 * self.k.numel() * self.k.element_size() + extra
 
     def row(self, index: int) -> KVCache:
         """A batch-1 cache over row ``index``: its keys, values, length and hidden taps are
@@ -70,6 +72,7 @@ class KVCache:
         view.k, view.v = self.k[:, index:index + 1], self.v[:, index:index + 1]
         view.lengths = self.lengths[index:index + 1]
         view.hidden = None if self.hidden is None else self.hidden.row(index)
+        view.recurrent = None if self.recurrent is None else self.recurrent.row(index)
         return view
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,6 +105,8 @@ class KVCache:
         compact_kv(self.k, self.v, src_slots, self.lengths, count)
         if self.hidden is not None:
             self.hidden.keep(src_slots, self.lengths, count)
+        if self.recurrent is not None:  # the accepted path replayed into the GDN state
+            self.recurrent.keep(src_slots - self.lengths[:, None], count)
 
     def tap(self, layers: tuple[int, ...], dim: int) -> HiddenTaps:
         """Keep the residual stream after ``layers`` (width ``dim``) per slot from now on; the

@@ -33,7 +33,12 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    # a dense hybrid: Gated DeltaNet layers (Qwen3-Next's layer) and Qwen3 attention layers in
+    # the order ``layer_types`` gives (Qwen3.5's dense hybrids: three GDN layers, then one
+    # attention layer); see engine.gated_delta
+    "W12HybridForCausalLM": "hybrid",
 }
+LAYER_TYPES = ("full_attention", "linear_attention")
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -57,6 +62,11 @@ class ModelArgs:
     mlp_bias: bool = False
     qk_norm: bool = False
     extra: dict = field(default_factory=dict)  # bos/eos ids and other pass-through fields
+    # hybrids: each layer's kind (LAYER_TYPES; None: all attention), and the GDN layers' key
+    # heads, value heads, key and value head dims, and convolution width
+    layer_types: tuple[str, ...] | None = None
+    gdn_shape: tuple[int, int, int, int] = (0, 0, 0, 0)
+    gdn_conv: int = 4
 
     @classmethod
     def from_hf_config(cls, cfg: dict, source: str = "config.json") -> ModelArgs:
@@ -68,6 +78,7 @@ class ModelArgs:
             raise W12Error(f"{source}: sliding-window attention is not supported")
         get = _getter(cfg, source)
         n_heads = int(get("num_attention_heads"))
+        hybrid = _hybrid_fields(cfg, source, get) if arch == "hybrid" else {}
         dim = int(get("hidden_size"))
         theta, scaling = _rope_config(cfg, source)
         attention_bias = bool(cfg.get("attention_bias", False))
@@ -88,8 +99,9 @@ class ModelArgs:
             qkv_bias=arch == "qwen2" or attention_bias,
             o_bias=attention_bias and arch != "qwen2",
             mlp_bias=bool(cfg.get("mlp_bias", False)) and arch == "llama",
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "hybrid"),
             extra={k: cfg[k] for k in ("bos_token_id", "eos_token_id") if k in cfg},
+            **hybrid,
         )
 
     @classmethod
@@ -105,6 +117,18 @@ class ModelArgs:
     @property
     def kv_size(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+    def is_gdn(self, layer: int) -> bool:
+        return self.layer_types is not None and self.layer_types[layer] == "linear_attention"
+
+    @property
+    def attention_layers(self) -> list[int]:
+        """Indices of the layers with a KV cache (all of them unless hybrid)."""
+        return [i for i in range(self.n_layers) if not self.is_gdn(i)]
+
+    @property
+    def gdn_layers(self) -> list[int]:
+        return [i for i in range(self.n_layers) if self.is_gdn(i)]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -122,6 +146,19 @@ def _architecture(cfg: dict, source: str) -> str:
         f"{source}: architecture {found!r} is not supported "
         f"(supported: {', '.join(ARCHITECTURES)})"
     )
+
+
+def _hybrid_fields(cfg: dict, source: str, get) -> dict:
+    types = tuple(get("layer_types"))
+    if len(types) != int(get("num_hidden_layers")) or set(types) - set(LAYER_TYPES):
+        raise W12Error(f"{source}: layer_types must name one of {', '.join(LAYER_TYPES)} per "
+                       f"layer ({get('num_hidden_layers')}), got {list(types)}")
+    shape = tuple(int(get(k)) for k in ("linear_num_key_heads", "linear_num_value_heads",
+                                        "linear_key_head_dim", "linear_value_head_dim"))
+    if shape[1] % shape[0]:
+        raise W12Error(f"{source}: {shape[1]} GDN value heads over {shape[0]} key heads")
+    return {"layer_types": types, "gdn_shape": shape,
+            "gdn_conv": int(cfg.get("linear_conv_kernel_dim", 4))}
 
 
 def _getter(cfg: dict, source: str):
@@ -227,7 +264,14 @@ class Block(nn.Module):
     def __init__(self, args: ModelArgs, index: int) -> None:
         super().__init__()
         self.args = args
-        self.attn = Attention(args, index)
+        # the token mixer: attention, or a GDN layer in a hybrid; each indexes its own kind's
+        # layers in the cache (the KV cache holds attention layers only)
+        if args.is_gdn(index):
+            from engine.gated_delta import GatedDeltaNet
+
+            self.attn = GatedDeltaNet(args, args.gdn_layers.index(index))
+        else:
+            self.attn = Attention(args, args.attention_layers.index(index))
         self.w13 = Linear(args.dim, 2 * args.intermediate_size)  # gate and up, fused
         self.w2 = Linear(args.intermediate_size, args.dim)
         self.attn_norm: torch.Tensor | None = None
@@ -255,6 +299,7 @@ class Step:
     sin: torch.Tensor
     ops: OpSet
     attention: str
+    valid: torch.Tensor | None = None  # [B] real rows of a right-padded prefill chunk
 
 
 class Transformer(nn.Module):
@@ -283,7 +328,13 @@ class Transformer(nn.Module):
     def new_cache(self, batch: int, seq_len: int) -> KVCache:
         """A cache for ``batch`` requests of up to ``seq_len`` positions (RoPE tables too)."""
         self.rope_tables(seq_len)
-        return KVCache.for_model(self.args, batch, seq_len, dtype=self.dtype, device=self.device)
+        cache = KVCache.for_model(self.args, batch, seq_len, dtype=self.dtype, device=self.device)
+        if self.args.gdn_layers:
+            from engine.gated_delta import RecurrentState
+
+            cache.recurrent = RecurrentState(len(self.args.gdn_layers), batch, self.args,
+                                             dtype=self.dtype, device=self.device)
+        return cache
 
     def score(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits [B, T, V] of whole sequences ``tokens`` [B, T] in one causal pass over a
@@ -315,7 +366,7 @@ class Transformer(nn.Module):
         """
         cos, sin = self.rope_tables(cache.seq_len)
         step = Step(cache, plan, cos[pos].unsqueeze(2), sin[pos].unsqueeze(2), self.ops,
-                    self.attention)
+                    self.attention, last + 1 if plan.causal and last is not None else None)
         layers = self.layers if n_layers is None else self.layers[:n_layers]
         x = F.embedding(tokens, self.embed)
         h = self.ops.rms_norm(x, layers[0].attn_norm, self.args.norm_eps)

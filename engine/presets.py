@@ -28,7 +28,28 @@ def _qwen3(hidden: int, layers: int, heads: int, inter: int, tie: bool, max_pos:
     }
 
 
+def _hybrid(hidden: int, layers: int, heads: int, inter: int, gdn: tuple[int, int, int, int],
+            vocab: int = 151936, kv_heads: int = 8, head_dim: int = 128, every: int = 4) -> dict:
+    """A dense hybrid: per ``every`` layers, ``every - 1`` GDN layers then one attention layer
+    (Qwen3-style, q/k norms); GDN key heads, value heads, key and value head dims ``gdn``."""
+    return {
+        "architectures": ["W12HybridForCausalLM"], "hidden_size": hidden,
+        "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "head_dim": head_dim, "intermediate_size": inter,
+        "vocab_size": vocab, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960, "tie_word_embeddings": False,
+        "layer_types": ["full_attention" if (i + 1) % every == 0 else "linear_attention"
+                        for i in range(layers)],
+        "linear_num_key_heads": gdn[0], "linear_num_value_heads": gdn[1],
+        "linear_key_head_dim": gdn[2], "linear_value_head_dim": gdn[3],
+        "linear_conv_kernel_dim": 4,
+    }
+
+
 PRESETS: dict[str, dict] = {
+    # the reference system's 27B hybrid target's shape: 64 layers, 48 GDN + 16 attention,
+    # hidden 5120 (attention heads as Qwen3-32B's, so that head dim 128 fits tree attention)
+    "hybrid-27b": _hybrid(5120, 64, 64, 17408, (16, 48, 128, 128)),
     "qwen3-8b": _qwen3(4096, 36, 32, 12288, tie=False),
     "qwen3-32b": _qwen3(5120, 64, 64, 25600, tie=False),
     "llama-3.1-8b": {
@@ -52,6 +73,7 @@ PRESETS: dict[str, dict] = {
         "intermediate_size": 128, "vocab_size": 256, "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0, "max_position_embeddings": 512, "tie_word_embeddings": False,
     },
+    "tiny-hybrid": _hybrid(64, 4, 4, 128, (2, 4, 16, 16), vocab=256, kv_heads=2, head_dim=16),
 }
 
 

@@ -39,6 +39,9 @@ def expected_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (args.vocab_size, d)
     for i in range(args.n_layers):
         p = f"model.layers.{i}."
+        if args.is_gdn(i):
+            shapes |= {p + k: v for k, v in gdn_shapes(args).items()}
+            continue
         layer = {
             "input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,),
             "self_attn.q_proj.weight": (q, d), "self_attn.k_proj.weight": (kv, d),
@@ -59,6 +62,23 @@ def expected_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
                       "self_attn.k_norm.weight": (args.head_dim,)}
         shapes |= {p + k: v for k, v in layer.items()}
     return shapes
+
+
+def gdn_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """A hybrid's GDN layer: its tensors under ``model.layers.{i}.`` (Qwen3-Next's names)."""
+    d, ff = args.dim, args.intermediate_size
+    hk, hv, dk, dv = args.gdn_shape
+    channels = 2 * hk * dk + hv * dv
+    return {
+        "input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,),
+        "linear_attn.in_proj_qkvz.weight": (channels + hv * dv, d),
+        "linear_attn.in_proj_ba.weight": (2 * hv, d),
+        "linear_attn.conv1d.weight": (channels, 1, args.gdn_conv),
+        "linear_attn.A_log": (hv,), "linear_attn.dt_bias": (hv,),
+        "linear_attn.norm.weight": (dv,), "linear_attn.out_proj.weight": (d, hv * dv),
+        "mlp.gate_proj.weight": (ff, d), "mlp.up_proj.weight": (ff, d),
+        "mlp.down_proj.weight": (d, ff),
+    }
 
 
 def read_json(path: Path, *, required: bool) -> dict:
@@ -131,6 +151,12 @@ def synthetic_stats(name: str, shape: tuple[int, ...]) -> tuple[float, float]:
     """
     if name.endswith("norm.weight"):
         return 1.0, 0.05
+    if name.endswith("A_log"):  # -exp(A_log) * softplus(a + dt_bias): gates of ~ -0.05 a token
+        return 0.0, 0.5
+    if name.endswith("dt_bias"):
+        return -3.0, 0.5
+    if name.endswith("conv1d.weight"):
+        return 0.0, 0.5
     if name.endswith(".bias"):
         return 0.0, 0.02
     if "embed_tokens" in name or name.startswith("lm_head"):
@@ -224,7 +250,9 @@ def weight_bytes(model: Transformer) -> int:
             tensors += [module.weight, module.bias]
             total += tensor_bytes(module.packed) if module.packed is not None else 0
     for layer in model.layers:
-        tensors += [layer.attn_norm, layer.mlp_norm, layer.attn.q_norm, layer.attn.k_norm]
+        tensors += [layer.attn_norm, layer.mlp_norm]
+        tensors += [getattr(layer.attn, name, None)  # attention's q/k norms, a GDN layer's own
+                    for name in ("q_norm", "k_norm", "conv", "a_log", "dt_bias", "norm")]
     for t in tensors:
         if t is not None and t.data_ptr() not in seen:
             seen.add(t.data_ptr())
@@ -247,6 +275,11 @@ class _Loader:
             p = f"model.layers.{i}."
             layer.attn_norm = self.plain(p + "input_layernorm.weight")
             layer.mlp_norm = self.plain(p + "post_attention_layernorm.weight")
+            self.linear(layer.w13, [p + "mlp.gate_proj", p + "mlp.up_proj"], a.mlp_bias)
+            self.linear(layer.w2, [p + "mlp.down_proj"], a.mlp_bias)
+            if a.is_gdn(i):
+                self.gdn(layer.attn, p + "linear_attn.")
+                continue
             attn = p + "self_attn."
             self.linear(layer.attn.wqkv, [attn + s for s in ("q_proj", "k_proj", "v_proj")],
                         a.qkv_bias)
@@ -254,11 +287,19 @@ class _Loader:
             if a.qk_norm:
                 layer.attn.q_norm = self.plain(attn + "q_norm.weight")
                 layer.attn.k_norm = self.plain(attn + "k_norm.weight")
-            self.linear(layer.w13, [p + "mlp.gate_proj", p + "mlp.up_proj"], a.mlp_bias)
-            self.linear(layer.w2, [p + "mlp.down_proj"], a.mlp_bias)
         model.norm = self.plain("model.norm.weight")
         self.lm_head(model, embed)
         return model
+
+    def gdn(self, mixer, p: str) -> None:
+        """A GDN layer's linears (W12 or BF16 like the rest) and its small float tensors."""
+        self.linear(mixer.wqkvz, [p + "in_proj_qkvz"], False)
+        self.linear(mixer.wba, [p + "in_proj_ba"], False)
+        self.linear(mixer.wo, [p + "out_proj"], False)
+        mixer.conv = self.plain(p + "conv1d.weight")[:, 0]
+        mixer.a_log = self.plain(p + "A_log")
+        mixer.dt_bias = self.plain(p + "dt_bias")
+        mixer.norm = self.plain(p + "norm.weight")
 
     def lm_head(self, model: Transformer, embed) -> None:
         # A tied model may still store lm_head.weight; then the stored tensor is used.

@@ -166,6 +166,10 @@ class EarlyExitDrafter(Drafter):
         if not 1 <= layers < model.args.n_layers:
             raise W12Error(f"early-exit:{layers}: the target has {model.args.n_layers} layers; "
                            f"K must be 1..{model.args.n_layers - 1}")
+        if model.args.gdn_layers:
+            raise W12Error(f"early-exit:{layers} drafts through the target's own cache, and a "
+                           "hybrid's GDN layers would advance their state on its drafts; use "
+                           "ngram or a block drafter")
         self.name = f"early-exit:{layers}"
         self.model, self.layers, self.top_k, self.max_depth = model, layers, top_k, max_depth
 
