@@ -60,7 +60,9 @@ def streamed_bytes(model: Transformer) -> int:
 
 
 def kv_bytes_per_token(args: ModelArgs, dtype: torch.dtype = torch.bfloat16) -> int:
-    return 2 * args.n_layers * args.kv_size * dtype.itemsize
+    """Keys and values of one token in every attention layer (a hybrid's GDN layers keep a
+    fixed-size state instead)."""
+    return 2 * len(args.attention_layers) * args.kv_size * dtype.itemsize
 
 
 def _sync(device: torch.device) -> None:

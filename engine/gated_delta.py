@@ -18,8 +18,10 @@ decoding) advances the state in place; a forward over T > 1 tree nodes computes 
 output from the committed state along its own path (path verify) and keeps the nodes' inputs,
 which ``KVCache.keep`` then replays along the accepted path into the state (commit). Every node
 is stepped with the decode step's own operations in the same order, so its output has the bits
-a decode step at its position would give. This torch form loops over path depth with one state
-per node while it runs; the kernels of ``w12_kernels.gated_delta`` are the fast forms.
+a decode step at its position would give. On a GPU decode, verify and commit run one kernel
+(``w12_kernels.gated_delta``, each node's path stepped in registers, no state per node); on the
+CPU a torch form loops over path depth with one state per node while it runs. A prefill chunk
+runs the recurrence token by token in torch on both (a chunked kernel is still to come).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.w12_backend import gdn_path
 from w12.errors import W12Error
 
 
@@ -78,14 +81,23 @@ class GatedDeltaNet(nn.Module):
             rec.state[self.index] = state
             rec.tail[self.index] = tail.to(rec.tail.dtype)
         elif t == 1:  # a decode step: its only node is committed at once
-            state = advance(rec.state[self.index], k[:, 0], v[:, 0], decay[:, 0], beta[:, 0])
-            o = read_out(state, q[:, 0])[:, None]
-            rec.state[self.index] = state
+            if x.is_cuda:
+                o = gdn_path(rec.state[self.index], q, k, v.contiguous(), decay.contiguous(),
+                             beta.contiguous(), nodes, store=True)
+            else:
+                state = advance(rec.state[self.index], k[:, 0], v[:, 0], decay[:, 0],
+                                beta[:, 0])
+                o = read_out(state, q[:, 0])[:, None]
+                rec.state[self.index] = state
             rec.tail[self.index] = torch.cat((rec.tail[self.index][..., 1:],
                                               mixed[:, 0, :, None].to(rec.tail.dtype)), dim=-1)
             rec.pending = False
         else:
-            o = _path_verify(rec.state[self.index], q, k, v, decay, beta, nodes)
+            v, decay, beta = v.contiguous(), decay.contiguous(), beta.contiguous()
+            if x.is_cuda:
+                o = gdn_path(rec.state[self.index], q, k, v, decay, beta, nodes)
+            else:
+                o = _path_verify(rec.state[self.index], q, k, v, decay, beta, nodes)
             rec.stash(self.index, mixed, k, v, decay, beta)
         o = o.to(x.dtype)
         o = step.ops.rms_norm(o, self.norm, a.norm_eps) * F.silu(z.view(b, t, hv, dv))
@@ -229,15 +241,19 @@ class RecurrentState:
             raise W12Error("a tree forward that skipped GDN layers cannot be committed")
         b, n = nodes.shape
         rows = torch.arange(b, device=nodes.device)[:, None]
+        path = torch.where(torch.arange(n, device=nodes.device) < count[:, None], nodes, -1)
         for layer, (mixed, k, v, decay, beta) in self.nodes.items():
             state = self.state[layer]
             inputs = self.tail[layer]
+            if state.is_cuda:  # the accepted path as one path a request, stepped in place
+                gdn_path(state, k, k, v, decay, beta, path[:, None], out=False, store=True)
             for i in range(n):
                 live = i < count
                 at = nodes[:, i].clamp(min=0)
-                stepped = advance(state, k[rows[:, 0], at], v[rows[:, 0], at],
-                                  decay[rows[:, 0], at], beta[rows[:, 0], at])
-                state = torch.where(live[:, None, None, None], stepped, state)
+                if not state.is_cuda:
+                    stepped = advance(state, k[rows[:, 0], at], v[rows[:, 0], at],
+                                      decay[rows[:, 0], at], beta[rows[:, 0], at])
+                    state = torch.where(live[:, None, None, None], stepped, state)
                 shifted = torch.cat((inputs[..., 1:], mixed[rows[:, 0], at][..., None]
                                      .to(inputs.dtype)), dim=-1)
                 inputs = torch.where(live[:, None, None], shifted, inputs)

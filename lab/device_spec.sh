@@ -18,6 +18,8 @@
 #   bash lab/device_spec.sh determinism # the same inputs twice: every linear of the synthetic and
 #                                     # demo models at prefill-sized M, batched prefills on fresh
 #                                     # engines (graphs, compile), lab/batch_rows.py --repeat
+#   bash lab/device_spec.sh hybrid    # Gated DeltaNet: GPU tests (path kernel, hybrid engine),
+#                                     # c(N) of the hybrid-27b preset (W12, BF16), plain decode
 #   bash lab/device_spec.sh attention # the tree-attention benchmark
 #   bash lab/device_spec.sh divergence # batch > 1: lab/spec_divergence.py (verify rows against
 #                                     # plain steps, linear by linear) and, with the demo model,
@@ -31,7 +33,7 @@
 # Logs and JSON go to $OUT (default ./out). W12_CACHE must hold the demo model's GGUF for
 # "demo" (the cache layout of converters.demo_models). Each step has its own time limit.
 set -uo pipefail
-STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|determinism|attention|drafter|drafter-eval [DIR]}
+STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|determinism|hybrid|attention|drafter|drafter-eval [DIR]}
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
@@ -146,6 +148,17 @@ determinism)  # batch-8 plain decoding gave other tokens on a second fresh engin
     [ -n "$MODEL" ] && TAIL=10 run 150 "repeat${flags// /}" $PY lab/batch_rows.py "$MODEL" \
       --prompts "${PROMPTS:-humaneval}" --limit 8 --batch 8 --repeat $flags
   done
+  ;;
+hybrid)
+  TAIL=6 run ${TEST_LIMIT:-200} tests-gated-delta $PY -m pytest -q -p no:cacheprovider \
+    tests/w12_kernels/test_gated_delta_kernel.py tests/engine/test_gated_delta.py
+  for mode in w12 bf16; do
+    TAIL=8 run ${SCALE_LIMIT:-150} "bench-hybrid-27b-$mode" $W12 bench spec synthetic:hybrid-27b \
+      --$mode --drafter ngram --forced-accept 3 --budgets "${BUDGETS:-1,16,64}" --modes chain \
+      --context 512 --max-new-tokens 8 --json "$OUT/bench-hybrid-27b-$mode.json"
+  done
+  TAIL=8 run ${DECODE_LIMIT:-150} decode-hybrid $PY benchmarks/decode.py \
+    --models synthetic:hybrid-27b --batch 1,8 --tokens 48 --json "$OUT/decode-hybrid.json"
   ;;
 attention)
   TAIL=30 run 200 tree-attention $PY benchmarks/tree_attention.py --json "$OUT/tree-attention.json"

@@ -156,3 +156,20 @@ def test_hybrid_presets_describe_their_layers():
     bad["layer_types"] = ["linear_attention"] * 3
     with pytest.raises(W12Error, match="layer_types"):
         ModelArgs.from_hf_config(bad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("sampling", [Sampling(), SAMPLED], ids=["greedy", "sampled"])
+def test_speculative_equals_plain_decoding_on_a_hybrid_on_gpu(sampling):
+    """The GPU path: the path kernel for decode, verify and commit; CUDA graphs both sides."""
+    model = load_model("synthetic:tiny-hybrid", mode="w12", device="cuda").model
+    plain = generate(Engine(model, batch=3, max_seq_len=96), PROMPTS, max_new_tokens=24,
+                     sampling=sampling)
+    for tree, budget in ((False, 5), (True, 9), (True, 1)):
+        engine = Engine(model, batch=3, max_seq_len=96)
+        out, stats = speculative_generate(
+            engine, OracleDrafter(plain, model.args.vocab_size), PROMPTS, max_new_tokens=24,
+            budget=budget, tree=tree, sampling=sampling)
+        assert out == plain, (tree, budget)
+        if budget > 1:
+            assert stats.tau > 2.5, (tree, stats.tau)

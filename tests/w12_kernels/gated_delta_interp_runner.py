@@ -1,0 +1,122 @@
+"""Runs the gated-delta path kernel under ``TRITON_INTERPRET=1`` (a fresh process) and prints
+one JSON line: case id -> "ok" or the failure. ``test_gated_delta_kernel.py`` starts it."""
+
+from __future__ import annotations
+
+# id: (what, batch, heads, DK, DV, tree)
+CASES = {
+    "verify_chain": ("verify", 2, 2, 16, 32, [-1, 0, 1, 2, 3, 4, 5, 6]),
+    "verify_tree": ("verify", 1, 3, 32, 16, [-1, 0, 0, 1, 1, 2, 5, 6, 3, 0]),
+    "verify_forest_dv64": ("verify", 2, 1, 16, 64, [-1, -1, 0, 1, 3]),
+    "decode_bits_equal_verify": ("bits", 2, 2, 16, 32, [-1, 0, 1, 1, 3, 0]),
+    "commit": ("commit", 2, 2, 16, 32, [-1, 0, 0, 2, 3, 1]),
+}
+
+
+def inputs(b, h, dk, dv, n, seed=0):
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.nn.functional.normalize(torch.randn(b, n, h, dk, generator=gen), dim=-1) * dk**-0.5
+    k = torch.nn.functional.normalize(torch.randn(b, n, h, dk, generator=gen), dim=-1)
+    v = torch.randn(b, n, h, dv, generator=gen)
+    decay = torch.exp(-torch.rand(b, n, h, generator=gen) * 0.3)
+    beta = torch.rand(b, n, h, generator=gen)
+    state = torch.randn(b, h, dk, dv, generator=gen)
+    return state, q, k, v, decay, beta
+
+
+def paths(parents, rows):
+    """[rows, N, P] node indices of every node's path, root first, then -1."""
+    import torch
+
+    from w12_kernels.gated_delta.reference import path_of
+
+    n = len(parents)
+    out = torch.full((rows, n, n), -1, dtype=torch.int32)
+    for j in range(n):
+        p = path_of(parents, j)
+        out[:, j, :len(p)] = torch.tensor(p, dtype=torch.int32)
+    return out
+
+
+def reference_outputs(state, q, k, v, decay, beta, parents):
+    """float64 [B, N, H, DV] from ``reference.path_verify`` (heads and requests as ``...``)."""
+    from w12_kernels.gated_delta import reference as ref
+
+    per_head = lambda x: x.double().transpose(1, 2)  # noqa: E731  [B, H, N, ...]
+    o = ref.path_verify(state.double(), per_head(q), per_head(k), per_head(v),
+                        per_head(decay).log(), per_head(beta), parents)
+    return o.transpose(1, 2)
+
+
+def fp32_scale(state, q, k, v, decay, beta, parents):
+    """The float32 sequential recurrence's error along the tree's deepest path (the unit of the
+    tolerance: the kernel is a float32 recurrence too)."""
+    from w12_kernels.gated_delta import reference as ref
+
+    deepest = max(range(len(parents)), key=lambda j: len(ref.path_of(parents, j)))
+    path = ref.path_of(parents, deepest)
+    per_head = lambda x: x[:, path].transpose(1, 2)  # noqa: E731
+    return ref.fp32_error(state, per_head(q), per_head(k), per_head(v),
+                          per_head(decay).log(), per_head(beta))
+
+
+def check(what, b, h, dk, dv, parents, device="cpu"):
+    import torch
+
+    from w12_kernels.gated_delta import reference as ref
+    from w12_kernels.gated_delta.launcher import gdn_path
+
+    n = len(parents)
+    cpu = inputs(b, h, dk, dv, n)
+    state, q, k, v, decay, beta = (x.to(device) for x in cpu)
+    nodes = paths(parents, b).to(device)
+
+    def one(path):  # one path a request, as a [B, 1, P] index tensor
+        row = torch.full((b, 1, max(len(path), 1)), -1, dtype=torch.int32)
+        row[:, 0, :len(path)] = torch.tensor(path, dtype=torch.int32)
+        return row.to(device)
+
+    if what == "verify":
+        got = gdn_path(state, q, k, v, decay, beta, nodes).cpu()
+        want = reference_outputs(*cpu, parents)
+        err = (got.double() - want).abs().max().item()
+        bound = 8 * fp32_scale(*cpu, parents) + 1e-6
+        assert err <= bound, f"error {err:.2e} > {bound:.2e}"
+        assert torch.equal(state.cpu(), cpu[0]), "verify changed the state"
+    elif what == "bits":  # each node = decode steps along its path, bit for bit
+        verified = gdn_path(state, q, k, v, decay, beta, nodes)
+        for j in range(n):
+            path = ref.path_of(parents, j)
+            s = state.clone()
+            for m in path[:-1]:  # decode steps (outputs unused) up to the node's parent
+                assert gdn_path(s, q, k, v, decay, beta, one([m]), out=False, store=True) is None
+            pick = slice(j, j + 1)
+            stepped = gdn_path(s, q[:, pick], k[:, pick], v[:, pick], decay[:, pick],
+                               beta[:, pick], one([0]), store=True)  # the node's own step
+            assert torch.equal(stepped[:, 0], verified[:, j]), f"node {j} output bits"
+            committed = torch.empty_like(state)
+            gdn_path(state, q, k, v, decay, beta, one(path), out=False, store=True,
+                     new_state=committed)
+            assert torch.equal(committed, s), f"node {j}: commit and decode steps differ"
+    else:  # commit of every node's path: the state the reference's commit gives
+        per_head = lambda x: x.double().transpose(1, 2)  # noqa: E731
+        for j in range(n):
+            new = torch.empty_like(state)
+            gdn_path(state, q, k, v, decay, beta, one(ref.path_of(parents, j)), out=False,
+                     store=True, new_state=new)
+            want = ref.commit(cpu[0].double(), per_head(cpu[2]), per_head(cpu[3]),
+                              per_head(cpu[4]).log(), per_head(cpu[5]), parents, j)
+            err = (new.cpu().double() - want).abs().max().item()
+            assert err < 1e-5, f"node {j}: state error {err:.2e}"
+
+
+def main() -> None:
+    from interp_harness import report
+
+    report({cid: (lambda c=c: check(*c)) for cid, c in CASES.items()})
+
+
+if __name__ == "__main__":
+    main()

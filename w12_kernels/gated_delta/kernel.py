@@ -1,0 +1,59 @@
+"""Triton kernel of the gated delta rule along draft-tree paths: path verify, decode, commit.
+
+One program per (node, request x value head, block of ``BV`` value columns): it loads the
+committed state's [DK, BV] tile into registers, steps it along the node's path (root first)
+with the recurrence, and writes the node's output columns; with ``STORE`` it writes the
+stepped tile back as the new state. A state's value columns are independent of each other
+(column j of the delta only reads column j), so the tiles split the work exactly.
+
+The same code serves three uses, so their bits agree: a decode step is a one-node path with
+``STORE`` (in place), path verify is every node of a tree without it, and commit is the
+accepted path as one node with ``STORE`` and no output. Every operation on a tile is fixed by
+the compile-time shapes, never by T, B or the tree.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _advance(s, k, v, decay, beta):
+    """One token on a state tile s [DK, BV]: decay, delta over the tile's columns, write."""
+    s = s * decay
+    u = beta * (v - tl.sum(s * k[:, None], axis=0))
+    return s + k[:, None] * u[None, :]
+
+
+@triton.jit(do_not_specialize=["T", "P", "H"])
+def gdn_path_kernel(
+    state_ptr, q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, nodes_ptr, out_ptr, new_ptr,
+    ss_b, ss_h, sq_b, sq_t, sq_h, sv_b, sv_t, sv_h, sg_b, sg_t, sn_b, sn_t, so_b, so_t, so_h,
+    T, P, H,
+    DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, OUT: tl.constexpr,
+    STORE: tl.constexpr,
+):
+    t = tl.program_id(0)
+    b = tl.program_id(1) // H
+    h = tl.program_id(1) % H
+    dk = tl.arange(0, DK)
+    dv = tl.program_id(2) * BV + tl.arange(0, BV)
+    tile = b.to(tl.int64) * ss_b + h * ss_h + dk[:, None] * DV + dv[None, :]
+    s = tl.load(state_ptr + tile)
+    path = nodes_ptr + b.to(tl.int64) * sn_b + t * sn_t
+    for d in range(P):
+        n = tl.load(path + d)
+        live = n >= 0
+        at = tl.maximum(n, 0)
+        k = tl.load(k_ptr + b.to(tl.int64) * sq_b + at * sq_t + h * sq_h + dk)
+        v = tl.load(v_ptr + b.to(tl.int64) * sv_b + at * sv_t + h * sv_h + dv)
+        decay = tl.load(decay_ptr + b.to(tl.int64) * sg_b + at * sg_t + h)
+        beta = tl.load(beta_ptr + b.to(tl.int64) * sg_b + at * sg_t + h)
+        s = tl.where(live, _advance(s, k, v, decay, beta), s)
+    if OUT:
+        q = tl.load(q_ptr + b.to(tl.int64) * sq_b + t * sq_t + h * sq_h + dk)
+        o = tl.sum(s * q[:, None], axis=0)
+        tl.store(out_ptr + b.to(tl.int64) * so_b + t * so_t + h * so_h + dv, o)
+    if STORE:
+        tl.store(new_ptr + tile, s)
