@@ -18,9 +18,11 @@ decoding) advances the state in place; a forward over T > 1 tree nodes computes 
 output from the committed state along its own path (path verify) and keeps the nodes' inputs,
 which ``KVCache.keep`` then replays along the accepted path into the state (commit). Every node
 is stepped with the decode step's own operations in the same order, so its output has the bits
-a decode step at its position would give. On a GPU decode, verify and commit run one kernel
-(``w12_kernels.gated_delta``, each node's path stepped in registers, no state per node); on the
-CPU a torch form loops over path depth with one state per node while it runs. A prefill chunk
+a decode step at its position would give. On a GPU decode, verify and commit run one kernel of
+``w12_kernels.gated_delta``, chosen per model instance (``Transformer.gdn``): ``walk`` (each
+tree walked once, a scratch state per branch level) or ``path`` (each node's path replayed,
+no scratch); on the CPU a torch form loops over path depth with one state per node while it
+runs. A prefill chunk
 runs the recurrence token by token in torch on both (a chunked kernel is still to come).
 """
 
@@ -30,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.w12_backend import gdn_path
+from engine.w12_backend import gdn_path, gdn_walk
 from w12.errors import W12Error
 
 
@@ -82,8 +84,13 @@ class GatedDeltaNet(nn.Module):
             rec.tail[self.index] = tail.to(rec.tail.dtype)
         elif t == 1:  # a decode step: its only node is committed at once
             if x.is_cuda:
-                o = gdn_path(rec.state[self.index], q, k, v.contiguous(), decay.contiguous(),
-                             beta.contiguous(), nodes, store=True)
+                v, decay, beta = v.contiguous(), decay.contiguous(), beta.contiguous()
+                if step.gdn == "walk":
+                    o = gdn_walk(rec.state[self.index], q, k, v, decay, beta, nodes,
+                                 commit=True)
+                else:
+                    o = gdn_path(rec.state[self.index], q, k, v, decay, beta, nodes,
+                                 store=True)
             else:
                 state = advance(rec.state[self.index], k[:, 0], v[:, 0], decay[:, 0],
                                 beta[:, 0])
@@ -95,10 +102,11 @@ class GatedDeltaNet(nn.Module):
         else:
             v, decay, beta = v.contiguous(), decay.contiguous(), beta.contiguous()
             if x.is_cuda:
-                o = gdn_path(rec.state[self.index], q, k, v, decay, beta, nodes)
+                verify = gdn_walk if step.gdn == "walk" else gdn_path
+                o = verify(rec.state[self.index], q, k, v, decay, beta, nodes)
             else:
                 o = _path_verify(rec.state[self.index], q, k, v, decay, beta, nodes)
-            rec.stash(self.index, mixed, k, v, decay, beta)
+            rec.stash(self.index, mixed, k, v, decay, beta, step.gdn)
         o = o.to(x.dtype)
         o = step.ops.rms_norm(o, self.norm, a.norm_eps) * F.silu(z.view(b, t, hv, dv))
         return self.wo(o.reshape(b, t, hv * dv))
@@ -203,6 +211,18 @@ def _path_verify(state, q, k, v, decay, beta, nodes):
     return out
 
 
+def _path_rows(path, n):
+    """[B, n, P]: the rows a walk commits, each node of the accepted ``path`` [B, P] (node
+    indices, -1 after its end) at its own row with its path so far, every other row -1."""
+    b, p = path.shape
+    steps = torch.arange(p, device=path.device)
+    prefix = torch.where(steps[None, None, :] <= steps[None, :, None], path[:, None, :], -1)
+    prefix = torch.where((path >= 0)[..., None], prefix, -1)  # [B, P (which node), P]
+    rows = torch.full((b, n + 1, p), -1, dtype=path.dtype, device=path.device)
+    at = torch.where(path >= 0, path, n)[..., None].expand(b, p, p)
+    return rows.scatter_(1, at, prefix)[:, :n]
+
+
 class RecurrentState:
     """Per GDN layer and request: the float32 state [Hv, dk, dv] and the last W - 1 convolution
     inputs [C, W-1]; plus the inputs of the last tree forward's nodes until ``keep``."""
@@ -215,7 +235,7 @@ class RecurrentState:
         self.tail = torch.zeros(layers, batch, channels, args.gdn_conv - 1, dtype=dtype,
                                 device=device)
         self.nodes: dict[int, tuple[torch.Tensor, ...]] = {}
-        self.pending = False
+        self.pending, self.kernel = False, "walk"
 
     @property
     def nbytes(self) -> int:
@@ -225,12 +245,12 @@ class RecurrentState:
         view = RecurrentState.__new__(RecurrentState)
         view.state = self.state[:, index:index + 1]
         view.tail = self.tail[:, index:index + 1]
-        view.nodes, view.pending = {}, False
+        view.nodes, view.pending, view.kernel = {}, False, "walk"
         return view
 
-    def stash(self, layer: int, mixed, k, v, decay, beta) -> None:
+    def stash(self, layer: int, mixed, k, v, decay, beta, kernel: str) -> None:
         self.nodes[layer] = (mixed, k, v, decay, beta)
-        self.pending = True
+        self.pending, self.kernel = True, kernel
 
     def keep(self, nodes: torch.Tensor, count: torch.Tensor) -> None:
         """Commit each request's accepted path (``nodes`` [B, n] node indices, ``count`` [B]
@@ -245,7 +265,10 @@ class RecurrentState:
         for layer, (mixed, k, v, decay, beta) in self.nodes.items():
             state = self.state[layer]
             inputs = self.tail[layer]
-            if state.is_cuda:  # the accepted path as one path a request, stepped in place
+            if state.is_cuda and self.kernel == "walk":  # the tree's rows of the path's nodes
+                gdn_walk(state, k, k, v, decay, beta, _path_rows(path, k.shape[1]),
+                         out=False, commit=True)
+            elif state.is_cuda:  # the accepted path as one path a request, stepped in place
                 gdn_path(state, k, k, v, decay, beta, path[:, None], out=False, store=True)
             for i in range(n):
                 live = i < count

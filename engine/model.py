@@ -300,11 +300,13 @@ class Step:
     ops: OpSet
     attention: str
     valid: torch.Tensor | None = None  # [B] real rows of a right-padded prefill chunk
+    gdn: str = "walk"  # a hybrid's GDN kernel on a GPU: "walk" or "path" (engine.gated_delta)
 
 
 class Transformer(nn.Module):
     """The decoder. Options are per instance: ``ops`` (eager or compiled elementwise
-    functions) and ``attention`` (``"tree"`` or ``"torch"``), set by whoever runs it."""
+    functions), ``attention`` (``"tree"`` or ``"torch"``) and, for hybrids, ``gdn`` (the GPU
+    kernel of the GDN layers, ``"walk"`` or ``"path"``), set by whoever runs it."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -315,6 +317,7 @@ class Transformer(nn.Module):
         self.norm: torch.Tensor | None = None
         self.ops = OpSet()
         self.attention = "torch"
+        self.gdn = "walk"
         self._rope: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     @property
@@ -366,7 +369,8 @@ class Transformer(nn.Module):
         """
         cos, sin = self.rope_tables(cache.seq_len)
         step = Step(cache, plan, cos[pos].unsqueeze(2), sin[pos].unsqueeze(2), self.ops,
-                    self.attention, last + 1 if plan.causal and last is not None else None)
+                    self.attention, last + 1 if plan.causal and last is not None else None,
+                    self.gdn)
         layers = self.layers if n_layers is None else self.layers[:n_layers]
         x = F.embedding(tokens, self.embed)
         h = self.ops.rms_norm(x, layers[0].attn_norm, self.args.norm_eps)

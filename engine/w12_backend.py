@@ -7,8 +7,8 @@ bits. ``rms_norm`` / ``add_rms_norm`` (``w12_kernels.norm``) and ``tree_attentio
 ``compact_kv`` (``w12_kernels.tree_attention``) are the row norms and the draft-tree attention,
 each giving a row the same bits whatever else shares the call. ``view_bf16``
 (``w12_kernels.view8``) is the 8-bit view of a W12 weight, the two-level verifier's Q pass.
-``gdn_path`` (``w12_kernels.gated_delta``) steps a hybrid's GDN state along draft-tree paths:
-decode, path verify and commit with one kernel, so that their bits agree.
+``gdn_path`` / ``gdn_walk`` (``w12_kernels.gated_delta``) step a hybrid's GDN state along
+draft-tree paths: decode, verify and commit with one kernel, so that their bits agree.
 Keeping the kernel packages behind this module means the model code never changes when a
 kernel layout does (an import-linter contract in ``pyproject.toml`` holds the rest of the
 engine to it).
@@ -25,8 +25,9 @@ from w12_kernels.gemm import SMALL_M_MAX, invariant_rows, prepare_weight, w12_li
 from w12_kernels.norm import add_rms_norm, rms_norm
 from w12_kernels.view8 import view_bf16
 
-__all__ = ["SMALL_M_MAX", "add_rms_norm", "cat_rows", "compact_kv", "gdn_path", "invariant_rows",
-           "prepare", "rms_norm", "tensor_bytes", "tree_attention", "view_bf16", "w12_matmul"]
+__all__ = ["SMALL_M_MAX", "add_rms_norm", "cat_rows", "compact_kv", "gdn_path", "gdn_walk",
+           "invariant_rows", "prepare", "rms_norm", "tensor_bytes", "tree_attention",
+           "view_bf16", "w12_matmul"]
 
 
 def prepare(w: W12Tensor):
@@ -53,6 +54,12 @@ def gdn_path(state, q, k, v, decay, beta, nodes, *, out=True, store=False):
     from w12_kernels.gated_delta import gdn_path as step_paths
 
     return step_paths(state, q, k, v, decay, beta, nodes, out=out, store=store)
+
+
+def gdn_walk(state, q, k, v, decay, beta, nodes, *, out=True, commit=False):
+    from w12_kernels.gated_delta import gdn_walk as walk
+
+    return walk(state, q, k, v, decay, beta, nodes, out=out, commit=commit)
 
 
 def cat_rows(parts: list[W12Tensor]) -> W12Tensor:

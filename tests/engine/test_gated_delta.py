@@ -159,10 +159,12 @@ def test_hybrid_presets_describe_their_layers():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kernel", ["walk", "path"])
 @pytest.mark.parametrize("sampling", [Sampling(), SAMPLED], ids=["greedy", "sampled"])
-def test_speculative_equals_plain_decoding_on_a_hybrid_on_gpu(sampling):
-    """The GPU path: the path kernel for decode, verify and commit; CUDA graphs both sides."""
+def test_speculative_equals_plain_decoding_on_a_hybrid_on_gpu(kernel, sampling):
+    """The GPU path: one GDN kernel for decode, verify and commit; CUDA graphs both sides."""
     model = load_model("synthetic:tiny-hybrid", mode="w12", device="cuda").model
+    model.gdn = kernel
     plain = generate(Engine(model, batch=3, max_seq_len=96), PROMPTS, max_new_tokens=24,
                      sampling=sampling)
     for tree, budget in ((False, 5), (True, 9), (True, 1)):

@@ -10,6 +10,12 @@ CASES = {
     "verify_forest_dv64": ("verify", 2, 1, 16, 64, [-1, -1, 0, 1, 3]),
     "decode_bits_equal_verify": ("bits", 2, 2, 16, 32, [-1, 0, 1, 1, 3, 0]),
     "commit": ("commit", 2, 2, 16, 32, [-1, 0, 0, 2, 3, 1]),
+    "walk_verify_tree": ("walk-verify", 1, 3, 32, 16, [-1, 0, 0, 1, 1, 2, 5, 6, 3, 0]),
+    "walk_verify_forest": ("walk-verify", 2, 1, 16, 64, [-1, -1, 0, 1, 3]),
+    "walk_bits": ("walk-bits", 2, 2, 16, 32, [-1, 0, 1, 1, 3, 0, 2]),
+    # a caterpillar: each spine node's last child is a leaf, so the walk needs a slot per
+    # level; with 2 slots the deeper nodes replay their parents' paths
+    "walk_few_slots_replays": ("walk-replay", 1, 2, 16, 16, [-1, 0, 0, 1, 1, 3, 3, 5, 5, 7]),
 }
 
 
@@ -66,7 +72,7 @@ def check(what, b, h, dk, dv, parents, device="cpu"):
     import torch
 
     from w12_kernels.gated_delta import reference as ref
-    from w12_kernels.gated_delta.launcher import gdn_path
+    from w12_kernels.gated_delta.launcher import gdn_path, gdn_walk, walk_plan
 
     n = len(parents)
     cpu = inputs(b, h, dk, dv, n)
@@ -78,8 +84,15 @@ def check(what, b, h, dk, dv, parents, device="cpu"):
         row[:, 0, :len(path)] = torch.tensor(path, dtype=torch.int32)
         return row.to(device)
 
-    if what == "verify":
-        got = gdn_path(state, q, k, v, decay, beta, nodes).cpu()
+    if what == "walk-replay":  # the same bits with every slot kept and with two
+        full = gdn_walk(state, q, k, v, decay, beta, nodes, slots=n)
+        few = gdn_walk(state, q, k, v, decay, beta, nodes, slots=2)
+        assert int(walk_plan(nodes)[2].max()) + 1 > 2, "the tree should need more than 2 slots"
+        assert torch.equal(full, few), "replayed parents changed the bits"
+        what = "walk-verify"
+    if what in ("verify", "walk-verify"):
+        verify = gdn_walk if what == "walk-verify" else gdn_path
+        got = verify(state, q, k, v, decay, beta, nodes).cpu()
         want = reference_outputs(*cpu, parents)
         err = (got.double() - want).abs().max().item()
         bound = 8 * fp32_scale(*cpu, parents) + 1e-6
@@ -100,6 +113,26 @@ def check(what, b, h, dk, dv, parents, device="cpu"):
             gdn_path(state, q, k, v, decay, beta, one(path), out=False, store=True,
                      new_state=committed)
             assert torch.equal(committed, s), f"node {j}: commit and decode steps differ"
+    elif what == "walk-bits":  # the walk's nodes = its own decode steps, its commit = them
+        verified = gdn_walk(state, q, k, v, decay, beta, nodes)
+        for j in range(n):
+            path = ref.path_of(parents, j)
+            s = state.clone()
+            for m in path[:-1]:  # a decode step: one node, its own inputs
+                at = slice(m, m + 1)
+                assert gdn_walk(s, q[:, at], k[:, at], v[:, at], decay[:, at], beta[:, at],
+                                one([0]), out=False, commit=True) is None
+            pick = slice(j, j + 1)
+            stepped = gdn_walk(s, q[:, pick], k[:, pick], v[:, pick], decay[:, pick],
+                               beta[:, pick], one([0]), commit=True)
+            assert torch.equal(stepped[:, 0], verified[:, j]), f"node {j} output bits"
+            committed = state.clone()
+            # the accepted path: the tree's own rows for its nodes, padding elsewhere
+            rows = torch.full((b, n, n), -1, dtype=torch.int32)
+            for i, m in enumerate(path):
+                rows[:, m, :i + 1] = torch.tensor(path[:i + 1], dtype=torch.int32)
+            gdn_walk(committed, q, k, v, decay, beta, rows.to(device), out=False, commit=True)
+            assert torch.equal(committed, s), f"node {j}: walk commit and decode steps differ"
     else:  # commit of every node's path: the state the reference's commit gives
         per_head = lambda x: x.double().transpose(1, 2)  # noqa: E731
         for j in range(n):

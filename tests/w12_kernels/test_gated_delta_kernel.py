@@ -10,7 +10,7 @@ import interp_harness
 import pytest
 import torch
 
-from w12_kernels.gated_delta.launcher import check_inputs
+from w12_kernels.gated_delta.launcher import check_inputs, walk_plan
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +23,21 @@ def interpreter_verdicts():
 @pytest.mark.parametrize("case", list(runner.CASES))
 def test_interpreted_kernel(interpreter_verdicts, case):
     assert interpreter_verdicts[case] == "ok", interpreter_verdicts[case]
+
+
+def test_walk_plan_visits_depth_first_and_reuses_slots():
+    # 0 -> {1, 2, 9}, 1 -> {3, 4}, 2 -> {5}, 3 -> {8}, 5 -> {6}, 6 -> {7}; then a padding row
+    parents = [-1, 0, 0, 1, 1, 2, 5, 6, 3, 0]
+    nodes = torch.cat([runner.paths(parents, 1), torch.full((1, 1, 10), -1, dtype=torch.int32)],
+                      dim=1)
+    nodes = torch.cat([nodes, torch.full((1, 11, 1), -1, dtype=torch.int32)], dim=2)
+    order, parent, slot = walk_plan(nodes)
+    assert order.tolist() == [[0, 1, 3, 8, 4, 2, 5, 6, 7, 9, -1]]
+    assert parent.tolist()[0][:10] == parents
+    # a node keeps its parent's slot when it is the parent's last child, else takes one more
+    assert slot.tolist() == [[0, 1, 1, 2, 1, 1, 1, 1, 2, 0, 0]]
+    chain = runner.paths(list(range(-1, 15)), 2)
+    assert walk_plan(chain)[2].max() == 0  # a chain needs one slot
 
 
 def test_bad_shapes_are_named():

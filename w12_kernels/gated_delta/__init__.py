@@ -5,8 +5,10 @@ recurrence, path verify (each node's path replayed from the committed state), pe
 snapshots (the baseline), the WY form of a whole tree (one triangular solve under the ancestor
 mask), commit of an accepted path, the exact three-piece BF16 split of a float32 state, and
 the layer's short causal convolution over a tree. ``gdn_path`` (``launcher.py``, ``kernel.py``)
-is the Triton kernel that steps states along paths: a decode step, path verify of every node
-of a tree, and commit of the accepted path are the same code, so their bits agree.
+replays every node's path from the committed state (no scratch, N x depth steps); ``gdn_walk``
+walks each tree once in depth-first order (N steps, a scratch state per branch level that is
+still needed). For either, a decode step, the verify of every node of a tree and the commit of
+the accepted path are the same code, so their bits agree.
 
 Usage::
 
@@ -14,8 +16,9 @@ Usage::
 
     o = gdn_path(state, q, k, v, decay, beta, nodes)              # [B, N, H, DV], verify
     gdn_path(state, q, k, v, decay, beta, path, out=False, store=True)   # commit, in place
+    o = gdn_walk(state, q, k, v, decay, beta, nodes)              # the same outputs, one walk
 """
 
-from w12_kernels.gated_delta.launcher import gdn_path
+from w12_kernels.gated_delta.launcher import gdn_path, gdn_walk
 
-__all__ = ["gdn_path"]
+__all__ = ["gdn_path", "gdn_walk"]

@@ -57,3 +57,67 @@ def gdn_path_kernel(
         tl.store(out_ptr + b.to(tl.int64) * so_b + t * so_t + h * so_h + dv, o)
     if STORE:
         tl.store(new_ptr + tile, s)
+
+
+@triton.jit(do_not_specialize=["N", "H", "P", "CAP"])
+def gdn_walk_kernel(
+    state_ptr, q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, order_ptr, parent_ptr, slot_ptr,
+    nodes_ptr, scratch_ptr, out_ptr,
+    ss_b, ss_h, sq_b, sq_t, sq_h, sv_b, sv_t, sv_h, sg_b, sg_t, si_b, sn_b, sn_t, sc_b, sc_h,
+    sc_s, so_b, so_t, so_h, N, H, P, CAP,
+    DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, OUT: tl.constexpr,
+    COMMIT: tl.constexpr,
+):
+    """One program per (request x value head, block of value columns) walks the request's
+    tree in depth-first preorder (``order``): each node's state is its parent's (the committed
+    state for a node without one), stepped once by its own token, and kept in scratch slot
+    ``slot[n]`` for its children while that slot is below ``CAP``; a node whose parent's slot
+    is not kept replays the parent's path from the committed state (the same steps, so the same
+    bits). Its output columns are written. ``COMMIT``: the last live node's state goes to the
+    state (a decode step, or the accepted path given as the tree's rows of its nodes)."""
+    b = tl.program_id(0) // H
+    h = tl.program_id(0) % H
+    dk = tl.arange(0, DK)
+    dv = tl.program_id(1) * BV + tl.arange(0, BV)
+    inner = dk[:, None] * DV + dv[None, :]
+    state_tile = state_ptr + b.to(tl.int64) * ss_b + h * ss_h + inner
+    scratch = scratch_ptr + b.to(tl.int64) * sc_b + h * sc_h + inner
+    s0 = tl.load(state_tile)
+    last = s0
+    index = b.to(tl.int64) * si_b
+    for i in range(N):
+        n = tl.load(order_ptr + index + i)
+        live = n >= 0
+        at = tl.maximum(n, 0)
+        p = tl.load(parent_ptr + index + at)
+        here = tl.load(slot_ptr + index + at)
+        there = tl.load(slot_ptr + index + tl.maximum(p, 0))
+        wanted = (live & (p >= 0) & (there < CAP)).to(tl.int32)
+        s = tl.load(scratch + tl.minimum(there, CAP - 1) * sc_s, mask=inner * 0 + wanted > 0,
+                    other=0.0)
+        s = tl.where(wanted > 0, s, s0)
+        if live & (p >= 0) & (there >= CAP):  # the parent's state was not kept: replay it
+            path = nodes_ptr + b.to(tl.int64) * sn_b + p * sn_t
+            for d in range(P):
+                m = tl.load(path + d)
+                mm = tl.maximum(m, 0)
+                km = tl.load(k_ptr + b.to(tl.int64) * sq_b + mm * sq_t + h * sq_h + dk)
+                vm = tl.load(v_ptr + b.to(tl.int64) * sv_b + mm * sv_t + h * sv_h + dv)
+                dm = tl.load(decay_ptr + b.to(tl.int64) * sg_b + mm * sg_t + h)
+                bm = tl.load(beta_ptr + b.to(tl.int64) * sg_b + mm * sg_t + h)
+                s = tl.where(m >= 0, _advance(s, km, vm, dm, bm), s)
+        k = tl.load(k_ptr + b.to(tl.int64) * sq_b + at * sq_t + h * sq_h + dk)
+        v = tl.load(v_ptr + b.to(tl.int64) * sv_b + at * sv_t + h * sv_h + dv)
+        decay = tl.load(decay_ptr + b.to(tl.int64) * sg_b + at * sg_t + h)
+        beta = tl.load(beta_ptr + b.to(tl.int64) * sg_b + at * sg_t + h)
+        s = _advance(s, k, v, decay, beta)
+        if OUT:
+            q = tl.load(q_ptr + b.to(tl.int64) * sq_b + at * sq_t + h * sq_h + dk)
+            tl.store(out_ptr + b.to(tl.int64) * so_b + at * so_t + h * so_h + dv,
+                     tl.sum(s * q[:, None], axis=0), mask=dv * 0 + live.to(tl.int32) > 0)
+        keep = (live & (here < CAP)).to(tl.int32)
+        tl.store(scratch + tl.minimum(here, CAP - 1) * sc_s, s, mask=inner * 0 + keep > 0)
+        tl.debug_barrier()  # the next node may read this slot
+        last = tl.where(live, s, last)
+    if COMMIT:
+        tl.store(state_tile, last)

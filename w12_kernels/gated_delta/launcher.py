@@ -1,4 +1,7 @@
-"""Shape checks and launches of the gated-delta path kernel (``kernel.py``)."""
+"""Shape checks and launches of the gated-delta kernels (``kernel.py``): ``gdn_path`` (each
+node's path replayed, no scratch) and ``gdn_walk`` (the tree walked once in depth-first order,
+a scratch state per branch level), with ``walk_plan`` (the walk's order and slots, on the
+device)."""
 
 from __future__ import annotations
 
@@ -41,8 +44,8 @@ def check_inputs(state, q, k, v, decay, beta, nodes) -> tuple[int, int, int, int
 
 def gdn_path(state, q, k, v, decay, beta, nodes, *, out: bool = True, store: bool = False,
              new_state: torch.Tensor | None = None) -> torch.Tensor | None:
-    """Each row of ``nodes`` [B, N, P] (node indices into the T nodes, root first, then -1) is
-    a path stepped from ``state`` [B, H, DK, DV]; returns the path ends' outputs
+    """Each row of ``nodes`` [B, N, P] (indices into the T nodes' inputs, root first, then -1)
+    is a path stepped from ``state`` [B, H, DK, DV]; returns the path ends' outputs
     [B, N, H, DV] (``q`` at node index n = the row's own index) when ``out``. ``store``: the
     stepped state goes to ``new_state`` (default: ``state``, in place), which needs N == 1."""
     from w12_kernels.gated_delta import kernel
@@ -66,5 +69,84 @@ def gdn_path(state, q, k, v, decay, beta, nodes, *, out: bool = True, store: boo
         v.stride(0), v.stride(1), v.stride(2), decay.stride(0), decay.stride(1),
         nodes.stride(0), nodes.stride(1), o.stride(0), o.stride(1), o.stride(2),
         t, p, h, DK=dk, DV=dv, BV=bv, OUT=out, STORE=store,
+    )
+    return result
+
+
+def walk_plan(nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(order, parent, slot), each [B, N] int32, for trees given as paths ``nodes`` [B, N, P]
+    (node indices root first, then -1; a row of -1 is padding): the live nodes in depth-first
+    preorder (children in index order) then -1 for padding; each node's parent (-1: the
+    committed state); and its scratch slot: its parent's, when it is its parent's last child
+    (the parent's state is not needed again), else one more. Device ops, fixed shapes."""
+    b, n, _ = nodes.shape
+    dev = nodes.device
+    nodes = nodes.long()
+    depth = (nodes >= 0).sum(-1) - 1
+    live = depth >= 0
+    parent = torch.where(depth > 0, nodes.gather(2, (depth - 1).clamp(min=0)[..., None])[..., 0],
+                         -1)
+    anc = torch.zeros(b, n, n + 1, device=dev).scatter_(2, torch.where(nodes >= 0, nodes, n),
+                                                         1.0)[..., :n]  # [b, node, ancestor]
+    size = anc.sum(1)  # nodes in each node's subtree
+    idx = torch.arange(n, device=dev)
+    siblings = (parent[:, :, None] == parent[:, None, :]) & live[:, None, :] & live[:, :, None]
+    earlier = (siblings & (idx[None, None, :] < idx[None, :, None])).float()
+    later = (siblings & (idx[None, None, :] > idx[None, :, None])).any(-1)
+    offset = (parent >= 0).float() + (earlier @ size[..., None])[..., 0]
+    pre = (anc @ offset[..., None])[..., 0]  # small integers: exact in float32
+    pre = torch.where(live, pre, n + idx.float())
+    order = torch.where(torch.sort(pre, dim=1).values < n, torch.argsort(pre, dim=1), -1)
+    # a node that is not its parent's last child leaves that parent's slot alone
+    bump = ((parent >= 0) & later).float()
+    slot = (anc @ bump[..., None])[..., 0].long()
+    return order.int(), parent.int(), torch.where(live, slot, 0).int()
+
+
+WALK_SLOTS = 8  # scratch states a request and head keeps by default (``gdn_walk``)
+
+
+def gdn_walk(state, q, k, v, decay, beta, nodes, *, out: bool = True, commit: bool = False,
+             slots: int = WALK_SLOTS, snapshots: torch.Tensor | None = None
+             ) -> torch.Tensor | None:
+    """Every node's output [B, N, H, DV] of the trees ``nodes`` [B, N, P], walking each tree
+    once. Here row n of ``nodes`` is node n's own path (root first, ending at n; -1 rows are
+    padding), and node n reads q, k, v, decay and beta at index n. ``commit``: the last node
+    of the walk leaves its state in ``state``: a decode step's only node, or the accepted path
+    given as the tree's rows of its nodes (every other row -1). At most ``slots`` scratch
+    states a request and head: a node whose parent's state did not get one replays the
+    parent's path instead (deep branching trees only; chains need one). ``snapshots`` [B, H, N, DK,
+    DV] float32: keep every node's state there (slot = node), the per-node snapshot approach
+    of serving engines (a baseline; its commit is a copy of the accepted node's state)."""
+    from w12_kernels.gated_delta import kernel
+
+    b, t, h, dk, dv, p = check_inputs(state, q, k, v, decay, beta, nodes)
+    n = nodes.shape[1]
+    if n > t:
+        _fail(f"{n} nodes in the paths but {t} nodes of inputs")
+    order, parent, slot = walk_plan(nodes)
+    if slots < 1:
+        _fail(f"slots {slots}: at least one")
+    if snapshots is None:
+        cap = min(p, n, slots)
+        scratch = torch.empty((b, h, cap, dk, dv), dtype=torch.float32, device=q.device)
+    else:
+        if tuple(snapshots.shape) != (b, h, n, dk, dv) or snapshots.dtype != torch.float32 or \
+                snapshots.stride(-1) != 1 or snapshots.stride(-2) != dv:
+            _fail(f"snapshots {tuple(snapshots.shape)} must be float32 [{b}, {h}, {n}, {dk}, "
+                  f"{dv}] with contiguous states")
+        scratch, cap = snapshots, n
+        slot = torch.arange(n, dtype=torch.int32, device=q.device).expand(b, n).contiguous()
+    result = torch.empty((b, n, h, dv), dtype=torch.float32, device=q.device) if out else None
+    o = result if out else scratch
+    bv = min(dv, 32)
+    nodes = nodes.contiguous()
+    kernel.gdn_walk_kernel[(b * h, dv // bv)](
+        state, q, k, v, decay, beta, order, parent, slot, nodes, scratch, o,
+        state.stride(0), state.stride(1), q.stride(0), q.stride(1), q.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), decay.stride(0), decay.stride(1),
+        order.stride(0), nodes.stride(0), nodes.stride(1), scratch.stride(0), scratch.stride(1),
+        scratch.stride(2), o.stride(0), o.stride(1), o.stride(2), n, h, p, cap,
+        DK=dk, DV=dv, BV=bv, OUT=out, COMMIT=commit,
     )
     return result
