@@ -18,7 +18,8 @@
 #   bash lab/device_spec.sh determinism # the same inputs twice: every linear of the synthetic and
 #                                     # demo models at prefill-sized M, batched prefills on fresh
 #                                     # engines (graphs, compile), lab/batch_rows.py --repeat
-#   bash lab/device_spec.sh hybrid    # Gated DeltaNet: GPU tests (path kernel, hybrid engine),
+#   bash lab/device_spec.sh hybrid    # Gated DeltaNet: GPU tests (kernels, hybrid engine), the
+#                                     # kernel benchmark (path, walk, snapshots, commit, decode),
 #                                     # c(N) of the hybrid-27b preset (W12, BF16), plain decode
 #   bash lab/device_spec.sh attention # the tree-attention benchmark
 #   bash lab/device_spec.sh divergence # batch > 1: lab/spec_divergence.py (verify rows against
@@ -152,6 +153,7 @@ determinism)  # batch-8 plain decoding gave other tokens on a second fresh engin
 hybrid)
   TAIL=6 run ${TEST_LIMIT:-200} tests-gated-delta $PY -m pytest -q -p no:cacheprovider \
     tests/w12_kernels/test_gated_delta_kernel.py tests/engine/test_gated_delta.py
+  TAIL=12 run 150 gated-delta $PY benchmarks/gated_delta.py --json "$OUT/gated-delta.json"
   for mode in w12 bf16; do
     TAIL=8 run ${SCALE_LIMIT:-150} "bench-hybrid-27b-$mode" $W12 bench spec synthetic:hybrid-27b \
       --$mode --drafter ngram --forced-accept 3 --budgets "${BUDGETS:-1,16,64}" --modes chain \
