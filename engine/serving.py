@@ -13,6 +13,12 @@ tree attention on a GPU, the CPU paths), and sampling draws with noise keyed by 
 id, position), so a request's tokens are those of its own plain decoding at batch 1
 (``generate(..., request_ids=[id])``), whichever requests share its steps and whenever it
 arrived. ``arrival`` (a step number) simulates requests that arrive while others run.
+
+Admission: by default every free row takes the next waiting request before each step (eager).
+``admission=N`` caps the prompt tokens prefilled between two steps at N while other requests
+are running (always at least one prompt when a row is free, so a long prompt still gets in):
+newcomers wait a step or more for their first token, and the running requests' steps are not
+held up by a burst of prefills.
 """
 
 from __future__ import annotations
@@ -49,6 +55,10 @@ class ServeStats:
     finished_at: dict[int, int] = field(default_factory=dict)
     seconds: dict[int, float] = field(default_factory=dict)  # request id -> run start to done
     width_steps: dict[int, int] = field(default_factory=dict)  # per-row width -> row-steps
+    first_token_s: dict[int, float] = field(default_factory=dict)  # request id -> run start to
+    # its first token (its prefill's pick)
+    prefill_tokens: dict[int, int] = field(default_factory=dict)  # step -> prompt tokens
+    # prefilled just before it
 
     @property
     def tau(self) -> float:
@@ -66,7 +76,11 @@ class Server:
     def __init__(self, engine: Engine, *, sampling: Sampling = GREEDY,
                  stop_ids: frozenset[int] = frozenset(), drafter: Drafter | None = None,
                  budget: int = 16, tree: bool = True, shared_total: int | None = None,
-                 widths: tuple[int, ...] | None = None) -> None:
+                 widths: tuple[int, ...] | None = None, admission: int | None = None) -> None:
+        if admission is not None and admission < 1:
+            raise W12Error(f"admission {admission}: the prompt tokens admitted between two "
+                           "steps must be at least 1")
+        self.admission = admission
         self.engine, self.sampling, self.stop_ids = engine, sampling, stop_ids
         self.drafter, self.budget = drafter, budget if drafter is not None else 1
         self.queue: deque[Request] = deque()
@@ -142,16 +156,23 @@ class Server:
     # --------------------------------------------------------------------------- internals
 
     def _admit(self, step: int, stats: ServeStats, on_token, outputs) -> None:
+        admitted, running = 0, any(self.rows)  # the cap protects requests already running
         for row in range(self.engine.batch):
             if self.rows[row] is not None or not self.queue or self.queue[0].arrival > step:
                 continue
+            if self.admission is not None and admitted and \
+                    admitted + len(self.queue[0].prompt) > self.admission and running:
+                break  # the rest waits for the next step
             request = self.queue.popleft()
+            admitted += len(request.prompt)
+            stats.prefill_tokens[step] = admitted
             logits = self.engine.prefill_row(row, request.prompt)
             first = int(choose(logits[None], self.sampling,
                                torch.tensor([request.id], device=logits.device),
                                torch.tensor([len(request.prompt)], device=logits.device))[0])
             self.lengths[row] = len(request.prompt)
             stats.admitted_at[request.id] = step
+            stats.first_token_s[request.id] = time.perf_counter() - self.began
             self._take(request, [first], on_token)
             if request.done:  # a stop token or max_new_tokens == 1: it never takes a step
                 self._finish(request, row, step, stats, outputs)

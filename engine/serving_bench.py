@@ -28,7 +28,7 @@ from w12.errors import W12Error
 @dataclass
 class ServeRow:
     concurrency: int
-    mode: str  # "plain", "spec", or a policy: "shared", "widths"
+    mode: str  # "plain", "spec", or a policy: "shared", "widths", "admit"
     requests: int
     tokens: int
     seconds: float
@@ -36,6 +36,8 @@ class ServeRow:
     latency_p50_s: float
     latency_p90_s: float
     latency_max_s: float
+    ttft_p50_s: float  # time to first token (the prefill's pick), from the start of the run
+    ttft_p90_s: float
     steps: int
     tau: float
     speedup: float | None  # spec: tokens/s over the plain run at the same concurrency
@@ -66,10 +68,11 @@ def bench_serve(loaded: LoadedModel, prompts: list[list[int]], *, drafter: str,
                 tree: bool = True, sampling: Sampling = GREEDY,
                 stop_ids: frozenset[int] = frozenset(), compile: bool = False,
                 shared_per_row: int | None = None, widths: tuple[int, ...] | None = None,
-                log=print) -> list[ServeRow]:
+                admission: int | None = None, log=print) -> list[ServeRow]:
     """Per concurrency: plain serving, speculative serving, then the batching policies asked
     for as rows of their own: ``shared_per_row`` (a node budget of that many nodes per active
-    row, shared by all: mode "shared") and ``widths`` (per-request draft sizes: "widths")."""
+    row, shared by all: mode "shared"), ``widths`` (per-request draft sizes: "widths") and
+    ``admission`` (at most that many prompt tokens admitted between two steps: "admit")."""
     if not prompts:
         raise W12Error("bench serve: no prompts")
     if min(concurrency) < 1:
@@ -84,6 +87,8 @@ def bench_serve(loaded: LoadedModel, prompts: list[list[int]], *, drafter: str,
             modes.append(("shared", drafter, {"shared_total": shared_per_row * c}))
         if widths is not None:
             modes.append(("widths", drafter, {"widths": widths}))
+        if admission is not None:
+            modes.append(("admit", drafter, {"admission": admission}))
         for mode, name, policy in modes:
             options = dict(concurrency=c, seq=seq, max_new_tokens=max_new_tokens,
                            sampling=sampling, stop_ids=stop_ids, drafter=name, budget=budget,
@@ -93,11 +98,13 @@ def bench_serve(loaded: LoadedModel, prompts: list[list[int]], *, drafter: str,
             outputs[mode] = out
             tokens = sum(map(len, out.values()))
             latency = list(stats.seconds.values())
+            ttft = list(stats.first_token_s.values())
             plain = next((r.tokens_per_s for r in rows
                           if r.concurrency == c and r.mode == "plain"), None)
             rows.append(ServeRow(c, mode, len(prompts), tokens, seconds, tokens / seconds,
                                  _percentile(latency, 0.5), _percentile(latency, 0.9),
-                                 max(latency), stats.steps, stats.tau,
+                                 max(latency), _percentile(ttft, 0.5), _percentile(ttft, 0.9),
+                                 stats.steps, stats.tau,
                                  tokens / seconds / plain if plain else None))
             log(format_row(rows[-1]))
         for mode, out in outputs.items():
@@ -113,7 +120,8 @@ def format_row(r: ServeRow) -> str:
     gain = "" if r.speedup is None else f"  x{r.speedup:.3f} plain"
     return (f"C={r.concurrency:<4} {r.mode:<6} {r.requests} requests  {r.tokens_per_s:9.1f} tok/s"
             f"  latency p50 {r.latency_p50_s:7.3f} s  p90 {r.latency_p90_s:7.3f} s  "
-            f"max {r.latency_max_s:7.3f} s  steps {r.steps:6d}  tau {r.tau:6.3f}{gain}")
+            f"max {r.latency_max_s:7.3f} s  ttft p50 {r.ttft_p50_s:7.3f} s  p90 "
+            f"{r.ttft_p90_s:7.3f} s  steps {r.steps:6d}  tau {r.tau:6.3f}{gain}")
 
 
 def as_dicts(rows: list[ServeRow]) -> list[dict]:

@@ -161,19 +161,22 @@ def bench_spec_command(model, drafter, prompts_path, limit, budgets, modes, max_
 @click.option("--widths", default=None, callback=positive_int_list,
               help="Also serve with per-request draft sizes from these (e.g. 8,12,16; the "
                    "largest is --budget), chosen from each request's recent acceptance.")
+@click.option("--admission", default=None, type=click.IntRange(1),
+              help="Also serve speculatively admitting at most this many prompt tokens between "
+                   "two steps while requests run (eager admission otherwise).")
 @sampling
 @weight_mode
 @device
 @compile_ops
 @json_out
 def bench_serve_command(model, drafter, prompts_path, limit, concurrency, max_new_tokens, budget,
-                        chain, shared, widths, temperature, top_p, seed, bf16, device, compile_,
-                        json_path):
+                        chain, shared, widths, admission, temperature, top_p, seed, bf16, device,
+                        compile_, json_path):
     """Serve every prompt of a set with continuous batching, plain and speculative, same run.
 
-    Per concurrency: tokens/s, request latency percentiles (from the start of the run),
-    engine steps, tau and the speculative speed-up over plain serving. Both runs must return
-    the same tokens per request (checked).
+    Per concurrency: tokens/s, request latency and time-to-first-token percentiles (from the
+    start of the run), engine steps, tau and the speculative speed-up over plain serving.
+    Every run must return the same tokens per request (checked).
     """
     from engine.sampling import Sampling
     from engine.serving_bench import as_dicts, bench_serve
@@ -187,7 +190,8 @@ def bench_serve_command(model, drafter, prompts_path, limit, concurrency, max_ne
                        max_new_tokens=max_new_tokens, budget=budget, tree=not chain,
                        sampling=Sampling(temperature, top_p, seed), stop_ids=target.stop_ids,
                        compile=compile_default(compile_, device), shared_per_row=shared,
-                       widths=tuple(widths) if widths else None, log=click.echo)
+                       widths=tuple(widths) if widths else None, admission=admission,
+                       log=click.echo)
     if json_path is not None:
         json_path.write_text(json.dumps({"model": model, "drafter": drafter,
                                          "rows": as_dicts(rows)}, indent=2))

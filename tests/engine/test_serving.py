@@ -103,15 +103,17 @@ def test_bench_serve_reports_both_modes_and_checks_their_tokens(tiny_folder):
     loaded = load_model(tiny_folder("llama"), mode="w12")
     prompts = [p for p, _, _ in REQUESTS]
     rows = bench_serve(loaded, prompts, drafter="ngram", concurrency=[1, 3], max_new_tokens=8,
-                       budget=4, tree=False, widths=(2, 4), log=lambda line: None)
+                       budget=4, tree=False, widths=(2, 4), admission=6, log=lambda line: None)
     assert [(r.concurrency, r.mode) for r in rows] == [
-        (1, "plain"), (1, "spec"), (1, "widths"), (3, "plain"), (3, "spec"), (3, "widths")]
+        (1, "plain"), (1, "spec"), (1, "widths"), (1, "admit"),
+        (3, "plain"), (3, "spec"), (3, "widths"), (3, "admit")]
     for r in rows:
         assert r.requests == len(prompts) and r.tokens == 8 * len(prompts)
         assert r.latency_p50_s <= r.latency_p90_s <= r.latency_max_s <= r.seconds
+        assert r.ttft_p50_s <= r.ttft_p90_s <= r.latency_max_s
         assert (r.speedup is None) == (r.mode == "plain") and r.tau >= 1.0
     assert rows[0].steps == 8 * len(prompts) - len(prompts)  # one row: a step per later token
-    assert rows[3].steps < rows[0].steps  # three rows share steps
+    assert rows[4].steps < rows[0].steps  # three rows share steps
 
 
 def test_a_shared_node_budget_serves_exactly(w12_model, monkeypatch):
@@ -195,6 +197,34 @@ def test_per_request_widths_follow_acceptance_and_stay_exact(w12_model):
     with pytest.raises(W12Error, match="largest equal to the budget 8"):
         Server(Engine(w12_model, batch=1, max_seq_len=SEQ),
                drafter=make_drafter("ngram", w12_model), budget=8, widths=(4, 6))
+
+
+def test_admission_caps_prefill_between_steps_and_stays_exact(w12_model):
+    """With at most 12 prompt tokens admitted between two steps while others run: the cap
+    holds, the first batch still fills eagerly, a newcomer waits a step that eager admission
+    does not make it wait, and every request gets its own tokens."""
+    runs = {}
+    for admission in (None, 12):
+        engine = Engine(w12_model, batch=3, max_seq_len=SEQ)
+        server = Server(engine, admission=admission)
+        # a long request and two that end after one step; two 10-token prompts wait for the
+        # two rows that free up together while the long one runs
+        burst = [REQUESTS[0], ([3, 4], 2, 0), ([100, 20, 30], 2, 0), ([9] * 10, 8, 0),
+                 ([8] * 10, 8, 0)]
+        ids = [server.submit(p, max_new_tokens=n, arrival=a) for p, n, a in burst]
+        out, stats = server.run()
+        for request_id, (prompt, new, _) in zip(ids, burst, strict=True):
+            assert out[request_id] == plain_alone(w12_model, prompt, new, request_id,
+                                                  Sampling())
+        runs[admission] = (ids, stats)
+    ids, capped = runs[12]
+    assert capped.admitted_at[ids[0]] == capped.admitted_at[ids[2]] == 0  # nobody ran yet
+    assert all(tokens <= 12 or step == 0 for step, tokens in capped.prefill_tokens.items())
+    eager = runs[None][1]
+    assert max(eager.prefill_tokens.values()) > 12  # the cap had something to cap
+    assert sum(capped.admitted_at.values()) > sum(eager.admitted_at.values())
+    with pytest.raises(W12Error, match="admission 0"):
+        Server(Engine(w12_model, batch=1, max_seq_len=SEQ), admission=0)
 
 
 def test_limit_rows_keeps_each_requests_best_nodes():
