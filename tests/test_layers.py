@@ -19,7 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("w12_cli", "spec_tuning", "engine", "sglang_integration", "converters",
             "w12_kernels", "w12")
-KERNEL_FAMILIES = ("gemm", "norm", "tree_attention", "view8")  # what engine.w12_backend may import
+# what engine.w12_backend may import
+KERNEL_FAMILIES = ("gated_delta", "gemm", "norm", "tree_attention", "view8")
 
 
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
