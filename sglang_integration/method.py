@@ -117,7 +117,22 @@ class W12Config(QuantizationConfig):
                            f"(plain: {', '.join(plain)})")
         if not isinstance(layer, _SUPPORTED_LAYERS):
             raise W12Error(f"{prefix}: W12 does not support layer type {type(layer).__name__}")
+        if isinstance(layer, ParallelLMHead) and _fp32_lm_head():
+            raise W12Error(f"{prefix}: --enable-fp32-lm-head feeds the LM head float32 "
+                           "activations, and the W12 GEMM takes BF16 ones; serve without that "
+                           "option, or convert the checkpoint without --lm-head (a BF16 head)")
         return W12LinearMethod(prefix, modules)
+
+
+def _fp32_lm_head() -> bool:
+    """Whether SGLang runs the LM head on float32 activations (its ``--enable-fp32-lm-head``);
+    False where no server configuration is published (layers built outside a server)."""
+    try:
+        from sglang.srt.runtime_context import get_exec
+
+        return bool(get_exec().features.enable_fp32_lm_head)
+    except Exception:  # noqa: BLE001 -- no published configuration: SGLang's default (off)
+        return False
 
 
 def _ancestors(modules) -> set[str]:

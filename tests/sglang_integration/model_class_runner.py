@@ -1,6 +1,6 @@
 """SGLang's own model classes on W12 weights, one tensor-parallel rank per process (CPU).
 
-    python model_class_runner.py KIND BF16_DIR W12_DIR TP RANK PORT
+    python model_class_runner.py KIND BF16_DIR W12_DIR TP RANK PORT [SERVER_ARGS_JSON]
 
 Builds SGLang's ``LlamaForCausalLM`` or ``Qwen3ForCausalLM`` twice through its real
 ``DefaultModelLoader`` (the BF16 folder without quantization, the W12 folder through the
@@ -57,7 +57,8 @@ class CausalSDPA:
         return out[0].transpose(0, 1).reshape(t, -1)
 
 
-def main(kind: str, bf16_dir: str, w12_dir: str, tp: int, rank: int, port: int) -> None:
+def main(kind: str, bf16_dir: str, w12_dir: str, tp: int, rank: int, port: int,
+         extra: dict) -> None:
     install_stand_ins()
     import torch
     from sglang.srt.configs.device_config import DeviceConfig
@@ -74,7 +75,7 @@ def main(kind: str, bf16_dir: str, w12_dir: str, tp: int, rank: int, port: int) 
     from sglang_integration.plugin import register
 
     register()
-    args = ServerArgs(model_path=bf16_dir, device="cpu", tp_size=tp)
+    args = ServerArgs(model_path=bf16_dir, device="cpu", tp_size=tp, **extra)
     set_global_server_args_for_scheduler(args)
     publish(args, role="scheduler", ranks=SpawnRanks(world_rank=rank))  # as a scheduler does
     init_distributed_environment(backend="gloo", world_size=tp, rank=rank, local_rank=rank,
@@ -107,4 +108,4 @@ def main(kind: str, bf16_dir: str, w12_dir: str, tp: int, rank: int, port: int) 
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    main(a[0], a[1], a[2], int(a[3]), int(a[4]), int(a[5]))
+    main(a[0], a[1], a[2], int(a[3]), int(a[4]), int(a[5]), json.loads(a[6]) if a[6:] else {})

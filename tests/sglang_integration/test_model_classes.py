@@ -76,19 +76,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_ranks(env, kind, bf16, w12, tp, extra=None) -> list[tuple[int, str, str]]:
+    """(return code, stdout, stderr) of every rank of one run."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, str(RUNNER), kind, str(bf16), str(w12), str(tp),
+                               str(rank), str(port), json.dumps(extra or {})], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(tp)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        results.append((proc.returncode, out, err))
+    return results
+
+
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
 def test_sglang_model_class_logits_are_bf16_bits(tmp_path, subprocess_env, kind, tp):
     bf16, w12 = write_folders(tmp_path, kind)
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(RUNNER), kind, str(bf16), str(w12), str(tp),
-                               str(rank), str(port)], env=subprocess_env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(tp)]
     reports = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err[-3000:]
+    for code, out, err in run_ranks(subprocess_env, kind, bf16, w12, tp):
+        assert code == 0, err[-3000:]
         reports.append(json.loads(out.strip().splitlines()[-1]))
     for report in reports:
         assert report["methods"] == {"bf16": "UnquantizedLinearMethod",
@@ -96,3 +104,12 @@ def test_sglang_model_class_logits_are_bf16_bits(tmp_path, subprocess_env, kind,
         assert report["shape"] == [1, VOCAB] and report["finite"], report
         assert report["equal"], f"{kind} TP={tp}: W12 logits differ from BF16's: {report}"
     assert len({r["digest"] for r in reports}) == 1  # every rank holds the gathered logits
+
+
+def test_an_fp32_lm_head_is_refused_at_load_with_the_reason(tmp_path, subprocess_env):
+    """SGLang's --enable-fp32-lm-head hands the head float32 activations, which the W12 GEMM
+    does not take: loading says so instead of failing at the first forward."""
+    bf16, w12 = write_folders(tmp_path, "llama")
+    [(code, _, err)] = run_ranks(subprocess_env, "llama", bf16, w12, 1,
+                                 {"enable_fp32_lm_head": True})
+    assert code != 0 and "--enable-fp32-lm-head" in err and "lm_head" in err, err[-2000:]
