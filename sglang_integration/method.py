@@ -19,7 +19,9 @@ each fused shard aside until that shard's three escape tensors have all arrived.
 escape pieces into one CSR list (rows beyond the checkpoint, i.e. vocabulary padding of the LM
 head, become rows of +0 escapes, as SGLang zero-fills them), repacks the planes for the GEMM
 with ``prepare_weight`` and frees the checkpoint-layout planes. ``apply`` calls ``w12_linear``,
-keeping batch invariance only up to 64 rows (nothing under SGLang needs more).
+keeping batch invariance only up to 64 rows (nothing under SGLang needs more). A W12 LM head
+also answers ``weight`` (SGLang's ``get_embed_and_head``, which EAGLE uses to share the head with
+its draft model): the rank's BF16 rows, decoded on first access and kept.
 
 Checkpoints saved already split per rank, or with fused tensors (one ``qkv_proj``), are refused.
 """
@@ -44,7 +46,7 @@ from sglang_integration import shard
 from w12 import container, spec
 from w12.errors import W12Error
 from w12.tensor import PLANE_DTYPES, W12Tensor
-from w12_kernels.gemm import SMALL_M_MAX, prepare_weight, w12_linear
+from w12_kernels.gemm import SMALL_M_MAX, decode_weight, prepare_weight, w12_linear
 
 NAME = container.QUANT_METHOD
 # Names of the checkpoint parts of SGLang's fused layers when the model declares none.
@@ -122,6 +124,24 @@ class W12Config(QuantizationConfig):
                            "activations, and the W12 GEMM takes BF16 ones; serve without that "
                            "option, or convert the checkpoint without --lm-head (a BF16 head)")
         return W12LinearMethod(prefix, modules)
+
+
+_HEAD_CLASSES: dict[type, type] = {}
+
+
+def _decoding_head_class(base: type) -> type:
+    """``base`` (SGLang's LM head class) with a ``weight`` read from the W12 weight: the rank's
+    BF16 rows, decoded at the first read and kept (its memory is spent only where something
+    asks for it, such as EAGLE's shared head)."""
+    if base not in _HEAD_CLASSES:
+        def weight(self) -> torch.Tensor:
+            decoded = self.__dict__.get("_w12_decoded")
+            if decoded is None:
+                decoded = self.__dict__["_w12_decoded"] = decode_weight(self.w12_weight)
+            return decoded
+
+        _HEAD_CLASSES[base] = type(f"W12{base.__name__}", (base,), {"weight": property(weight)})
+    return _HEAD_CLASSES[base]
 
 
 def _fp32_lm_head() -> bool:
@@ -229,6 +249,8 @@ class W12LinearMethod(LinearMethodBase):
         for part, dtype in PLANE_DTYPES.items():
             getattr(layer, f"w12_{part}").data = torch.empty(0, dtype=dtype, device=device)
         self._pieces.clear()
+        if isinstance(layer, ParallelLMHead):
+            layer.__class__ = _decoding_head_class(type(layer))
 
     def restore_weights_before_loading(self, layer: torch.nn.Module) -> None:
         raise W12Error(f"{self.prefix}: W12 weights cannot be reloaded in place (their "

@@ -8,7 +8,8 @@ plugin), initialises the process group the way SGLang does (its own
 ``init_distributed_environment`` / ``initialize_model_parallel``, gloo), runs one prefill of a
 fixed prompt through the full model (its embedding, decoder layers, RoPE, norms, LM head and
 ``LogitsProcessor``, with the tensor-parallel all-reduces and all-gathers) and prints one JSON
-line: whether the two logits are bit-identical, their shape and a digest of the W12 logits.
+line: whether the two logits are bit-identical, their shape, a digest of the W12 logits, and
+whether ``get_embed_and_head`` gives the same LM head rows (EAGLE's shared head).
 
 What stands in for GPU-only parts, and nothing else: attention is causal SDPA over the prompt
 (``CausalSDPA``: SGLang's backends need CUDA kernels or its CPU kernel package), and
@@ -88,7 +89,7 @@ def main(kind: str, bf16_dir: str, w12_dir: str, tp: int, rank: int, port: int,
                            extend_seq_lens_cpu=[len(PROMPT)])
     # the ForwardBatch fields the model reads beyond the logits metadata, for one prefill
     batch.mha_return_lse, batch.attn_cp_metadata = False, None
-    logits, methods = {}, {}
+    logits, methods, heads = {}, {}, {}
     with torch.inference_mode():
         for name, folder in (("bf16", bf16_dir), ("w12", w12_dir)):
             config = ModelConfig(model_path=folder, dtype="bfloat16")
@@ -99,9 +100,15 @@ def main(kind: str, bf16_dir: str, w12_dir: str, tp: int, rank: int, port: int,
             methods[name] = type(model.model.layers[0].mlp.down_proj.quant_method).__name__
             out = model(ids, torch.arange(len(PROMPT)), batch)
             logits[name] = out.next_token_logits.clone()
+            heads[name] = model.get_embed_and_head()[1]  # what EAGLE shares with its draft
+            again = model(ids, torch.arange(len(PROMPT)), batch).next_token_logits
+            if not torch.equal(again, logits[name]):
+                raise SystemExit(f"{name}: reading the head changed the logits")
     w12 = logits["w12"]
     print(json.dumps({
         "equal": bool(torch.equal(logits["bf16"], w12)), "shape": list(w12.shape),
+        "head_equal": bool(torch.equal(heads["bf16"].view(torch.int16),
+                                       heads["w12"].view(torch.int16))),
         "finite": bool(torch.isfinite(w12).all()), "methods": methods,
         "digest": hashlib.sha256(w12.float().numpy().tobytes()).hexdigest()[:16]}))
 

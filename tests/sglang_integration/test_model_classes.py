@@ -103,6 +103,7 @@ def test_sglang_model_class_logits_are_bf16_bits(tmp_path, subprocess_env, kind,
                                      "w12": "W12LinearMethod"}, report
         assert report["shape"] == [1, VOCAB] and report["finite"], report
         assert report["equal"], f"{kind} TP={tp}: W12 logits differ from BF16's: {report}"
+        assert report["head_equal"], f"{kind} TP={tp}: get_embed_and_head's head differs"
     assert len({r["digest"] for r in reports}) == 1  # every rank holds the gathered logits
 
 
