@@ -19,7 +19,8 @@ each fused shard aside until that shard's three escape tensors have all arrived.
 escape pieces into one CSR list (rows beyond the checkpoint, i.e. vocabulary padding of the LM
 head, become rows of +0 escapes, as SGLang zero-fills them), repacks the planes for the GEMM
 with ``prepare_weight`` and frees the checkpoint-layout planes. ``apply`` calls ``w12_linear``,
-keeping batch invariance only up to 64 rows (nothing under SGLang needs more). A W12 LM head
+keeping batch invariance only up to 64 rows (nothing under SGLang needs more). Under SGLang's
+``--load-format dummy`` (nothing read) a layer gets random planes instead. A W12 LM head
 also answers ``weight`` (SGLang's ``get_embed_and_head``, which EAGLE uses to share the head with
 its draft model): the rank's BF16 rows, decoded on first access and kept.
 
@@ -27,6 +28,8 @@ Checkpoints saved already split per rank, or with fused tensors (one ``qkv_proj`
 """
 
 from __future__ import annotations
+
+import zlib
 
 import torch
 from sglang.srt.layers.linear import (
@@ -144,6 +147,17 @@ def _decoding_head_class(base: type) -> type:
     return _HEAD_CLASSES[base]
 
 
+def _dummy_load() -> bool:
+    """Whether the server loads random weights (SGLang's ``--load-format dummy``)."""
+    try:
+        from sglang.srt.runtime_context import get_model
+
+        fmt = get_model().load_format
+        return str(getattr(fmt, "value", fmt)).lower() == "dummy"
+    except Exception:  # noqa: BLE001 -- no server configuration: a real load
+        return False
+
+
 def _fp32_lm_head() -> bool:
     """Whether SGLang runs the LM head on float32 activations (its ``--enable-fp32-lm-head``);
     False where no server configuration is published (layers built outside a server)."""
@@ -232,13 +246,16 @@ class W12LinearMethod(LinearMethodBase):
             del self._pending[shard_id]
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        self._check_complete()
         n, k = self._shape
         device = layer.w12_hi.device
-        covered = sum(rows.count for rows in self._rows.values())
-        pieces = [*self._pieces.values(), shard.zero_rows(covered, n - covered, k)]
-        for part, data in zip(shard.ESCAPES, shard.assemble(pieces), strict=True):
-            getattr(layer, f"w12_{part}").data = data.to(device)
+        if not self._loaded and _dummy_load():
+            self._fill_dummy(layer)  # --load-format dummy: random planes, no checkpoint
+        else:
+            self._check_complete()
+            covered = sum(rows.count for rows in self._rows.values())
+            pieces = [*self._pieces.values(), shard.zero_rows(covered, n - covered, k)]
+            for part, data in zip(shard.ESCAPES, shard.assemble(pieces), strict=True):
+                getattr(layer, f"w12_{part}").data = data.to(device)
         planes = W12Tensor(*(getattr(layer, f"w12_{part}").data for part in shard.COMPONENTS))
         try:
             layer.w12_weight = prepare_weight(planes, device=device)
@@ -251,6 +268,23 @@ class W12LinearMethod(LinearMethodBase):
         self._pieces.clear()
         if isinstance(layer, ParallelLMHead):
             layer.__class__ = _decoding_head_class(type(layer))
+
+    def _fill_dummy(self, layer: torch.nn.Module) -> None:
+        """Random planes for SGLang's dummy load (speed runs without a checkpoint): random
+        records in a window of 2^-24 .. 2^-8 (SGLang's dummy floats are within 1e-3), no
+        escapes, drawn per layer from its name so every rank of a layer agrees."""
+        n, k = self._shape
+        gen = torch.Generator().manual_seed(zlib.crc32(self.prefix.encode()))
+        device = layer.w12_hi.device
+        planes = {"hi": torch.randint(0, 256, (n, k), generator=gen, dtype=torch.uint8),
+                  "lo": torch.randint(0, 256, (n, spec.lo_width(k)), generator=gen,
+                                      dtype=torch.uint8),
+                  "e0": torch.full((n,), 127 - 24, dtype=torch.uint8),
+                  "esc_rowptr": torch.zeros(n + 1, dtype=torch.int64),
+                  "esc_col": torch.zeros(0, dtype=torch.int32),
+                  "esc_val": torch.zeros(0, dtype=torch.int16)}
+        for part, data in planes.items():
+            getattr(layer, f"w12_{part}").data = data.to(device)
 
     def restore_weights_before_loading(self, layer: torch.nn.Module) -> None:
         raise W12Error(f"{self.prefix}: W12 weights cannot be reloaded in place (their "

@@ -2,11 +2,11 @@
 
     python model_class_runner.py KIND BF16_DIR W12_DIR TP RANK PORT [SERVER_ARGS_JSON]
 
-Builds SGLang's ``LlamaForCausalLM`` or ``Qwen3ForCausalLM`` twice through its real
-``DefaultModelLoader`` (the BF16 folder without quantization, the W12 folder through the
-plugin), initialises the process group the way SGLang does (its own
-``init_distributed_environment`` / ``initialize_model_parallel``, gloo), runs one prefill of a
-fixed prompt through the full model (its embedding, decoder layers, RoPE, norms, LM head and
+Builds SGLang's ``LlamaForCausalLM`` or ``Qwen3ForCausalLM`` twice through its real loader
+(``DefaultModelLoader``, or the one ``SERVER_ARGS_JSON``'s ``load_format`` names; the BF16
+folder without quantization, the W12 folder through the plugin), initialises the process
+group the way SGLang does (its own ``init_distributed_environment`` /
+``initialize_model_parallel``, gloo), runs one prefill of a fixed prompt through the full model (its embedding, decoder layers, RoPE, norms, LM head and
 ``LogitsProcessor``, with the tensor-parallel all-reduces and all-gathers) and prints one JSON
 line: whether the two logits are bit-identical, their shape, a digest of the W12 logits, and
 whether ``get_embed_and_head`` gives the same LM head rows (EAGLE's shared head).
@@ -69,7 +69,7 @@ def main(kind: str, bf16_dir: str, w12_dir: str, tp: int, rank: int, port: int,
     from sglang.srt.layers.logits_processor import LogitsMetadata
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.model_executor.forward_context import ForwardContext, set_forward_context
-    from sglang.srt.model_loader.loader import DefaultModelLoader
+    from sglang.srt.model_loader.loader import get_model_loader
     from sglang.srt.runtime_context import SpawnRanks, publish
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
@@ -93,8 +93,8 @@ def main(kind: str, bf16_dir: str, w12_dir: str, tp: int, rank: int, port: int,
     with torch.inference_mode():
         for name, folder in (("bf16", bf16_dir), ("w12", w12_dir)):
             config = ModelConfig(model_path=folder, dtype="bfloat16")
-            model = DefaultModelLoader(LoadConfig()).load_model(
-                model_config=config, device_config=DeviceConfig("cpu"))
+            loader = get_model_loader(LoadConfig(load_format=args.load_format))
+            model = loader.load_model(model_config=config, device_config=DeviceConfig("cpu"))
             if type(model).__name__.lower() != f"{kind}forcausallm":
                 raise SystemExit(f"{folder}: SGLang built {type(model).__name__}")
             methods[name] = type(model.model.layers[0].mlp.down_proj.quant_method).__name__
@@ -110,6 +110,7 @@ def main(kind: str, bf16_dir: str, w12_dir: str, tp: int, rank: int, port: int,
         "head_equal": bool(torch.equal(heads["bf16"].view(torch.int16),
                                        heads["w12"].view(torch.int16))),
         "finite": bool(torch.isfinite(w12).all()), "methods": methods,
+        "loader": type(loader).__name__,
         "digest": hashlib.sha256(w12.float().numpy().tobytes()).hexdigest()[:16]}))
 
 

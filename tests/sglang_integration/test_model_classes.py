@@ -104,6 +104,7 @@ def test_sglang_model_class_logits_are_bf16_bits(tmp_path, subprocess_env, kind,
         assert report["shape"] == [1, VOCAB] and report["finite"], report
         assert report["equal"], f"{kind} TP={tp}: W12 logits differ from BF16's: {report}"
         assert report["head_equal"], f"{kind} TP={tp}: get_embed_and_head's head differs"
+        assert report["loader"] == "DefaultModelLoader"
     assert len({r["digest"] for r in reports}) == 1  # every rank holds the gathered logits
 
 
@@ -114,3 +115,15 @@ def test_an_fp32_lm_head_is_refused_at_load_with_the_reason(tmp_path, subprocess
     [(code, _, err)] = run_ranks(subprocess_env, "llama", bf16, w12, 1,
                                  {"enable_fp32_lm_head": True})
     assert code != 0 and "--enable-fp32-lm-head" in err and "lm_head" in err, err[-2000:]
+
+
+def test_dummy_load_format_serves_random_w12_weights(tmp_path, subprocess_env):
+    """``--load-format dummy`` (speed runs without reading weights): the W12 layers get random
+    planes instead of refusing their unread checkpoint, at TP 2, and the logits are finite."""
+    bf16, w12 = write_folders(tmp_path, "qwen3")
+    for code, out, err in run_ranks(subprocess_env, "qwen3", bf16, w12, 2,
+                                    {"load_format": "dummy"}):
+        assert code == 0, err[-3000:]
+        report = json.loads(out.strip().splitlines()[-1])
+        assert report["loader"] == "DummyModelLoader" and report["finite"], report
+        assert report["methods"]["w12"] == "W12LinearMethod"
