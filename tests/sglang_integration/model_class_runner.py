@@ -6,10 +6,11 @@ Builds SGLang's ``LlamaForCausalLM`` or ``Qwen3ForCausalLM`` twice through its r
 (``DefaultModelLoader``, or the one ``SERVER_ARGS_JSON``'s ``load_format`` names; the BF16
 folder without quantization, the W12 folder through the plugin), initialises the process
 group the way SGLang does (its own ``init_distributed_environment`` /
-``initialize_model_parallel``, gloo), runs one prefill of a fixed prompt through the full model (its embedding, decoder layers, RoPE, norms, LM head and
-``LogitsProcessor``, with the tensor-parallel all-reduces and all-gathers) and prints one JSON
-line: whether the two logits are bit-identical, their shape, a digest of the W12 logits, and
-whether ``get_embed_and_head`` gives the same LM head rows (EAGLE's shared head).
+``initialize_model_parallel``, gloo), runs one prefill of a fixed prompt through the full
+model (its embedding, decoder layers, RoPE, norms, LM head and ``LogitsProcessor``, with the
+tensor-parallel all-reduces and all-gathers) and prints one JSON line: whether the two logits
+are bit-identical, their shape, a digest of the W12 logits, and whether
+``get_embed_and_head`` gives the same LM head rows (EAGLE's shared head).
 
 What stands in for GPU-only parts, and nothing else: attention is causal SDPA over the prompt
 (``CausalSDPA``: SGLang's backends need CUDA kernels or its CPU kernel package), and
