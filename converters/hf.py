@@ -11,6 +11,7 @@ templates) is copied, and ``config.json`` gains a ``quantization_config`` entry.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import shutil
 import time
@@ -40,6 +41,7 @@ class ConvertOptions:
     cast_to_bf16: bool = False
     force: bool = False
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+    keep: tuple[str, ...] = ()  # fnmatch patterns of tensor names left as they are (BF16)
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,12 @@ def is_embedding(name: str) -> bool:
 
 
 def should_convert(entry: TensorEntry, options: ConvertOptions) -> bool:
-    """A 2-D ``*.weight`` that is BF16 (or cast to it); embeddings/LM head only when asked."""
+    """A 2-D ``*.weight`` that is BF16 (or cast to it); embeddings/LM head only when asked;
+    never one whose name matches a ``keep`` pattern (e.g. ``*.experts.*``: MoE experts left
+    BF16 for a server that cannot run them as W12)."""
     if not entry.name.endswith(".weight") or len(entry.shape) != 2 or entry.numel == 0:
+        return False
+    if any(fnmatch.fnmatchcase(entry.name, pattern) for pattern in options.keep):
         return False
     if entry.dtype != torch.bfloat16 and not (options.cast_to_bf16 and entry.dtype in _WIDE_FLOATS):
         return False

@@ -48,16 +48,19 @@ max_shard_size = click.option("--max-shard-size", default="2GB", show_default=Tr
 @click.option("--lm-head", is_flag=True, help="Also convert the LM head.")
 @click.option("--cast-to-bf16", is_flag=True,
               help="Cast FP32/FP16 tensors to BF16 first (lossless relative to that cast).")
+@click.option("--keep", multiple=True, metavar="PATTERN",
+              help="Leave tensors whose name matches this shell pattern as they are, e.g. "
+                   "'*.experts.*' (MoE experts stay BF16); repeatable.")
 @max_shard_size
 @quiet
 def convert(src: str, dst: Path, force: bool, embeddings: bool, lm_head: bool,
-            cast_to_bf16: bool, max_shard_size: int, quiet: bool) -> None:
+            cast_to_bf16: bool, keep: tuple[str, ...], max_shard_size: int, quiet: bool) -> None:
     """Convert SRC (HF folder, .gguf file, or hub id owner/name) into the W12 folder DST."""
     from converters.api import convert as run
     from converters.hf import ConvertOptions
 
     options = ConvertOptions(embeddings=embeddings, lm_head=lm_head, cast_to_bf16=cast_to_bf16,
-                             force=force, max_shard_bytes=max_shard_size)
+                             force=force, max_shard_bytes=max_shard_size, keep=tuple(keep))
     report = run(src=src, dst=dst, options=options, progress=not quiet)
     click.echo(
         f"converted {report.converted} of {report.tensors} tensors to W12 "

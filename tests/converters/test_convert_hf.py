@@ -82,6 +82,22 @@ def test_side_files_and_quantization_config(llama_folder: Path, tmp_path: Path):
     assert not quant["lm_head_converted"] and not quant["embeddings_converted"]
 
 
+def test_keep_patterns_leave_tensors_as_they_are(llama_folder: Path, tmp_path: Path):
+    """``--keep '*.mlp.*'``: the MLP weights stay BF16 (as MoE experts would for a server that
+    cannot run them as W12), are absent from ``converted_modules`` and still round-trip."""
+    dst = tmp_path / "w12"
+    _convert(llama_folder, dst, keep=("*.mlp.*",))
+    reader = FolderReader(dst)
+    w12_names = {n for n in reader.names() if reader.is_w12(n)}
+    assert w12_names and not any(".mlp." in n for n in w12_names)
+    assert "model.layers.0.self_attn.q_proj.weight" in w12_names
+    quant = json.loads((dst / "config.json").read_text())["quantization_config"]
+    assert not any(".mlp." in m for m in quant["converted_modules"])
+    source = load_file(str(llama_folder / "model.safetensors"))
+    for name, value in _read_all(dst).items():
+        assert_bits_equal(value, source[name])
+
+
 def test_sharded_round_trip_and_decode(tmp_path: Path):
     tensors = llama_tensors(seed=3)
     src = write_hf_folder(tmp_path / "src", tensors, shards=3)
