@@ -27,3 +27,12 @@ def test_package_data_covers_every_non_python_file_of_the_packages():
             if not any(fnmatch.fnmatch(rel, pat) for pat in patterns.get(package, [])):
                 missing.append(f"{package}/{rel}")
     assert not missing, f"not in [tool.setuptools.package-data]: {missing}"
+
+
+def test_the_sglang_extra_brings_cupy_for_its_cuda():
+    """``pip install "w12[sglang]"`` must bring the CuPy build of SGLang's CUDA (13 for
+    0.5.21), or the W12 GEMM under SGLang runs its slower Triton kernels."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extra = project["project"]["optional-dependencies"]["sglang"]
+    assert "sglang==0.5.21" in extra
+    assert any(req.startswith("cupy-cuda13x") for req in extra), extra
