@@ -156,7 +156,7 @@ hybrid)
   TAIL=12 run 150 gated-delta $PY benchmarks/gated_delta.py --json "$OUT/gated-delta.json"
   for mode in w12 bf16; do
     TAIL=8 run ${SCALE_LIMIT:-150} "bench-hybrid-27b-$mode" $W12 bench spec synthetic:hybrid-27b \
-      --$mode --drafter ngram --forced-accept 3 --budgets "${BUDGETS:-1,16,64}" --modes chain \
+      --$mode --drafter random --forced-accept 3 --budgets "${BUDGETS:-1,16,64}" --modes chain,tree \
       --context 512 --max-new-tokens 8 --json "$OUT/bench-hybrid-27b-$mode.json"
   done
   TAIL=8 run ${DECODE_LIMIT:-150} decode-hybrid $PY benchmarks/decode.py \

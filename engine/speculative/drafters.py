@@ -14,14 +14,19 @@ when new prompts start (``start``). Two need no training:
   slots the verify step overwrites next, so the committed prefix of its K layers is the
   target's own and needs no catching up.
 
-The trained one, the block drafter, lives in ``block_drafter.py``.
+The trained one, the block drafter, lives in ``block_drafter.py``. ``RandomDrafter`` is for
+timing only: pseudo-random tokens filling the whole budget every step, so that verify with
+forced acceptance (``bench spec --forced-accept``) checks full trees on models whose drafts
+mean nothing (synthetic weights, hybrids where early exit is refused).
 
-``make_drafter("ngram" | "early-exit:K" | "demo" | FOLDER, model)`` builds one from its
-command-line name (``demo``: the block drafter shipped for the demo model; a folder: a block
+``make_drafter("ngram" | "early-exit:K" | "random" | "demo" | FOLDER, model)`` builds one from
+its command-line name (``demo``: the block drafter shipped for the demo model; a folder: a block
 drafter folder).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -31,7 +36,7 @@ from engine.model import Transformer
 from engine.speculative.tree import DraftTree, best_first
 from w12.errors import W12Error
 
-DRAFTER_NAMES = ("ngram", "early-exit:K", "demo", "a block drafter folder")
+DRAFTER_NAMES = ("ngram", "early-exit:K", "random", "demo", "a block drafter folder")
 TREE_TOP_K = 8  # candidates per position for best-first trees
 MAX_TREE_DEPTH = 16  # deepest level a best-first tree explores
 
@@ -219,11 +224,49 @@ class EarlyExitDrafter(Drafter):
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
 
 
+class RandomDrafter(Drafter):
+    """Pseudo-random drafts for timing: a chain of ``budget - 1`` tokens, or a best-first tree
+    over ``TREE_TOP_K`` candidates a level with made-up scores, hashed on the device from each
+    root and a step counter (no host reads, no random state: graph-capturable and the same
+    every run). Its drafts are never right; pair it with forced acceptance."""
+
+    name = "random"
+    on_device = True
+
+    def __init__(self, model: Transformer) -> None:
+        self.vocab = model.args.vocab_size
+        self.step = torch.zeros((), dtype=torch.long, device=model.device)
+
+    def admit(self, row, prompt, first):
+        """Nothing to do."""
+
+    def _hash(self, roots: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        index = torch.arange(math.prod(shape), device=roots.device).view(shape)
+        x = roots.view(-1, *([1] * len(shape))) * 1_000_003 + index * 7919 + self.step * 104_729
+        return (x * 2_654_435_761) % 4_294_967_291
+
+    @torch.inference_mode()
+    def propose(self, roots, cache, budget, tree):
+        self.step += 1
+        b = roots.shape[0]
+        if not tree or budget <= 2:
+            return DraftTree.chain(roots, self._hash(roots, (budget - 1,)) % self.vocab)
+        depth, k = min(budget - 1, MAX_TREE_DEPTH), min(TREE_TOP_K, budget - 1)
+        noise = self._hash(roots, (depth, k))
+        tokens = (noise % self.vocab).view(b, depth, k)
+        # distinct candidates a level: token j of a level is offset by j (mod vocab)
+        tokens = (tokens[..., :1] + torch.arange(k, device=roots.device)) % self.vocab
+        logp = -(noise % 1000).float().view(b, depth, k) / 100 - 1
+        return best_first(roots, tokens, logp.sort(dim=-1, descending=True).values, budget)
+
+
 def make_drafter(name: str, model: Transformer) -> Drafter:
     """A drafter from its command-line name: ``ngram``, ``early-exit:K``, ``demo`` or the folder
     of a block drafter."""
     if name == "ngram":
         return NgramDrafter()
+    if name == "random":
+        return RandomDrafter(model)
     if name.startswith("early-exit:"):
         layers = name.split(":", 1)[1]
         if not layers.isdigit():

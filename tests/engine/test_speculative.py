@@ -256,3 +256,25 @@ def test_a_shared_budget_keeps_the_best_nodes_across_requests():
     assert alone.valid[1].tolist() == [True, False, False, False, False]
     with pytest.raises(ValueError, match="no"):
         share_budget(DraftTree.chain(torch.tensor([1]), torch.tensor([[2, 3]])), 2)
+
+
+def test_the_random_drafter_fills_every_budget_and_stays_exact(tiny_folder):
+    """``random`` (timing with forced acceptance): every node of its chains and trees is a
+    real draft, its trees are best-first trees, its proposals differ from step to step, and
+    speculative decoding with it still returns plain decoding's tokens."""
+    model = load_model(tiny_folder("qwen3"), mode="w12").model
+    drafter = make_drafter("random", model)
+    roots = torch.tensor([5, 9, 100])
+    for tree, budget in ((False, 6), (True, 9), (True, 2)):
+        first = drafter.propose(roots, None, budget, tree)
+        second = drafter.propose(roots, None, budget, tree)
+        assert first.tokens.shape == (3, budget) and bool(first.valid.all())
+        assert int(first.tokens.max()) < model.args.vocab_size
+        assert not torch.equal(first.tokens, second.tokens)
+        if tree and budget > 2:
+            assert int(first.depth.max()) < budget - 1  # branches, not a chain
+    plain = generate(Engine(model, batch=3, max_seq_len=96), PROMPTS, max_new_tokens=16)
+    out, _ = speculative_generate(Engine(model, batch=3, max_seq_len=96),
+                                  make_drafter("random", model), PROMPTS, max_new_tokens=16,
+                                  budget=9, tree=True)
+    assert out == plain
