@@ -175,3 +175,23 @@ def test_speculative_equals_plain_decoding_on_a_hybrid_on_gpu(kernel, sampling):
         assert out == plain, (tree, budget)
         if budget > 1:
             assert stats.tau > 2.5, (tree, stats.tau)
+
+
+def test_continuous_batching_on_a_hybrid(hybrid):
+    """Requests joining a running batch of a hybrid: each prompt prefilled alone into its row
+    (the row's recurrent state through a row view), each request's tokens its own plain
+    decoding's, plain and speculative."""
+    from engine.serving import Server
+
+    model = hybrid["w12"]
+    requests = [(PROMPTS[0], 12, 0), (PROMPTS[1], 5, 0), (PROMPTS[2], 9, 0), ([7, 7, 7, 8], 8, 2)]
+    for drafter in (None, "ngram"):
+        server = Server(Engine(model, batch=2, max_seq_len=48), budget=5 if drafter else 1,
+                        tree=False, drafter=make_drafter(drafter, model) if drafter else None)
+        ids = [server.submit(p, max_new_tokens=n, arrival=a) for p, n, a in requests]
+        out, stats = server.run()
+        for request_id, (prompt, new, _) in zip(ids, requests, strict=True):
+            alone = generate(Engine(model, batch=1, max_seq_len=48), [prompt],
+                             max_new_tokens=new, request_ids=[request_id])[0]
+            assert out[request_id] == alone, (drafter, request_id)
+        assert max(stats.admitted_at.values()) > 0  # someone joined a running batch
