@@ -26,6 +26,15 @@ def _advance(s, k, v, decay, beta):
     return s + k[:, None] * u[None, :]
 
 
+@triton.jit
+def _step(s, k_base, v_base, decay_base, beta_base, n, sq_t, sv_t, sg_t, dk, dv):
+    """``s`` advanced by node ``n``'s token (``n`` >= 0), the bases being the program's
+    request and head in each input."""
+    k = tl.load(k_base + n * sq_t + dk)
+    v = tl.load(v_base + n * sv_t + dv)
+    return _advance(s, k, v, tl.load(decay_base + n * sg_t), tl.load(beta_base + n * sg_t))
+
+
 @triton.jit(do_not_specialize=["T", "P", "H"])
 def gdn_path_kernel(
     state_ptr, q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, nodes_ptr, out_ptr, new_ptr,
@@ -41,16 +50,16 @@ def gdn_path_kernel(
     dv = tl.program_id(2) * BV + tl.arange(0, BV)
     tile = b.to(tl.int64) * ss_b + h * ss_h + dk[:, None] * DV + dv[None, :]
     s = tl.load(state_ptr + tile)
+    k_base = k_ptr + b.to(tl.int64) * sq_b + h * sq_h
+    v_base = v_ptr + b.to(tl.int64) * sv_b + h * sv_h
+    decay_base = decay_ptr + b.to(tl.int64) * sg_b + h
+    beta_base = beta_ptr + b.to(tl.int64) * sg_b + h
     path = nodes_ptr + b.to(tl.int64) * sn_b + t * sn_t
     for d in range(P):
         n = tl.load(path + d)
-        live = n >= 0
-        at = tl.maximum(n, 0)
-        k = tl.load(k_ptr + b.to(tl.int64) * sq_b + at * sq_t + h * sq_h + dk)
-        v = tl.load(v_ptr + b.to(tl.int64) * sv_b + at * sv_t + h * sv_h + dv)
-        decay = tl.load(decay_ptr + b.to(tl.int64) * sg_b + at * sg_t + h)
-        beta = tl.load(beta_ptr + b.to(tl.int64) * sg_b + at * sg_t + h)
-        s = tl.where(live, _advance(s, k, v, decay, beta), s)
+        stepped = _step(s, k_base, v_base, decay_base, beta_base, tl.maximum(n, 0), sq_t, sv_t,
+                        sg_t, dk, dv)
+        s = tl.where(n >= 0, stepped, s)
     if OUT:
         q = tl.load(q_ptr + b.to(tl.int64) * sq_b + t * sq_t + h * sq_h + dk)
         o = tl.sum(s * q[:, None], axis=0)
@@ -85,6 +94,10 @@ def gdn_walk_kernel(
     s0 = tl.load(state_tile)
     last = s0
     index = b.to(tl.int64) * si_b
+    k_base = k_ptr + b.to(tl.int64) * sq_b + h * sq_h
+    v_base = v_ptr + b.to(tl.int64) * sv_b + h * sv_h
+    decay_base = decay_ptr + b.to(tl.int64) * sg_b + h
+    beta_base = beta_ptr + b.to(tl.int64) * sg_b + h
     for i in range(N):
         n = tl.load(order_ptr + index + i)
         live = n >= 0
@@ -100,17 +113,10 @@ def gdn_walk_kernel(
             path = nodes_ptr + b.to(tl.int64) * sn_b + p * sn_t
             for d in range(P):
                 m = tl.load(path + d)
-                mm = tl.maximum(m, 0)
-                km = tl.load(k_ptr + b.to(tl.int64) * sq_b + mm * sq_t + h * sq_h + dk)
-                vm = tl.load(v_ptr + b.to(tl.int64) * sv_b + mm * sv_t + h * sv_h + dv)
-                dm = tl.load(decay_ptr + b.to(tl.int64) * sg_b + mm * sg_t + h)
-                bm = tl.load(beta_ptr + b.to(tl.int64) * sg_b + mm * sg_t + h)
-                s = tl.where(m >= 0, _advance(s, km, vm, dm, bm), s)
-        k = tl.load(k_ptr + b.to(tl.int64) * sq_b + at * sq_t + h * sq_h + dk)
-        v = tl.load(v_ptr + b.to(tl.int64) * sv_b + at * sv_t + h * sv_h + dv)
-        decay = tl.load(decay_ptr + b.to(tl.int64) * sg_b + at * sg_t + h)
-        beta = tl.load(beta_ptr + b.to(tl.int64) * sg_b + at * sg_t + h)
-        s = _advance(s, k, v, decay, beta)
+                stepped = _step(s, k_base, v_base, decay_base, beta_base, tl.maximum(m, 0),
+                                sq_t, sv_t, sg_t, dk, dv)
+                s = tl.where(m >= 0, stepped, s)
+        s = _step(s, k_base, v_base, decay_base, beta_base, at, sq_t, sv_t, sg_t, dk, dv)
         if OUT:
             q = tl.load(q_ptr + b.to(tl.int64) * sq_b + at * sq_t + h * sq_h + dk)
             tl.store(out_ptr + b.to(tl.int64) * so_b + at * so_t + h * so_h + dv,
