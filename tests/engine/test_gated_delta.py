@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_speculative import OracleDrafter
+from test_speculative import assert_drafters_equal_plain
 
 from engine.attention import AttentionPlan
 from engine.generate import Engine, generate
 from engine.model import Step
 from engine.sampling import Sampling
-from engine.speculative import make_drafter, speculative_generate
+from engine.speculative import make_drafter
 from engine.weights import load_model
 from w12.errors import W12Error
 from w12_kernels.gated_delta import reference as ref
@@ -97,19 +97,7 @@ SAMPLED = Sampling(temperature=0.9, top_p=0.9, seed=3)
 @pytest.mark.parametrize("mode", ["bf16", "w12"])
 @pytest.mark.parametrize("sampling", [Sampling(), SAMPLED], ids=["greedy", "sampled"])
 def test_speculative_equals_plain_decoding_on_a_hybrid(hybrid, mode, sampling):
-    model = hybrid[mode]
-    plain = generate(Engine(model, batch=3, max_seq_len=96), PROMPTS, max_new_tokens=24,
-                     sampling=sampling)
-    drafters = {"ngram": lambda: make_drafter("ngram", model),
-                "oracle": lambda: OracleDrafter(plain, model.args.vocab_size)}
-    for name, drafter in drafters.items():
-        for tree, budget in ((False, 5), (True, 9), (True, 1)):
-            engine = Engine(model, batch=3, max_seq_len=96)
-            out, stats = speculative_generate(engine, drafter(), PROMPTS, max_new_tokens=24,
-                                              budget=budget, tree=tree, sampling=sampling)
-            assert out == plain, (name, tree, budget)
-            if name == "oracle" and budget > 1:
-                assert stats.tau > 2.5, (tree, stats.tau)
+    assert_drafters_equal_plain(hybrid[mode], sampling, ("ngram",))
 
 
 def test_commit_replays_only_the_accepted_path(hybrid):
@@ -165,16 +153,7 @@ def test_speculative_equals_plain_decoding_on_a_hybrid_on_gpu(kernel, sampling):
     """The GPU path: one GDN kernel for decode, verify and commit; CUDA graphs both sides."""
     model = load_model("synthetic:tiny-hybrid", mode="w12", device="cuda").model
     model.gdn = kernel
-    plain = generate(Engine(model, batch=3, max_seq_len=96), PROMPTS, max_new_tokens=24,
-                     sampling=sampling)
-    for tree, budget in ((False, 5), (True, 9), (True, 1)):
-        engine = Engine(model, batch=3, max_seq_len=96)
-        out, stats = speculative_generate(
-            engine, OracleDrafter(plain, model.args.vocab_size), PROMPTS, max_new_tokens=24,
-            budget=budget, tree=tree, sampling=sampling)
-        assert out == plain, (tree, budget)
-        if budget > 1:
-            assert stats.tau > 2.5, (tree, stats.tau)
+    assert_drafters_equal_plain(model, sampling, ())
 
 
 def test_continuous_batching_on_a_hybrid(hybrid):

@@ -134,11 +134,16 @@ MODELS = {"llama-f32": ("llama", "bf16", torch.float32),
 def test_speculative_equals_plain_decoding(tiny_folder, model_id, sampling):
     kind, mode, dtype = MODELS[model_id]
     model = load_model(tiny_folder(kind), mode=mode, dtype=dtype).model
+    assert_drafters_equal_plain(model, sampling, ("ngram", "early-exit:1"))
+
+
+def assert_drafters_equal_plain(model, sampling, names) -> None:
+    """With each named drafter and the oracle, chain, tree and budget 1, speculative decoding
+    of PROMPTS returns plain decoding's tokens; the oracle accepts deep."""
     plain = generate(Engine(model, batch=3, max_seq_len=96), PROMPTS, max_new_tokens=24,
                      sampling=sampling)
-    drafters = {"ngram": lambda: make_drafter("ngram", model),
-                "early-exit:1": lambda: make_drafter("early-exit:1", model),
-                "oracle": lambda: OracleDrafter(plain, model.args.vocab_size)}
+    drafters = {name: (lambda name=name: make_drafter(name, model)) for name in names}
+    drafters["oracle"] = lambda: OracleDrafter(plain, model.args.vocab_size)
     for name, drafter in drafters.items():
         for tree, budget in ((False, 5), (True, 9), (True, 1)):
             engine = Engine(model, batch=3, max_seq_len=96)
