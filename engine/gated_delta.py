@@ -199,14 +199,13 @@ def _path_verify(state, q, k, v, decay, beta, nodes):
         flat = index.clamp(min=0).view(b, t, *([1] * (x.dim() - 2)))
         return x.gather(1, flat.expand(shape))
 
+    out = torch.zeros(b, t, q.shape[2], v.shape[-1], dtype=s.dtype, device=s.device)
     for d in range(p):
         index = nodes[..., d]
         live = (index >= 0)[..., None, None, None]
         stepped = advance(s, pick(k, index), pick(v, index), pick(decay, index),
                           pick(beta, index))
         s = torch.where(live, stepped, s)
-        if d == 0:
-            out = torch.zeros(b, t, *q.shape[2:3], v.shape[-1], dtype=s.dtype, device=s.device)
         out = torch.where((depth == d)[..., None, None], read_out(s, q), out)
     return out
 
