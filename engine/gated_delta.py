@@ -222,6 +222,18 @@ def _path_rows(path, n):
     return rows.scatter_(1, at, prefix)[:, :n]
 
 
+def _tail_after(tail, mixed, path, count):
+    """The last W - 1 convolution inputs [B, C, W-1] after the accepted ``path`` [B, n] (node
+    indices, ``count`` [B] of them) of inputs ``mixed`` [B, T, C]: slot j holds accepted input
+    count - (W - 1) + j, or the old tail's where that is before the path."""
+    b, c, keep = tail.shape
+    at = count[:, None] - keep + torch.arange(keep, device=path.device)  # [B, W-1]
+    node = path.gather(1, at.clamp(min=0))
+    new = mixed.gather(1, node.clamp(min=0)[..., None].expand(b, keep, c)).transpose(1, 2)
+    old = tail.gather(2, (keep + at).clamp(min=0, max=keep - 1)[:, None, :].expand(b, c, keep))
+    return torch.where((at >= 0)[:, None, :], new.to(tail.dtype), old)
+
+
 class RecurrentState:
     """Per GDN layer and request: the float32 state [Hv, dk, dv] and the last W - 1 convolution
     inputs [C, W-1]; plus the inputs of the last tree forward's nodes until ``keep``."""
@@ -259,27 +271,22 @@ class RecurrentState:
         if len(self.nodes) != self.state.shape[0]:
             raise W12Error("a tree forward that skipped GDN layers cannot be committed")
         b, n = nodes.shape
-        rows = torch.arange(b, device=nodes.device)[:, None]
+        rows = torch.arange(b, device=nodes.device)
         path = torch.where(torch.arange(n, device=nodes.device) < count[:, None], nodes, -1)
         for layer, (mixed, k, v, decay, beta) in self.nodes.items():
             state = self.state[layer]
-            inputs = self.tail[layer]
             if state.is_cuda and self.kernel == "walk":  # the tree's rows of the path's nodes
                 gdn_walk(state, k, k, v, decay, beta, _path_rows(path, k.shape[1]),
                          out=False, commit=True)
             elif state.is_cuda:  # the accepted path as one path a request, stepped in place
                 gdn_path(state, k, k, v, decay, beta, path[:, None], out=False, store=True)
-            for i in range(n):
-                live = i < count
-                at = nodes[:, i].clamp(min=0)
-                if not state.is_cuda:
-                    stepped = advance(state, k[rows[:, 0], at], v[rows[:, 0], at],
-                                      decay[rows[:, 0], at], beta[rows[:, 0], at])
-                    state = torch.where(live[:, None, None, None], stepped, state)
-                shifted = torch.cat((inputs[..., 1:], mixed[rows[:, 0], at][..., None]
-                                     .to(inputs.dtype)), dim=-1)
-                inputs = torch.where(live[:, None, None], shifted, inputs)
-            self.state[layer] = state
-            self.tail[layer] = inputs
+            else:
+                for i in range(n):
+                    at = nodes[:, i].clamp(min=0)
+                    stepped = advance(state, k[rows, at], v[rows, at], decay[rows, at],
+                                      beta[rows, at])
+                    state = torch.where((i < count)[:, None, None, None], stepped, state)
+                self.state[layer] = state
+            self.tail[layer] = _tail_after(self.tail[layer], mixed, path, count)
         self.nodes.clear()
         self.pending = False
