@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.generate import Engine  # noqa: E402
 from engine.model import Linear  # noqa: E402
+from engine.speculative.api import load_target, read_prompts  # noqa: E402
 from engine.weights import load_model  # noqa: E402
 
 
@@ -34,10 +35,18 @@ def main() -> None:
     parser.add_argument("--graph", action="store_true", help="engines with their CUDA graph")
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--skip-linears", action="store_true")
+    parser.add_argument("--prompts", default=None,
+                        help="prefill these prompts (JSONL or humaneval; the first --batch) "
+                             "instead of random tokens; needs a converted model folder")
     parser.add_argument("--all-modules", action="store_true",
                         help="every linear module (their escapes differ), not one per shape")
     a = parser.parse_args()
-    model = load_model(a.model, mode=a.mode, device=a.device).model
+    if a.prompts:
+        target = load_target(a.model, read_prompts(a.prompts, a.batch), mode=a.mode,
+                             device=a.device)
+        model, prompts = target.loaded.model, target.prompts
+    else:
+        model, prompts = load_model(a.model, mode=a.mode, device=a.device).model, None
     gen = torch.Generator().manual_seed(0)
     seen = set()
     for name, module in model.named_modules():
@@ -61,9 +70,11 @@ def main() -> None:
         print(f"{sum(isinstance(m, Linear) for m in model.modules())} linear modules tested; "
               "those listed above differ somewhere")
 
-    vocab = model.args.vocab_size
-    lengths = [int(torch.randint(100, 160, (1,), generator=gen)) for _ in range(a.batch)]
-    prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+    if prompts is None:
+        vocab = model.args.vocab_size
+        lengths = [int(torch.randint(100, 160, (1,), generator=gen)) for _ in range(a.batch)]
+        prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+    lengths = [len(p) for p in prompts]
     runs = []
     for _ in range(a.engines):
         engine = Engine(model, batch=a.batch, max_seq_len=max(lengths) + 8,
@@ -77,8 +88,11 @@ def main() -> None:
         print(f"prefill of {a.batch} prompts of {lengths} tokens (graph {a.graph}, compile "
               f"{a.compile}): logits differ from the first engine's in rows {rows}")
         for i, (x, y) in enumerate(zip(k0, k1, strict=True)):
-            if not torch.equal(x.view(torch.int16), y.view(torch.int16)):
-                print(f"  first K cache difference: layer {i}")
+            differ = (x.view(torch.int16) != y.view(torch.int16)).transpose(1, 2).flatten(2).any(-1)
+            if differ.any():  # (batch rows, positions) of this layer's K that differ
+                rows, pos = differ.nonzero(as_tuple=True)
+                print(f"  first K cache difference: layer {i}, rows {sorted(set(rows.tolist()))}"
+                      f", first positions {pos[:8].tolist()}")
                 break
 
 

@@ -140,20 +140,19 @@ forcing)  # logits bits of decode and verify at one batch, forced along one cont
   done
   ;;
 determinism)  # batch-8 plain decoding gave other tokens on a second fresh engine (H100)
-  MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 2>/dev/null | head -1)
-  for m in synthetic:smollm2-135m $MODEL; do
-    TAIL=12 run 120 "determinism-linears-${m##*/}" $PY lab/determinism.py --model "$m" \
-      --all-modules --reps 5 --rows 8,128,155,1240,2048 --engines 3 --graph --compile
-  done
-  for flags in "--graph --compile" "--no-graph --compile" "--graph --no-compile"; do
-    [ -n "$MODEL" ] && TAIL=10 run 150 "repeat${flags// /}" $PY lab/batch_rows.py "$MODEL" \
-      --prompts "${PROMPTS:-humaneval}" --limit 8 --batch 8 --repeat $flags
-  done
+  $W12 demo --quiet > "$OUT/demo.txt" 2>&1 || { tail "$OUT/demo.txt"; exit 1; }
+  MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 | head -1)
+  TAIL=14 run 150 determinism-eager $PY lab/determinism.py --model "$MODEL" --all-modules \
+    --reps 5 --rows 8,155,1240,2048 --engines 3 --prompts "${PROMPTS:-humaneval}"
+  TAIL=6 run 100 determinism-graph $PY lab/determinism.py --model "$MODEL" --skip-linears \
+    --engines 3 --graph --compile --prompts "${PROMPTS:-humaneval}"
+  TAIL=10 run 150 repeat-eager $PY lab/batch_rows.py "$MODEL" --prompts "${PROMPTS:-humaneval}" \
+    --limit 8 --batch 8 --repeat --no-graph --no-compile
   ;;
 hybrid)
   TAIL=6 run ${TEST_LIMIT:-200} tests-gated-delta $PY -m pytest -q -p no:cacheprovider \
     tests/w12_kernels/test_gated_delta_kernel.py tests/engine/test_gated_delta.py
-  TAIL=12 run 150 gated-delta $PY benchmarks/gated_delta.py --json "$OUT/gated-delta.json"
+  TAIL=12 run ${GDN_LIMIT:-150} gated-delta $PY benchmarks/gated_delta.py --json "$OUT/gated-delta.json"
   for mode in w12 bf16; do
     TAIL=8 run ${SCALE_LIMIT:-150} "bench-hybrid-27b-$mode" $W12 bench spec synthetic:hybrid-27b \
       --$mode --drafter random --forced-accept 3 --budgets "${BUDGETS:-1,16,64}" --modes chain,tree \
