@@ -38,9 +38,17 @@ def main() -> None:
     parser.add_argument("--prompts", default=None,
                         help="prefill these prompts (JSONL or humaneval; the first --batch) "
                              "instead of random tokens; needs a converted model folder")
+    parser.add_argument("--large", choices=["table", "nopersist", "cublas"], default="table",
+                        help="above 128 rows: the table's kernel, it without stream-K, or "
+                             "decode + cuBLAS")
+    parser.add_argument("--sdpa", default=None,
+                        help="pin the prefill's SDPA backend (MATH, FLASH_ATTENTION, ...)")
+    parser.add_argument("--chain", action="store_true",
+                        help="the linears also back to back, no synchronisation between them")
     parser.add_argument("--all-modules", action="store_true",
                         help="every linear module (their escapes differ), not one per shape")
     a = parser.parse_args()
+    _pin_large(a.large)
     if a.prompts:
         target = load_target(a.model, read_prompts(a.prompts, a.batch), mode=a.mode,
                              device=a.device)
@@ -70,6 +78,8 @@ def main() -> None:
         print(f"{sum(isinstance(m, Linear) for m in model.modules())} linear modules tested; "
               "those listed above differ somewhere")
 
+    if a.chain:
+        _chain(model, a)
     if prompts is None:
         vocab = model.args.vocab_size
         lengths = [int(torch.randint(100, 160, (1,), generator=gen)) for _ in range(a.batch)]
@@ -79,14 +89,16 @@ def main() -> None:
     for _ in range(a.engines):
         engine = Engine(model, batch=a.batch, max_seq_len=max(lengths) + 8,
                         cuda_graph=a.graph, compile=a.compile)
-        logits = engine.prefill(prompts).clone()
+        with _sdpa(a.sdpa):
+            logits = engine.prefill(prompts).clone()
         runs.append((logits, [layer.clone() for layer in engine.cache.k]))
     l0, k0 = runs[0]
     for l1, k1 in runs[1:]:
         rows = [r for r in range(a.batch) if not torch.equal(l0[r].view(torch.int16),
                                                              l1[r].view(torch.int16))]
         print(f"prefill of {a.batch} prompts of {lengths} tokens (graph {a.graph}, compile "
-              f"{a.compile}): logits differ from the first engine's in rows {rows}")
+              f"{a.compile}, large {a.large}, sdpa {a.sdpa}): logits differ from the first "
+              f"engine's in rows {rows}")
         for i, (x, y) in enumerate(zip(k0, k1, strict=True)):
             differ = (x.view(torch.int16) != y.view(torch.int16)).transpose(1, 2).flatten(2).any(-1)
             if differ.any():  # (batch rows, positions) of this layer's K that differ
@@ -94,6 +106,55 @@ def main() -> None:
                 print(f"  first K cache difference: layer {i}, rows {sorted(set(rows.tolist()))}"
                       f", first positions {pos[:8].tolist()}")
                 break
+
+
+def _pin_large(kind: str) -> None:
+    """Rows above the small-M path: the table's choice, it with stream-K off, or cuBLAS."""
+    from dataclasses import replace
+
+    from w12_kernels.gemm import table
+
+    if kind == "table":
+        return
+    chosen = table.large_config
+
+    def pinned(*args, **kwargs):
+        cfg = chosen(*args, **kwargs)
+        if kind == "cublas" or cfg is None:
+            return None
+        return replace(cfg, persist=False, tail=0)
+
+    table.large_config = pinned
+
+
+def _sdpa(backend: str | None):
+    import contextlib
+
+    if backend is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, backend))
+
+
+def _chain(model, a) -> None:
+    """Every linear at each M of ``--rows``, all launched back to back (as a prefill launches
+    them), ``--reps`` times; the runs whose outputs differ from the first's, per M."""
+    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, Linear)]
+    gen = torch.Generator().manual_seed(1)
+    for m in map(int, a.rows.split(",")):
+        xs = [torch.randn(m, mod.in_features, generator=gen).to(a.device, torch.bfloat16)
+              for _, mod in mods]
+        with torch.inference_mode():
+            runs = [[mod(x) for (_, mod), x in zip(mods, xs, strict=True)]
+                    for _ in range(a.reps + 1)]
+        bad = {}
+        for run in runs[1:]:
+            for (name, _), y0, y in zip(mods, runs[0], run, strict=True):
+                if not torch.equal(y.view(torch.int16), y0.view(torch.int16)):
+                    bad[name] = bad.get(name, 0) + 1
+        print(f"chain M={m}: {len(bad)} of {len(mods)} linears differ in some repeat"
+              + (f" {sorted(bad.items())[:6]}" if bad else ""), flush=True)
 
 
 if __name__ == "__main__":

@@ -142,12 +142,13 @@ forcing)  # logits bits of decode and verify at one batch, forced along one cont
 determinism)  # batch-8 plain decoding gave other tokens on a second fresh engine (H100)
   $W12 demo --quiet > "$OUT/demo.txt" 2>&1 || { tail "$OUT/demo.txt"; exit 1; }
   MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 | head -1)
-  TAIL=14 run 150 determinism-eager $PY lab/determinism.py --model "$MODEL" --all-modules \
-    --reps 5 --rows 8,155,1240,2048 --engines 3 --prompts "${PROMPTS:-humaneval}"
-  TAIL=6 run 100 determinism-graph $PY lab/determinism.py --model "$MODEL" --skip-linears \
-    --engines 3 --graph --compile --prompts "${PROMPTS:-humaneval}"
-  TAIL=10 run 150 repeat-eager $PY lab/batch_rows.py "$MODEL" --prompts "${PROMPTS:-humaneval}" \
-    --limit 8 --batch 8 --repeat --no-graph --no-compile
+  # (H100: every linear repeats its bits alone, a prefill does not: which part moves)
+  TAIL=4 run 120 determinism-chain $PY lab/determinism.py --model "$MODEL" --skip-linears \
+    --chain --rows 155,1240,2048 --reps 5 --engines 4 --prompts "${PROMPTS:-humaneval}"
+  for v in "--large nopersist" "--large cublas" "--sdpa MATH" "--sdpa FLASH_ATTENTION"; do
+    TAIL=3 run 90 "determinism${v// /-}" $PY lab/determinism.py --model "$MODEL" --skip-linears \
+      --engines 4 --prompts "${PROMPTS:-humaneval}" $v
+  done
   ;;
 hybrid)
   TAIL=6 run ${TEST_LIMIT:-200} tests-gated-delta $PY -m pytest -q -p no:cacheprovider \
