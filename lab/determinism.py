@@ -43,9 +43,11 @@ def main() -> None:
                              "decode + cuBLAS")
     parser.add_argument("--sdpa", default=None,
                         help="pin the prefill's SDPA backend (MATH, FLASH_ATTENTION, ...)")
-    parser.add_argument("--patch", action="append", default=[], choices=["ldcg", "nopdl"],
+    parser.add_argument("--patch", action="append", default=[],
+                        choices=["ldcg", "nopdl", "nostage"],
                         help="experiments on the large-M kernel: stream-K pieces read past L1 "
-                             "(ldcg); every launch without programmatic dependent launch")
+                             "(ldcg); every launch without programmatic dependent launch (nopdl); "
+                             "a block's last unit not staged (nostage)")
     parser.add_argument("--chain", action="store_true",
                         help="the linears also back to back, no synchronisation between them")
     parser.add_argument("--all-modules", action="store_true",
@@ -148,6 +150,16 @@ def _patch_kernel(patches: list[str]) -> None:
                                        "__ldcg(p + 2 * stride), v);")
 
         launcher.source = source
+    if "nostage" in patches:  # a block's last unit stored straight from the accumulators
+        staged = "if (sge == nseg - 1 && (n_rows & 7) == 0"
+        base_stage = launcher.source
+
+        def unstaged(cfg):
+            text = base_stage(cfg)
+            assert staged in text
+            return text.replace(staged, "if (false && sge == nseg - 1 && (n_rows & 7) == 0")
+
+        launcher.source = unstaged
     if "nopdl" in patches:
         launch = runtime.launch
 
@@ -178,11 +190,20 @@ def _chain(model, a) -> None:
         with torch.inference_mode():
             runs = [[mod(x) for (_, mod), x in zip(mods, xs, strict=True)]
                     for _ in range(a.reps + 1)]
-        bad = {}
+        bad, shown = {}, 0
         for run in runs[1:]:
             for (name, _), y0, y in zip(mods, runs[0], run, strict=True):
                 if not torch.equal(y.view(torch.int16), y0.view(torch.int16)):
                     bad[name] = bad.get(name, 0) + 1
+                    if shown < 6:  # where: the (row, column) box and the size of the change
+                        shown += 1
+                        rows, cols = (y.view(torch.int16) != y0.view(torch.int16)).nonzero(
+                            as_tuple=True)
+                        d = (y.float() - y0.float()).abs()[rows, cols]
+                        print(f"  {name}: {rows.numel()} outputs, rows {rows.min().item()}.."
+                              f"{rows.max().item()}, columns {cols.min().item()}.."
+                              f"{cols.max().item()}, largest change {d.max().item():.3g} "
+                              f"(|y| up to {y0.float().abs()[rows, cols].max().item():.3g})")
         print(f"chain M={m} (large {a.large}, patches {a.patch}): {sum(bad.values())} of "
               f"{len(mods) * a.reps} outputs differ from the first run's, in {len(bad)} of "
               f"{len(mods)} linears" + (f" {sorted(bad.items())[:6]}" if bad else ""),

@@ -146,8 +146,9 @@ determinism)  # batch-8 plain decoding gave other tokens on a second fresh engin
   fi
   # (H100: every linear repeats its bits alone; back to back, a few outputs of the stream-K
   # kernel differ: which change removes that)
-  for v in "" "--patch ldcg" "--patch nopdl" "--large nopersist" "--large cublas"; do
-    TAIL=2 run 90 "chain${v// /-}" $PY lab/determinism.py --model "${CHAIN_MODEL:-$MODEL}" \
+  for v in "" "--patch ldcg" "--patch nopdl" "--patch nostage" "--large nopersist" \
+           "--large cublas"; do
+    TAIL=${CHAIN_TAIL:-2} run 90 "chain${v// /-}" $PY lab/determinism.py --model "${CHAIN_MODEL:-$MODEL}" \
       --skip-linears --chain --rows 1240,2048 --reps ${REPS:-30} --engines 0 $v
   done
   ;;
