@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--sdpa", default=None,
                         help="pin the prefill's SDPA backend (MATH, FLASH_ATTENTION, ...)")
     parser.add_argument("--patch", action="append", default=[],
-                        choices=["ldcg", "nopdl", "nostage"],
+                        choices=["ldcg", "nopdl", "nostage", "rowdirect"],
                         help="experiments on the large-M kernel: stream-K pieces read past L1 "
                              "(ldcg); every launch without programmatic dependent launch (nopdl); "
                              "a block's last unit not staged (nostage)")
@@ -160,6 +160,20 @@ def _patch_kernel(patches: list[str]) -> None:
             return text.replace(staged, "if (false && sge == nseg - 1 && (n_rows & 7) == 0")
 
         launcher.source = unstaged
+    if "rowdirect" in patches:  # stream-K's row data read from global memory, not the ring
+        ring = "const float4 d0 = rowring[rloc], d1 = rowring[rloc + 8];"
+        direct = ("auto rd = [&](int r) { const int row = min(tile0 * 16 + r, n_rows - 1); "
+                  "return make_float4(scale[row], bias != nullptr ? bf16_to_float(bias[row]) "
+                  ": 0.0f, __int_as_float(esc_fix[row]), __int_as_float(rowptr[row + 1])); }; "
+                  "const float4 d0 = rd(rloc), d1 = rd(rloc + 8);")
+        base_ring = launcher.source
+
+        def rowdirect(cfg):
+            text = base_ring(cfg)
+            assert ring in text
+            return text.replace(ring, direct)
+
+        launcher.source = rowdirect
     if "nopdl" in patches:
         launch = runtime.launch
 
