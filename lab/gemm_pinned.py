@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 here = Path(__file__).resolve().parent
-sys.path[:0] = [str(here), str(here.parent)]
+sys.path[:0] = [str(here), str(here.parent), str(here.parent / "benchmarks")]
 import determinism  # noqa: E402
 
 determinism._pin_large(sys.argv[1])
