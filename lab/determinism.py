@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--sdpa", default=None,
                         help="pin the prefill's SDPA backend (MATH, FLASH_ATTENTION, ...)")
     parser.add_argument("--patch", action="append", default=[],
-                        choices=["ldcg", "nopdl", "nostage", "rowdirect"],
+                        choices=["ldcg", "nopdl", "nostage", "rowdirect", "sleep"],
                         help="experiments on the large-M kernel: stream-K pieces read past L1 "
                              "(ldcg); every launch without programmatic dependent launch (nopdl); "
                              "a block's last unit not staged (nostage)")
@@ -174,6 +174,16 @@ def _patch_kernel(patches: list[str]) -> None:
             return text.replace(ring, direct)
 
         launcher.source = rowdirect
+    if "sleep" in patches:  # an owner waits 20 us more after each piece's flag
+        wait = "wait_flag(flags + bb);"
+        base_sleep = launcher.source
+
+        def sleepy(cfg):
+            text = base_sleep(cfg)
+            assert wait in text
+            return text.replace(wait, wait + " __nanosleep(20000);")
+
+        launcher.source = sleepy
     if "nopdl" in patches:
         launch = runtime.launch
 
@@ -214,7 +224,8 @@ def _chain(model, a) -> None:
                         rows, cols = (y.view(torch.int16) != y0.view(torch.int16)).nonzero(
                             as_tuple=True)
                         d = (y.float() - y0.float()).abs()[rows, cols]
-                        print(f"  {name}: {rows.numel()} outputs, rows {rows.min().item()}.."
+                        print(f"  {name}: {rows.numel()} outputs ({rows.unique().numel()} tokens"
+                              f" x {cols.unique().numel()} columns), rows {rows.min().item()}.."
                               f"{rows.max().item()}, columns {cols.min().item()}.."
                               f"{cols.max().item()}, largest change {d.max().item():.3g} "
                               f"(|y| up to {y0.float().abs()[rows, cols].max().item():.3g})")
