@@ -18,11 +18,13 @@ decoding) advances the state in place; a forward over T > 1 tree nodes computes 
 output from the committed state along its own path (path verify) and keeps the nodes' inputs,
 which ``KVCache.keep`` then replays along the accepted path into the state (commit). Every node
 is stepped with the decode step's own operations in the same order, so its output has the bits
-a decode step at its position would give. On a GPU decode, verify and commit run one kernel of
-``w12_kernels.gated_delta``, chosen per model instance (``Transformer.gdn``): ``walk`` (each
-tree walked once, a scratch state per branch level) or ``path`` (each node's path replayed,
-no scratch); on the CPU a torch form loops over path depth with one state per node while it
-runs. A prefill chunk
+a decode step at its position would give. On a GPU a decode step and a commit run the path
+kernel of ``w12_kernels.gated_delta`` (one path a request, stepped in place); verify runs the
+kernel ``Transformer.gdn`` names: ``walk`` (each tree walked once, a scratch state per branch
+level; its plan is a few small launches, a fixed cost), ``path`` (each node's path replayed,
+no scratch; its cost grows with nodes x depth), or ``auto`` (the path kernel up to
+``PATH_VERIFY_NODES`` nodes, the walk above). All give the same bits. On the CPU a torch form
+loops over path depth with one state per node while it runs. A prefill chunk
 runs the recurrence token by token in torch on both (a chunked kernel is still to come).
 """
 
@@ -34,6 +36,9 @@ from torch import nn
 
 from engine.w12_backend import gdn_path, gdn_walk
 from w12.errors import W12Error
+
+PATH_VERIFY_NODES = 16  # ``auto``: verify trees up to this many nodes with the path kernel
+GDN_KERNELS = ("auto", "walk", "path")
 
 
 class GatedDeltaNet(nn.Module):
@@ -85,12 +90,7 @@ class GatedDeltaNet(nn.Module):
         elif t == 1:  # a decode step: its only node is committed at once
             if x.is_cuda:
                 v, decay, beta = v.contiguous(), decay.contiguous(), beta.contiguous()
-                if step.gdn == "walk":
-                    o = gdn_walk(rec.state[self.index], q, k, v, decay, beta, nodes,
-                                 commit=True)
-                else:
-                    o = gdn_path(rec.state[self.index], q, k, v, decay, beta, nodes,
-                                 store=True)
+                o = gdn_path(rec.state[self.index], q, k, v, decay, beta, nodes, store=True)
             else:
                 state = advance(rec.state[self.index], k[:, 0], v[:, 0], decay[:, 0],
                                 beta[:, 0])
@@ -102,14 +102,21 @@ class GatedDeltaNet(nn.Module):
         else:
             v, decay, beta = v.contiguous(), decay.contiguous(), beta.contiguous()
             if x.is_cuda:
-                verify = gdn_walk if step.gdn == "walk" else gdn_path
+                verify = gdn_walk if walks(step.gdn, t) else gdn_path
                 o = verify(rec.state[self.index], q, k, v, decay, beta, nodes)
             else:
                 o = _path_verify(rec.state[self.index], q, k, v, decay, beta, nodes)
-            rec.stash(self.index, mixed, k, v, decay, beta, step.gdn)
+            rec.stash(self.index, mixed, k, v, decay, beta)
         o = o.to(x.dtype)
         o = step.ops.rms_norm(o, self.norm, a.norm_eps) * F.silu(z.view(b, t, hv, dv))
         return self.wo(o.reshape(b, t, hv * dv))
+
+
+def walks(kernel: str, nodes: int) -> bool:
+    """Whether verify of ``nodes`` tree nodes runs the walk kernel under option ``kernel``."""
+    if kernel not in GDN_KERNELS:
+        raise W12Error(f"GDN kernel {kernel!r}: one of {', '.join(GDN_KERNELS)}")
+    return kernel == "walk" or (kernel == "auto" and nodes > PATH_VERIFY_NODES)
 
 
 def advance(state, k, v, decay, beta):
@@ -210,18 +217,6 @@ def _path_verify(state, q, k, v, decay, beta, nodes):
     return out
 
 
-def _path_rows(path, n):
-    """[B, n, P]: the rows a walk commits, each node of the accepted ``path`` [B, P] (node
-    indices, -1 after its end) at its own row with its path so far, every other row -1."""
-    b, p = path.shape
-    steps = torch.arange(p, device=path.device)
-    prefix = torch.where(steps[None, None, :] <= steps[None, :, None], path[:, None, :], -1)
-    prefix = torch.where((path >= 0)[..., None], prefix, -1)  # [B, P (which node), P]
-    rows = torch.full((b, n + 1, p), -1, dtype=path.dtype, device=path.device)
-    at = torch.where(path >= 0, path, n)[..., None].expand(b, p, p)
-    return rows.scatter_(1, at, prefix)[:, :n]
-
-
 def _tail_after(tail, mixed, path, count):
     """The last W - 1 convolution inputs [B, C, W-1] after the accepted ``path`` [B, n] (node
     indices, ``count`` [B] of them) of inputs ``mixed`` [B, T, C]: slot j holds accepted input
@@ -246,7 +241,7 @@ class RecurrentState:
         self.tail = torch.zeros(layers, batch, channels, args.gdn_conv - 1, dtype=dtype,
                                 device=device)
         self.nodes: dict[int, tuple[torch.Tensor, ...]] = {}
-        self.pending, self.kernel = False, "walk"
+        self.pending = False
 
     @property
     def nbytes(self) -> int:
@@ -256,12 +251,12 @@ class RecurrentState:
         view = RecurrentState.__new__(RecurrentState)
         view.state = self.state[:, index:index + 1]
         view.tail = self.tail[:, index:index + 1]
-        view.nodes, view.pending, view.kernel = {}, False, "walk"
+        view.nodes, view.pending = {}, False
         return view
 
-    def stash(self, layer: int, mixed, k, v, decay, beta, kernel: str) -> None:
+    def stash(self, layer: int, mixed, k, v, decay, beta) -> None:
         self.nodes[layer] = (mixed, k, v, decay, beta)
-        self.pending, self.kernel = True, kernel
+        self.pending = True
 
     def keep(self, nodes: torch.Tensor, count: torch.Tensor) -> None:
         """Commit each request's accepted path (``nodes`` [B, n] node indices, ``count`` [B]
@@ -275,10 +270,7 @@ class RecurrentState:
         path = torch.where(torch.arange(n, device=nodes.device) < count[:, None], nodes, -1)
         for layer, (mixed, k, v, decay, beta) in self.nodes.items():
             state = self.state[layer]
-            if state.is_cuda and self.kernel == "walk":  # the tree's rows of the path's nodes
-                gdn_walk(state, k, k, v, decay, beta, _path_rows(path, k.shape[1]),
-                         out=False, commit=True)
-            elif state.is_cuda:  # the accepted path as one path a request, stepped in place
+            if state.is_cuda:  # the accepted path as one path a request, stepped in place
                 gdn_path(state, k, k, v, decay, beta, path[:, None], out=False, store=True)
             else:
                 for i in range(n):

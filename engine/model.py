@@ -300,13 +300,14 @@ class Step:
     ops: OpSet
     attention: str
     valid: torch.Tensor | None = None  # [B] real rows of a right-padded prefill chunk
-    gdn: str = "walk"  # a hybrid's GDN kernel on a GPU: "walk" or "path" (engine.gated_delta)
+    gdn: str = "auto"  # a hybrid's GDN verify kernel on a GPU (engine.gated_delta.GDN_KERNELS)
 
 
 class Transformer(nn.Module):
     """The decoder. Options are per instance: ``ops`` (eager or compiled elementwise
     functions), ``attention`` (``"tree"`` or ``"torch"``) and, for hybrids, ``gdn`` (the GPU
-    kernel of the GDN layers, ``"walk"`` or ``"path"``), set by whoever runs it."""
+    verify kernel of the GDN layers, ``"auto"``, ``"walk"`` or ``"path"``), set by whoever runs
+    it."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -317,7 +318,7 @@ class Transformer(nn.Module):
         self.norm: torch.Tensor | None = None
         self.ops = OpSet()
         self.attention = "torch"
-        self.gdn = "walk"
+        self.gdn = "auto"
         self._rope: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     @property

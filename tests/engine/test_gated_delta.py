@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from test_speculative import assert_drafters_equal_plain
 
 from engine.attention import AttentionPlan
+from engine.gated_delta import GDN_KERNELS, PATH_VERIFY_NODES, walks
 from engine.generate import Engine, generate
 from engine.model import Step
 from engine.sampling import Sampling
@@ -147,13 +148,23 @@ def test_hybrid_presets_describe_their_layers():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("kernel", ["walk", "path"])
+@pytest.mark.parametrize("kernel", GDN_KERNELS)
 @pytest.mark.parametrize("sampling", [Sampling(), SAMPLED], ids=["greedy", "sampled"])
 def test_speculative_equals_plain_decoding_on_a_hybrid_on_gpu(kernel, sampling):
-    """The GPU path: one GDN kernel for decode, verify and commit; CUDA graphs both sides."""
+    """The GPU path: the path kernel for decode and commit, each verify kernel; CUDA graphs
+    both sides."""
     model = load_model("synthetic:tiny-hybrid", mode="w12", device="cuda").model
     model.gdn = kernel
     assert_drafters_equal_plain(model, sampling, ())
+
+
+def test_gdn_verify_kernel_choice():
+    """``auto`` verifies small trees by replaying paths and larger ones by one walk; the two
+    forced choices hold at every size; an unknown name is refused."""
+    assert not walks("auto", PATH_VERIFY_NODES) and walks("auto", PATH_VERIFY_NODES + 1)
+    assert all(walks("walk", n) and not walks("path", n) for n in (2, 128))
+    with pytest.raises(W12Error, match="GDN kernel 'chunked'"):
+        walks("chunked", 4)
 
 
 def test_continuous_batching_on_a_hybrid(hybrid):
