@@ -215,3 +215,88 @@ def prove_command(model_bf16, candidate, candidate_mode, defect, path, prompts,
                    force_final=force_final, log=_progress)
     click.echo(result.text)
     _write_json(json_path, result.data)
+
+
+@tune_group.group("memory", cls=Group)
+def memory_group() -> None:
+    """The tuning memory: every judged proposal with its evidence, in one JSON file.
+
+    The file (default: the W12_CACHE folder's tune/memory.json) is what a later deployment's
+    first round re-measures; export and import share it between machines.
+    """
+
+
+_memory = click.option("--memory", "memory_path", type=click.Path(path_type=Path), default=None,
+                       help="The memory file (default: $W12_CACHE/tune/memory.json).")
+
+
+def _open_memory(path: Path | None):
+    from spec_tuning.memory import Memory, default_path
+
+    return Memory(path or default_path())
+
+
+def _gain(entry) -> str:
+    gain = entry.evidence.get("gain")
+    low = entry.evidence.get("gain_low")
+    if gain is None:
+        return "-"
+    return f"{gain:+.1%}" + (f" (>= {low:+.1%})" if low is not None else "")
+
+
+@memory_group.command("list")
+@_memory
+def memory_list(memory_path) -> None:
+    """One line per entry: id, verdict, factor, mode, GPU, option=value, gain, date."""
+    memory = _open_memory(memory_path)
+    if not memory.entries:
+        click.echo(f"{memory.path}: no entries")
+        return
+    for e in memory.entries:
+        click.echo(f"{e.id}  {e.verdict:<8}  {e.factor:<8}  {e.mode:<6}  {e.gpu:<24}  "
+                   f"{e.option}={e.value!r:<14}  {_gain(e):<20}  {e.date}")
+
+
+@memory_group.command("show")
+@click.argument("entry_id")
+@_memory
+def memory_show(entry_id, memory_path) -> None:
+    """One entry (ENTRY_ID: its id or a unique prefix) as JSON, evidence included."""
+    from dataclasses import asdict
+
+    entry = _open_memory(memory_path).find(entry_id)
+    click.echo(json.dumps({"id": entry.id, **asdict(entry)}, indent=2, default=str))
+
+
+@memory_group.command("export")
+@click.argument("out", type=click.Path(path_type=Path))
+@_memory
+@click.option("--factor", type=click.Choice(["tree", "kernel", "overhead"]), default=None)
+@click.option("--mode", type=click.Choice(["single", "batch"]), default=None)
+@click.option("--promoted-only", is_flag=True)
+@click.option("--force", is_flag=True, help="Replace OUT if it is a memory file already.")
+def memory_export(out, memory_path, factor, mode, promoted_only, force) -> None:
+    """Write the entries (those selected) to a new memory file OUT."""
+    from spec_tuning.memory import write_entries
+    from w12.errors import W12Error
+
+    if out.exists() and not force:
+        raise W12Error(f"{out} exists; --force replaces it")
+    memory = _open_memory(memory_path)
+    chosen = [e for e in memory.entries
+              if (factor is None or e.factor == factor) and (mode is None or e.mode == mode)
+              and (not promoted_only or e.verdict == "promoted")]
+    write_entries(out, chosen)
+    click.echo(f"{len(chosen)} of {len(memory.entries)} entries -> {out}")
+
+
+@memory_group.command("import")
+@click.argument("source", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_memory
+def memory_import(source, memory_path) -> None:
+    """Add the entries of another memory file SOURCE (an entry already there is skipped)."""
+    memory = _open_memory(memory_path)
+    added = memory.merge(source)
+    memory.save()
+    click.echo(f"{added} new entries from {source} -> {memory.path} ({len(memory.entries)} in "
+               "all)")
