@@ -3,10 +3,11 @@ named option with its domain, its stock value, the ceiling factor it attacks and
 costs.
 
 The cost model splits the distance from a decoding speed-up to its ceiling into three factors
-(``cost_model.decompose``): ``tree`` (tau_best / tau, the acceptance a better draft tree would
-reach), ``kernel`` (T_prof / T_floor, the verify step's kernels against the byte and FLOP floor)
-and ``overhead`` (T_step / T_prof, the step's time outside the profiled kernels). A round asks
-``proposals(factor, mode)`` for the mechanisms that attack the largest one.
+(``cost_model.decompose``): ``acceptance`` (tau_best / tau, the acceptance a better draft
+tree would reach), ``kernels`` (T_prof / T_floor, the verify step's kernels against the byte
+and FLOP floor) and ``overhead`` (T_step / T_prof, the step's time outside the profiled
+kernels). A round asks ``proposals(factor, mode, current)`` for the mechanisms that attack the
+largest one.
 
 Each option names the runtime parameter it sets (``target``, ``module.Callable:parameter``), so
 that nothing here is a knob the runtime lacks: ``check_targets`` resolves every one (a test
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 
 from w12.errors import W12Error
 
-FACTORS = ("tree", "kernel", "overhead")
+FACTORS = ("acceptance", "kernels", "overhead")  # cost_model.decompose's factors
 MODES = ("single", "batch")
 
 
@@ -36,6 +37,7 @@ class Mechanism:
     cost: float  # a trial's cost in paired runs of one configuration (relative)
     modes: tuple[str, ...] = MODES  # the serving modes it applies to
     requires: dict = field(default_factory=dict)  # other options it needs, name -> value
+    devices: tuple[str, ...] = ("cuda", "cpu")  # where it does something
     help: str = ""
 
     def check(self, value) -> object:
@@ -47,33 +49,34 @@ class Mechanism:
 
 
 REGISTRY: dict[str, Mechanism] = {m.name: m for m in (
-    Mechanism("tree", (False, True), False, "tree",
+    Mechanism("tree", (False, True), False, "acceptance",
               "engine.speculative.decode.SpecRunner:tree", 1.0,
               help="a best-first draft tree instead of the drafter's top-1 chain"),
-    Mechanism("budget", (4, 8, 16, 32, 64, 128), 16, "tree",
+    Mechanism("budget", (4, 8, 16, 32, 64, 128), 16, "acceptance",
               "engine.speculative.decode.SpecRunner:budget", 1.0,
               help="nodes verified per step (root included)"),
-    Mechanism("weights", ("bf16", "w12"), "bf16", "kernel",
+    Mechanism("weights", ("bf16", "w12"), "bf16", "kernels",
               "engine.weights.load_model:mode", 2.0,
               help="W12 weights: 12 of 16 bits read per weight, the same outputs only where "
                    "the W12 folder decodes to the BF16 checkpoint"),
-    Mechanism("two_level", (None, 4, 8, 16), None, "kernel",
+    Mechanism("two_level", (None, 4, 8, 16), None, "kernels",
               "engine.speculative.bench.bench_spec:two_level", 2.0,
               requires={"weights": "w12"},
               help="an 8-bit Q pass over the W12 hi byte picks this many nodes, one exact "
                    "pass verifies them"),
     Mechanism("cuda_graph", (True, False), True, "overhead",
-              "engine.generate.Engine:cuda_graph", 0.5,
+              "engine.generate.Engine:cuda_graph", 0.5, devices=("cuda",),
               help="the verify step replayed as one CUDA graph"),
     Mechanism("compile", (False, True), False, "overhead",
-              "engine.generate.Engine:compile", 1.0,
-              help="torch.compile'd elementwise ops"),
-    Mechanism("shared_budget", (None, 32, 64, 128), None, "tree",
+              "engine.generate.Engine:compile", 1.0, devices=("cuda",),
+              help="torch.compile'd elementwise ops (on a CPU its compile time dwarfs a "
+                   "trial)"),
+    Mechanism("shared_budget", (None, 32, 64, 128), None, "acceptance",
               "engine.serving.Server:shared_total", 1.0, modes=("batch",),
               requires={"tree": True},
               help="one node budget shared by the running requests, split by draft "
                    "confidence"),
-    Mechanism("widths", (None, (4, 8, 16), (8, 12, 16)), None, "tree",
+    Mechanism("widths", (None, (4, 8, 16), (8, 12, 16)), None, "acceptance",
               "engine.serving.Server:widths", 1.0, modes=("batch",),
               help="per-request draft widths chosen each step from these"),
     Mechanism("admission", (None, 256, 1024), None, "overhead",
@@ -115,15 +118,19 @@ def check_config(config: dict, mode: str = "single") -> dict:
     return full
 
 
-def proposals(factor: str, mode: str, current: dict) -> list[tuple[str, object]]:
-    """(option, value) pairs that attack ``factor`` in ``mode`` and change ``current``: each a
-    single-option step whose result still passes ``check_config``, cheapest first."""
+def proposals(factor: str, mode: str, current: dict, only: frozenset[str] | None = None,
+              device: str = "cuda") -> list[tuple[str, object]]:
+    """(option, value) pairs that attack ``factor`` in ``mode`` on a ``device`` ("cuda" or
+    "cpu") and change ``current``: each a single-option step whose result still passes
+    ``check_config``, cheapest first; ``only``: the options a caller can apply (default:
+    all)."""
     if factor not in FACTORS:
         raise W12Error(f"factor {factor!r}: one of {', '.join(FACTORS)}")
     current = check_config(current, mode)
     out = []
     for m in sorted(REGISTRY.values(), key=lambda m: (m.cost, m.name)):
-        if m.factor != factor or mode not in m.modes:
+        if m.factor != factor or mode not in m.modes or device not in m.devices or (
+                only is not None and m.name not in only):
             continue
         for value in m.domain:
             if value == current[m.name]:

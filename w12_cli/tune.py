@@ -217,15 +217,6 @@ def prove_command(model_bf16, candidate, candidate_mode, defect, path, prompts,
     _write_json(json_path, result.data)
 
 
-@tune_group.group("memory", cls=Group)
-def memory_group() -> None:
-    """The tuning memory: every judged proposal with its evidence, in one JSON file.
-
-    The file (default: the W12_CACHE folder's tune/memory.json) is what a later deployment's
-    first round re-measures; export and import share it between machines.
-    """
-
-
 _memory = click.option("--memory", "memory_path", type=click.Path(path_type=Path), default=None,
                        help="The memory file (default: $W12_CACHE/tune/memory.json).")
 
@@ -234,6 +225,59 @@ def _open_memory(path: Path | None):
     from spec_tuning.memory import Memory, default_path
 
     return Memory(path or default_path())
+
+
+@tune_group.command("run")
+@click.argument("model")
+@click.option("--drafter", required=True,
+              help="ngram, early-exit:K, random, demo or a block drafter's folder.")
+@click.option("--mode", "serving", default="single", show_default=True,
+              help="single (one request at a time) or batch:N (N concurrent requests).")
+@click.option("--rounds", default=4, show_default=True, type=click.IntRange(1))
+@click.option("--trials", default=3, show_default=True, type=click.IntRange(1),
+              help="Proposals judged a round at most.")
+@click.option("--prompts", default=32, show_default=True, type=click.IntRange(8),
+              help="Prompts in all: about a fifth are sealed for the final.")
+@click.option("--tokens", default=32, show_default=True, type=click.IntRange(1),
+              help="New tokens a request in every run.")
+@click.option("--context", default=256, show_default=True, type=click.IntRange(1),
+              help="Cached tokens at the steps the cost model profiles.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("w12-tune"),
+              show_default=True, help="Report (tune.txt, tune.json, rounds.png) and logs.")
+@_memory
+@_source
+@device
+@_seed
+def run_command(model, drafter, serving, rounds, trials, prompts, tokens, context, out_dir,
+                memory_path, source, device, seed):
+    """Tune speculative decoding of MODEL for one deployment, in rounds.
+
+    Each round measures the current configuration (tau, and the cost model's three ceiling
+    factors), tries the options that attack the largest factor (the memory's promoted entries
+    first, then the registry's), and promotes the first that the paired-run controller finds
+    faster and token forcing finds lossless. Every judgement goes to the memory. The best
+    configuration then meets the stock on the sealed prompts, once.
+    """
+    from spec_tuning.loop import Deployment, Tuner
+
+    deployment = Deployment(model, drafter, mode=serving, device=device, source=source,
+                            prompts=prompts, tokens=tokens, context=context, seed=seed)
+    _ = deployment.serving  # (checks the mode before anything loads)
+    tuner = Tuner(deployment, out_dir=out_dir, memory=_open_memory(memory_path),
+                  trials=trials, log=_progress)
+    result = tuner.run(rounds)
+    click.echo(result.text)
+    for path in result.save(out_dir):
+        _progress(f"wrote {path}")
+
+
+@tune_group.group("memory", cls=Group)
+def memory_group() -> None:
+    """The tuning memory: every judged proposal with its evidence, in one JSON file.
+
+    The file (default: the W12_CACHE folder's tune/memory.json) is what a later deployment's
+    first round re-measures; export and import share it between machines.
+    """
 
 
 def _gain(entry) -> str:
@@ -271,7 +315,7 @@ def memory_show(entry_id, memory_path) -> None:
 @memory_group.command("export")
 @click.argument("out", type=click.Path(path_type=Path))
 @_memory
-@click.option("--factor", type=click.Choice(["tree", "kernel", "overhead"]), default=None)
+@click.option("--factor", type=click.Choice(["acceptance", "kernels", "overhead"]), default=None)
 @click.option("--mode", type=click.Choice(["single", "batch"]), default=None)
 @click.option("--promoted-only", is_flag=True)
 @click.option("--force", is_flag=True, help="Replace OUT if it is a memory file already.")

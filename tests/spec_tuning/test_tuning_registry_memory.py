@@ -34,22 +34,22 @@ def test_configs_are_checked_against_domains_modes_and_requirements():
 
 
 def test_proposals_attack_the_named_factor_and_keep_the_config_valid():
-    tree = registry.proposals("tree", "single", {})
+    tree = registry.proposals("acceptance", "single", {})
     assert ("tree", True) in tree and ("budget", 16) not in tree
-    assert all(registry.REGISTRY[name].factor == "tree" for name, _ in tree)
+    assert all(registry.REGISTRY[name].factor == "acceptance" for name, _ in tree)
     # two-level verification is proposed only once the weights are W12
-    assert registry.proposals("kernel", "single", {}) == [("weights", "w12")]
-    assert ("two_level", 8) in registry.proposals("kernel", "single", {"weights": "w12"})
+    assert registry.proposals("kernels", "single", {}) == [("weights", "w12")]
+    assert ("two_level", 8) in registry.proposals("kernels", "single", {"weights": "w12"})
     # batching policies only when serving several requests; a shared budget needs a tree
-    batch = registry.proposals("tree", "batch", {})
+    batch = registry.proposals("acceptance", "batch", {})
     assert ("shared_budget", 64) not in batch
-    assert ("shared_budget", 64) in registry.proposals("tree", "batch", {"tree": True})
+    assert ("shared_budget", 64) in registry.proposals("acceptance", "batch", {"tree": True})
     with pytest.raises(W12Error, match="factor"):
         registry.proposals("memory", "single", {})
 
 
 def _entry(**over):
-    base = dict(factor="tree", mode="single", gpu="NVIDIA H200", option="tree", value=True,
+    base = dict(factor="acceptance", mode="single", gpu="NVIDIA H200", option="tree", value=True,
                 verdict="promoted", reason="gain 12% >= bar 3%",
                 evidence={"gain": 0.12, "gain_low": 0.08, "forcing": "pass"},
                 date="2026-12-07", commit="abc1234")
@@ -68,7 +68,7 @@ def test_memory_round_trip_dedup_and_leads(tmp_path):
     again = mem.Memory(path)
     assert [e.id for e in again.entries] == [e.id for e in memory.entries]
     assert again.entries[3].value == (8, 12, 16)  # tuples survive JSON
-    leads = again.leads("tree", "single", gpu="NVIDIA H100 80GB HBM3")
+    leads = again.leads("acceptance", "single", gpu="NVIDIA H100 80GB HBM3")
     assert [(e.option, e.value) for e in leads] == [("budget", 32), ("tree", True)]
     assert again.find(leads[0].id[:6]) == leads[0]
     with pytest.raises(W12Error, match="no memory entries"):
