@@ -1,0 +1,80 @@
+"""The certified INT8 LM head's reference: its bounds hold and its choice is the exact head's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.sampling import gumbel_noise, row_keys
+from w12.errors import W12Error
+from w12_kernels.int8_head import candidates, certified_choice, logit_bounds, quantize
+
+
+def _case(v, k, rows, seed, *, spread=1.0):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(v, k, generator=g) * 0.05).to(torch.bfloat16)
+    h = (torch.randn(rows, k, generator=g) * spread).to(torch.bfloat16)
+    h[0, 3] = 40.0  # an outlier channel, as real hidden states have
+    return w, h
+
+
+def _exact(w, h):
+    return (h @ w.T).float()  # the exact head as the engine computes it: BF16 out, then float
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_exact_logit_lies_inside_its_bounds(seed):
+    w, h = _case(3000, 576, 16, seed)
+    head = quantize(w)
+    approx, lo, hi = logit_bounds(head, h)
+    exact = _exact(w, h).double()
+    assert (lo <= exact).all() and (exact <= hi).all()
+    assert (lo <= approx).all() and (approx <= hi).all()
+    # not vacuous: a small part of the trivial interval |h.w| <= ||h|| ||w||
+    trivial = 2 * h.double().norm(dim=1)[:, None] * w.double().norm(dim=1)[None, :]
+    assert float(((hi - lo) / trivial).median()) < 0.05
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_the_certified_choice_is_the_exact_heads(temperature):
+    w, h = _case(5000, 256, 64, 3, spread=3.0)
+    exact = _exact(w, h)
+    _, lo, hi = logit_bounds(quantize(w), h)
+    noise = None
+    if temperature:
+        keys = row_keys(7, torch.arange(h.shape[0]), torch.full((h.shape[0],), 11))
+        noise = gumbel_noise(keys, w.shape[0])
+        want = (exact / temperature + noise).argmax(dim=1)
+    else:
+        want = exact.argmax(dim=1)
+    asked = []
+
+    def exact_rows(r, ids):
+        asked.append(len(ids))
+        return exact[r, ids]
+
+    tokens, counts = certified_choice(exact_rows, lo, hi, temperature=temperature, noise=noise)
+    assert torch.equal(tokens, want)
+    assert counts.tolist() == asked and counts.min() >= 1
+    assert counts.float().mean() < 0.2 * w.shape[0]  # the recompute is a small part
+
+
+def test_ties_go_to_the_first_maximal_entry_as_argmax():
+    w = torch.zeros(6, 8, dtype=torch.bfloat16)
+    w[2, 0] = w[4, 0] = 1.0  # two equal best rows
+    h = torch.ones(1, 8, dtype=torch.bfloat16)
+    exact = _exact(w, h)
+    _, lo, hi = logit_bounds(quantize(w), h)
+    tokens, counts = certified_choice(lambda r, ids: exact[r, ids], lo, hi)
+    assert tokens.tolist() == [2] and candidates(lo, hi)[0, 2:5:2].all()
+
+
+def test_bad_inputs_are_refused():
+    w, h = _case(10, 16, 2, 0)
+    with pytest.raises(W12Error, match="non-finite"):
+        quantize(torch.full((2, 3), float("inf")))
+    with pytest.raises(W12Error, match="hidden states"):
+        logit_bounds(quantize(w), h[:, :8])
+    _, lo, hi = logit_bounds(quantize(w), h)
+    with pytest.raises(W12Error, match="sampling needs"):
+        candidates(lo, hi, temperature=0.5)
