@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.w12_backend import gdn_path, gdn_walk
+from engine.w12_backend import gdn_path, gdn_walk, gdn_walk_plan
 from w12.errors import W12Error
 
 PATH_VERIFY_NODES = 16  # ``auto``: verify trees up to this many nodes with the path kernel
@@ -101,9 +101,13 @@ class GatedDeltaNet(nn.Module):
             rec.pending = False
         else:
             v, decay, beta = v.contiguous(), decay.contiguous(), beta.contiguous()
-            if x.is_cuda:
-                verify = gdn_walk if walks(step.gdn, t) else gdn_path
-                o = verify(rec.state[self.index], q, k, v, decay, beta, nodes)
+            if x.is_cuda and walks(step.gdn, t):
+                if step.gdn_plan is None:  # one plan for every layer: the same trees
+                    step.gdn_plan = gdn_walk_plan(nodes)
+                o = gdn_walk(rec.state[self.index], q, k, v, decay, beta, nodes,
+                             plan=step.gdn_plan)
+            elif x.is_cuda:
+                o = gdn_path(rec.state[self.index], q, k, v, decay, beta, nodes)
             else:
                 o = _path_verify(rec.state[self.index], q, k, v, decay, beta, nodes)
             rec.stash(self.index, mixed, k, v, decay, beta)

@@ -301,6 +301,8 @@ class Step:
     attention: str
     valid: torch.Tensor | None = None  # [B] real rows of a right-padded prefill chunk
     gdn: str = "auto"  # a hybrid's GDN verify kernel on a GPU (engine.gated_delta.GDN_KERNELS)
+    gdn_plan: tuple | None = None  # the walk's plan of this forward's trees, made by the first
+    # GDN layer that walks them, reused by the others (w12_kernels.gated_delta.walk_plan)
 
 
 class Transformer(nn.Module):

@@ -56,10 +56,16 @@ def gdn_path(state, q, k, v, decay, beta, nodes, *, out=True, store=False):
     return step_paths(state, q, k, v, decay, beta, nodes, out=out, store=store)
 
 
-def gdn_walk(state, q, k, v, decay, beta, nodes, *, out=True, commit=False):
+def gdn_walk(state, q, k, v, decay, beta, nodes, *, out=True, commit=False, plan=None):
     from w12_kernels.gated_delta import gdn_walk as walk
 
-    return walk(state, q, k, v, decay, beta, nodes, out=out, commit=commit)
+    return walk(state, q, k, v, decay, beta, nodes, out=out, commit=commit, plan=plan)
+
+
+def gdn_walk_plan(nodes):
+    from w12_kernels.gated_delta.launcher import walk_plan
+
+    return walk_plan(nodes)
 
 
 def cat_rows(parts: list[W12Tensor]) -> W12Tensor:

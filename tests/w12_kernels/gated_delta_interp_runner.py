@@ -86,6 +86,8 @@ def check(what, b, h, dk, dv, parents, device="cpu"):
 
     if what == "walk-replay":  # the same bits with every slot kept and with two
         full = gdn_walk(state, q, k, v, decay, beta, nodes, slots=n)
+        planned = gdn_walk(state, q, k, v, decay, beta, nodes, slots=n, plan=walk_plan(nodes))
+        assert torch.equal(planned, full), "a precomputed plan changed the walk's outputs"
         few = gdn_walk(state, q, k, v, decay, beta, nodes, slots=2)
         assert int(walk_plan(nodes)[2].max()) + 1 > 2, "the tree should need more than 2 slots"
         assert torch.equal(full, few), "replayed parents changed the bits"

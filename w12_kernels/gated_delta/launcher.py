@@ -107,7 +107,8 @@ WALK_SLOTS = 8  # scratch states a request and head keeps by default (``gdn_walk
 
 
 def gdn_walk(state, q, k, v, decay, beta, nodes, *, out: bool = True, commit: bool = False,
-             slots: int = WALK_SLOTS, snapshots: torch.Tensor | None = None
+             slots: int = WALK_SLOTS, snapshots: torch.Tensor | None = None,
+             plan: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
              ) -> torch.Tensor | None:
     """Every node's output [B, N, H, DV] of the trees ``nodes`` [B, N, P], walking each tree
     once. Here row n of ``nodes`` is node n's own path (root first, ending at n; -1 rows are
@@ -117,14 +118,16 @@ def gdn_walk(state, q, k, v, decay, beta, nodes, *, out: bool = True, commit: bo
     states a request and head: a node whose parent's state did not get one replays the
     parent's path instead (deep branching trees only; chains need one). ``snapshots`` [B, H, N, DK,
     DV] float32: keep every node's state there (slot = node), the per-node snapshot approach
-    of serving engines (a baseline; its commit is a copy of the accepted node's state)."""
+    of serving engines (a baseline; its commit is a copy of the accepted node's state).
+    ``plan``: ``walk_plan(nodes)`` computed once for layers that walk the same trees (its dozen
+    small launches are most of a small tree's walk)."""
     from w12_kernels.gated_delta import kernel
 
     b, t, h, dk, dv, p = check_inputs(state, q, k, v, decay, beta, nodes)
     n = nodes.shape[1]
     if n > t:
         _fail(f"{n} nodes in the paths but {t} nodes of inputs")
-    order, parent, slot = walk_plan(nodes)
+    order, parent, slot = walk_plan(nodes) if plan is None else plan
     if slots < 1:
         _fail(f"slots {slots}: at least one")
     if snapshots is None:
