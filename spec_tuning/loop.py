@@ -28,8 +28,9 @@ rounds, the final and a text report; ``save`` writes them as JSON, text and a PN
 
 Requests are served by ``engine.serving.Server`` (its continuous batching; batch 1 for one
 request at a time), greedy, each for exactly ``tokens`` new tokens (no stop token), so every
-run of one configuration does the same work. Options the server cannot apply yet (two-level
-verification) are left out of the proposals (``SUPPORTED``).
+run of one configuration does the same work. Each option is applied where its registry target
+says (``applicable``); those the server cannot take yet (two-level verification) are left out
+of the proposals (``supported``).
 """
 
 from __future__ import annotations
@@ -47,8 +48,34 @@ from spec_tuning import registry
 from spec_tuning.memory import Entry, Memory
 from w12.errors import W12Error
 
-SUPPORTED = frozenset({"tree", "budget", "weights", "cuda_graph", "compile", "shared_budget",
-                       "widths", "admission"})
+WEIGHTS_TARGET = "engine.weights.load_model:mode"
+ENGINE = "engine.generate.Engine"
+SERVER = "engine.serving.Server"
+
+
+def _server_params() -> frozenset[str]:
+    import inspect
+
+    from engine.serving import Server
+
+    return frozenset(inspect.signature(Server).parameters)
+
+
+def applicable(mechanism: registry.Mechanism) -> bool:
+    """Whether the loop can apply an option: the weights, an ``Engine`` argument, or a
+    ``Server`` argument (a ``SpecRunner`` option that the server takes under the same name)."""
+    where, _, param = mechanism.target.partition(":")
+    if mechanism.target == WEIGHTS_TARGET or where == ENGINE:
+        return True
+    return where in (SERVER, "engine.speculative.decode.SpecRunner") and \
+        param in _server_params()
+
+
+def supported() -> frozenset[str]:
+    """The registry options the loop applies (two-level verification: not by the server
+    yet)."""
+    return frozenset(name for name, m in registry.REGISTRY.items() if applicable(m))
+
 ROW_LIMIT = 128  # verify rows a step (requests x nodes) that keep every GEMM's row bits
 CALIBRATION = 4  # tuning prompts kept for token forcing's calibration (never judged)
 
@@ -146,6 +173,9 @@ class Systems:
         return self._loaded[weights]
 
     def _server(self, config: dict):
+        """The server of ``config``: every option goes where its registry target says (the
+        weights, an ``Engine`` argument or a ``Server`` argument), so a new mechanism that
+        names such a parameter needs nothing here."""
         from engine.generate import Engine
         from engine.serving import Server
         from engine.speculative import make_drafter
@@ -153,15 +183,22 @@ class Systems:
         key = _key(config)
         if key not in self._servers:
             model = self.loaded(config["weights"]).model
-            cuda = model.device.type == "cuda"
-            engine = Engine(model, batch=self.batch, max_seq_len=self.seq_len,
-                            cuda_graph=config["cuda_graph"] if cuda else None,
-                            compile=config["compile"])
+            engine_args, server_args = {}, {}
+            for name, value in config.items():
+                m = registry.REGISTRY.get(name)
+                if m is None or m.target == WEIGHTS_TARGET:
+                    continue
+                where, _, param = m.target.partition(":")
+                if not applicable(m):
+                    if value != m.stock:
+                        raise W12Error(f"option {name}: the loop cannot apply {m.target}")
+                    continue
+                (engine_args if where == ENGINE else server_args)[param] = value
+            if model.device.type != "cuda":
+                engine_args.pop("cuda_graph", None)  # (no graphs on a CPU)
+            engine = Engine(model, batch=self.batch, max_seq_len=self.seq_len, **engine_args)
             self._servers[key] = Server(
-                engine, drafter=make_drafter(self.deployment.drafter, model),
-                budget=config["budget"], tree=config["tree"],
-                shared_total=config.get("shared_budget"), widths=config.get("widths"),
-                admission=config.get("admission"))
+                engine, drafter=make_drafter(self.deployment.drafter, model), **server_args)
         return self._servers[key]
 
     def serve(self, config: dict, requests: Sequence[dict]):
@@ -285,7 +322,8 @@ class Tuner:
 
     def __init__(self, deployment: Deployment, *, out_dir: Path, memory: Memory,
                  trials: int = 3, forcing_prompts: int = 8, forcing_tokens: int | None = None,
-                 compare=None, forcing=None, log: Log = _quiet) -> None:
+                 compare=None, forcing=None, agent: str | None = None,
+                 agent_tests: str = "python -m pytest -q -x", log: Log = _quiet) -> None:
         from spec_tuning.engine_adapter import prompt_requests
         from spec_tuning.sealed import SealedSplit
 
@@ -314,6 +352,7 @@ class Tuner:
         self._stock_system = None
         self._peaks = None
         self.gpu, self.commit = deployment.gpu(), _commit()
+        self.agent, self.agent_tests = agent, agent_tests
 
     # -- judges ----------------------------------------------------------------------------
     def _controller_compare(self, incumbent, candidate, requests, *, candidate_config):
@@ -388,7 +427,7 @@ class Tuner:
         seen, out = set(), []
         for entry in self.memory.leads(factor, self.kind, self.gpu):
             value = tuple(entry.value) if isinstance(entry.value, list) else entry.value
-            if entry.option not in SUPPORTED or current.get(entry.option) == value or \
+            if entry.option not in supported() or current.get(entry.option) == value or \
                     torch.device(self.deployment.device).type not in \
                     registry.REGISTRY[entry.option].devices or \
                     not self.allowed({**current, entry.option: value}):
@@ -397,7 +436,8 @@ class Tuner:
                 seen.add((entry.option, value))
                 out.append((entry.option, value, "memory"))
         device = torch.device(self.deployment.device).type
-        for option, value in registry.proposals(factor, self.kind, current, SUPPORTED, device):
+        for option, value in registry.proposals(factor, self.kind, current, supported(),
+                                                device):
             if (option, value) not in seen and self.allowed({**current, option: value}):
                 seen.add((option, value))
                 out.append((option, value, "registry"))
@@ -453,13 +493,16 @@ class Tuner:
             history.append(record)
             self.log(f"  {tps:.1f} tokens/s, tau {tau:.3f} (widest tree {tau_best:.3f}); "
                      + ", ".join(f"{k} {v:.3f}" for k, v in factors.items()))
-            for factor in sorted(factors, key=factors.get, reverse=True):
+            order = sorted(factors, key=factors.get, reverse=True)
+            for factor in order:
                 candidates = self._candidates(factor, current)
                 if candidates:
                     break
             else:
-                self.log("  no proposal left for any factor")
-                break
+                if self.agent is None:
+                    self.log("  no proposal left for any factor")
+                    break
+                factor = order[0]  # only the agent's proposal for the largest factor
             record.factor = factor
             for option, value, source in candidates:
                 trial = self.judge(current, option, value, source)
@@ -469,10 +512,50 @@ class Tuner:
                 if trial.verdict == "promoted":
                     current = trial.config
                     break
+            if record.promoted is None and self.agent is not None:
+                trial = self._agent_trial(record, factor, current)
+                record.trials.append(trial)
+                self._remember(factor, trial)
+                self.log(f"  {trial.verdict}: agent {trial.option}={trial.value}: "
+                         f"{trial.reason}")
         final = self._final(stock, current)
         result = TuneResult(self.deployment, stock, current, history, final)
         result.text = report(result)
         return result
+
+    def _agent_trial(self, record: Round, factor: str, current: dict) -> Trial:
+        """The external agent's proposal for ``factor``, tested and judged in its worktree."""
+        from spec_tuning import agent
+
+        brief = {"deployment": self.deployment.to_dict(), "round": record.index,
+                 "factors": record.factors, "factor": factor, "tau": record.tau,
+                 "tau_best": record.tau_best, "current": current,
+                 "options": sorted(registry.REGISTRY)}
+        try:
+            proposal = agent.propose(self.agent, brief, log=self.log)
+        except agent.Refused as exc:
+            return Trial("patch", None, current, "agent", "rejected", "setup", str(exc))
+        evidence = {"patch": proposal.sha, "files": proposal.files}
+        option = proposal.options[0]
+        try:
+            self.log(f"  agent patch {proposal.sha} adds {', '.join(proposal.options)}; "
+                     "testing ...")
+            agent.run_tests(proposal, self.agent_tests)
+            got = agent.judge(proposal, option, deployment=self.deployment.to_dict(),
+                              current=current, out_dir=self.out_dir)
+        except agent.Refused as exc:
+            return Trial(option, None, current, "agent", "rejected", "setup", str(exc),
+                         evidence)
+        finally:
+            agent.discard(proposal.worktree)
+        trial = Trial(option, got["value"], got["config"], "agent", got["verdict"], got["judge"],
+                      got["reason"], {**got["evidence"], **evidence})
+        if trial.verdict == "promoted":
+            saved = self.out_dir / "patches" / f"{proposal.sha}.patch"
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            saved.write_text(proposal.patch)
+            trial.reason += f"; patch saved to {saved} (apply it to build on it)"
+        return trial
 
     def _final(self, stock: dict, best: dict) -> dict:
         if best == stock:

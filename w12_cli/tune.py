@@ -245,11 +245,16 @@ def _open_memory(path: Path | None):
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("w12-tune"),
               show_default=True, help="Report (tune.txt, tune.json, rounds.png) and logs.")
 @_memory
+@click.option("--agent", default=None, metavar="COMMAND",
+              help="Each round without a promotion, run COMMAND in a scratch worktree with the "
+                   "brief ($W12_TUNE_BRIEF) and judge the mechanism its patch adds.")
+@click.option("--agent-tests", default="python -m pytest -q -x", show_default=True,
+              metavar="COMMAND", help="The tests an agent's patch must pass first.")
 @_source
 @device
 @_seed
 def run_command(model, drafter, serving, rounds, trials, prompts, tokens, context, out_dir,
-                memory_path, source, device, seed):
+                memory_path, agent, agent_tests, source, device, seed):
     """Tune speculative decoding of MODEL for one deployment, in rounds.
 
     Each round measures the current configuration (tau, and the cost model's three ceiling
@@ -264,11 +269,53 @@ def run_command(model, drafter, serving, rounds, trials, prompts, tokens, contex
                             prompts=prompts, tokens=tokens, context=context, seed=seed)
     _ = deployment.serving  # (checks the mode before anything loads)
     tuner = Tuner(deployment, out_dir=out_dir, memory=_open_memory(memory_path),
-                  trials=trials, log=_progress)
+                  trials=trials, agent=agent, agent_tests=agent_tests, log=_progress)
     result = tuner.run(rounds)
     click.echo(result.text)
     for path in result.save(out_dir):
         _progress(f"wrote {path}")
+
+
+@tune_group.command("trial", hidden=True)
+@click.argument("model")
+@click.option("--drafter", required=True)
+@click.option("--mode", "serving", default="single")
+@click.option("--prompts", default=32, type=click.IntRange(8))
+@click.option("--tokens", default=32, type=click.IntRange(1))
+@click.option("--context", default=256, type=click.IntRange(1))
+@click.option("--config", "config_json", required=True, help="The current configuration, JSON.")
+@click.option("--option", required=True, help="The option to try (its first value that is "
+                                               "not the stock one and fits the deployment).")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True)
+@click.option("--result", type=click.Path(path_type=Path), required=True)
+@_source
+@device
+@_seed
+def trial_command(model, drafter, serving, prompts, tokens, context, config_json, option,
+                  out_dir, result, source, device, seed):
+    """One judgement of OPTION on top of --config, written to --result (the tuning loop runs
+    this in an agent's worktree, so that the patched code is what runs)."""
+    from dataclasses import asdict
+
+    from spec_tuning import registry
+    from spec_tuning.loop import Deployment, Tuner
+    from spec_tuning.memory import Memory
+    from w12.errors import W12Error
+
+    deployment = Deployment(model, drafter, mode=serving, device=device, source=source,
+                            prompts=prompts, tokens=tokens, context=context, seed=seed)
+    current = {k: tuple(v) if isinstance(v, list) else v
+               for k, v in json.loads(config_json).items()}
+    tuner = Tuner(deployment, out_dir=out_dir, memory=Memory(out_dir / "memory.json"),
+                  log=_progress)
+    mech = registry.mechanism(option)
+    values = [v for v in mech.domain if v != mech.stock and tuner.allowed({**current,
+                                                                          option: v})]
+    if not values:
+        raise W12Error(f"option {option}: no value fits this deployment")
+    trial = tuner.judge(current, option, values[0], "agent")
+    result.write_text(json.dumps(asdict(trial), indent=1, default=str) + "\n")
+    click.echo(f"{trial.verdict}: {option}={values[0]}: {trial.reason}")
 
 
 @tune_group.group("memory", cls=Group)
