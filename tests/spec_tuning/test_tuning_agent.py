@@ -56,7 +56,7 @@ def test_an_agents_mechanism_is_tested_and_judged_in_its_worktree(tmp_path):
     judges it with the real controller; the memory keeps the verdict with the patch's digest."""
     tests = f"{sys.executable} -m pytest -q -x -p no:cacheprovider " \
             "tests/spec_tuning/test_tuning_registry_memory.py"
-    deployment = Deployment("synthetic:tiny-qwen3", "ngram", prompts=10, tokens=4, context=16)
+    deployment = Deployment("synthetic:tiny-qwen3", "ngram", prompts=16, tokens=4, context=16)
     memory = Memory(tmp_path / "memory.json")
     tuner = Tuner(deployment, out_dir=tmp_path / "out", memory=memory, trials=1,
                   compare=_reject, agent=f"{sys.executable} {SCRIPTS / 'noop_option.py'}",
