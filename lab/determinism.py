@@ -38,13 +38,16 @@ def main() -> None:
     parser.add_argument("--prompts", default=None,
                         help="prefill these prompts (JSONL or humaneval; the first --batch) "
                              "instead of random tokens; needs a converted model folder")
-    parser.add_argument("--large", choices=["table", "nopersist", "cublas"], default="table",
-                        help="above 128 rows: the table's kernel, it without stream-K, or "
-                             "decode + cuBLAS")
+    parser.add_argument("--large", choices=["table", "nopersist", "cublas", "persist"],
+                        default="table",
+                        help="above 128 rows: the table's kernel, it without stream-K, decode + "
+                             "cuBLAS, or it with stream-K where its configuration allows (the "
+                             "table refuses stream-K: this is how to study it)")
     parser.add_argument("--sdpa", default=None,
                         help="pin the prefill's SDPA backend (MATH, FLASH_ATTENTION, ...)")
     parser.add_argument("--patch", action="append", default=[],
-                        choices=["ldcg", "nopdl", "nostage", "rowdirect", "sleep"],
+                        choices=["ldcg", "nopdl", "nostage", "rowdirect", "sleep",
+                                 "proxyfence", "refillsleep"],
                         help="experiments on the large-M kernel: stream-K pieces read past L1 "
                              "(ldcg); every launch without programmatic dependent launch (nopdl); "
                              "a block's last unit not staged (nostage)")
@@ -130,6 +133,9 @@ def _pin_large(kind: str) -> None:
         cfg = chosen(*args, **kwargs)
         if kind == "cublas" or cfg is None:
             return None
+        if kind == "persist":
+            return replace(cfg, persist=True, tail=0) if cfg.a_regs == 2 and cfg.splits == 1 \
+                else cfg
         return replace(cfg, persist=False, tail=0)
 
     table.large_config = pinned
@@ -184,6 +190,30 @@ def _patch_kernel(patches: list[str]) -> None:
             return text.replace(wait, wait + " __nanosleep(20000);")
 
         launcher.source = sleepy
+    if "proxyfence" in patches:  # the weight stage's generic reads fenced before its release
+        # to the producer's tensor copies (async proxy): the suspected write-after-read race
+        decoded = "    decode8(w0.w, w1.w, w2.w, a[3]);\n    __syncwarp();"
+        base_fence = launcher.source
+
+        def fenced(cfg):
+            text = base_fence(cfg)
+            assert decoded in text
+            return text.replace(decoded, "    decode8(w0.w, w1.w, w2.w, a[3]);\n    asm volatile("
+                                "\"fence.proxy.async.shared::cta;\" ::: \"memory\");\n"
+                                "    __syncwarp();")
+
+        launcher.source = fenced
+    if "refillsleep" in patches:  # the producer waits 4 us after each weight stage is released
+        refill = "if (j >= SW) mbar_wait(wempty + j % SW, (j / SW - 1) & 1u);"
+        base_refill = launcher.source
+
+        def slow_refill(cfg):
+            text = base_refill(cfg)
+            assert refill in text
+            return text.replace(refill, "if (j >= SW) { mbar_wait(wempty + j % SW, (j / SW - 1) "
+                                "& 1u); __nanosleep(4000); }")
+
+        launcher.source = slow_refill
     if "nopdl" in patches:
         launch = runtime.launch
 
