@@ -47,7 +47,7 @@ def main() -> None:
                         help="pin the prefill's SDPA backend (MATH, FLASH_ATTENTION, ...)")
     parser.add_argument("--patch", action="append", default=[],
                         choices=["ldcg", "nopdl", "nostage", "rowdirect", "sleep",
-                                 "proxyfence", "refillsleep"],
+                                 "noproxyfence", "refillsleep"],
                         help="experiments on the large-M kernel: stream-K pieces read past L1 "
                              "(ldcg); every launch without programmatic dependent launch (nopdl); "
                              "a block's last unit not staged (nostage)")
@@ -190,19 +190,18 @@ def _patch_kernel(patches: list[str]) -> None:
             return text.replace(wait, wait + " __nanosleep(20000);")
 
         launcher.source = sleepy
-    if "proxyfence" in patches:  # the weight stage's generic reads fenced before its release
-        # to the producer's tensor copies (async proxy): the suspected write-after-read race
-        decoded = "    decode8(w0.w, w1.w, w2.w, a[3]);\n    __syncwarp();"
+    if "noproxyfence" in patches:  # the weight stage released without the proxy fence (the
+        # kernel before the fix of the suspected write-after-read race)
+        fence = ('    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");\n'
+                 '    __syncwarp();')
         base_fence = launcher.source
 
-        def fenced(cfg):
+        def unfenced(cfg):
             text = base_fence(cfg)
-            assert decoded in text
-            return text.replace(decoded, "    decode8(w0.w, w1.w, w2.w, a[3]);\n    asm volatile("
-                                "\"fence.proxy.async.shared::cta;\" ::: \"memory\");\n"
-                                "    __syncwarp();")
+            assert fence in text
+            return text.replace(fence, "    __syncwarp();")
 
-        launcher.source = fenced
+        launcher.source = unfenced
     if "refillsleep" in patches:  # the producer waits 4 us after each weight stage is released
         refill = "if (j >= SW) mbar_wait(wempty + j % SW, (j / SW - 1) & 1u);"
         base_refill = launcher.source

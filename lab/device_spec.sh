@@ -146,10 +146,11 @@ determinism)  # batch-8 plain decoding gave other tokens on a second fresh engin
   fi
   # (H100: every linear repeats its bits alone; back to back, a few outputs of the stream-K
   # kernel differ: which change removes that)
-  # (the table has no stream-K since; --large persist brings it back to test the suspected
-  # write-after-read race on the weight stages: proxyfence should remove it, refillsleep too)
-  for v in "" "--large persist" "--large persist --patch proxyfence" \
-           "--large persist --patch refillsleep" "--large nopersist --patch proxyfence"; do
+  # (the table has no stream-K since; --large persist brings it back to test the fix of the
+  # suspected write-after-read race on the weight stages: the proxy fence, on by default;
+  # noproxyfence takes it out, refillsleep should hide the race without it)
+  for v in "" "--large persist" "--large persist --patch noproxyfence" \
+           "--large persist --patch noproxyfence --patch refillsleep"; do
     TAIL=${CHAIN_TAIL:-2} run 90 "chain${v// /-}" $PY lab/determinism.py --model "${CHAIN_MODEL:-$MODEL}" \
       --skip-linears --chain --rows 1240,2048 --reps ${REPS:-30} --engines 0 $v
   done

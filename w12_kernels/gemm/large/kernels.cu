@@ -717,6 +717,17 @@ __device__ __forceinline__ void wgl_body(
   };
   if (ebase < eend) load_escape();
 
+  // The warp's release of a weight stage to the producer, whose next tensor copy (the async
+  // proxy) overwrites it: the proxy fence orders this warp's generic reads of the stage before
+  // that copy, as PTX requires. The release alone does not (ptxas issues it with the loads
+  // still in flight): a refill that lands quickly (stream-K's staggered blocks find the column
+  // in L2) could hand late lanes the next column's words, the suspected cause of stream-K's
+  // run-to-run differences.
+  auto release_weights = [&](unsigned long long* bar) {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncwarp();  // every lane's words are read: the warp releases the stage
+    arrive_if(lane == 0, bar);
+  };
   // Column i's chunk words, once they have landed, decoded into this lane's A fragments; the
   // warp then releases the weight stage.
   auto decode_column = [&](int i, u32 (&a)[4][4]) {
@@ -737,8 +748,7 @@ __device__ __forceinline__ void wgl_body(
                      : "=r"(ta), "=r"(tb) : "r"(xoff[4 + j] + wst) : "memory");
         decode_x(la, lb, ta, tb, s1, s2, a[j]);
       }
-      __syncwarp();  // every lane's words are read (and used): the warp releases the stage
-      arrive_if(lane == 0, wempty + ws);
+      release_weights(wempty + ws);
       return;
     }
     const unsigned char* wsrc = wstages + ws * WSTAGE + woff;
@@ -749,8 +759,7 @@ __device__ __forceinline__ void wgl_body(
     decode8(w0.y, w1.y, w2.y, a[1]);
     decode8(w0.z, w1.z, w2.z, a[2]);
     decode8(w0.w, w1.w, w2.w, a[3]);
-    __syncwarp();  // every lane's words are read (and used): the warp releases the stage
-    arrive_if(lane == 0, wempty + ws);
+    release_weights(wempty + ws);
   };
 
   // AREG: each warp decodes column i straight into the A fragment registers of wgmma (set
