@@ -24,8 +24,9 @@ kernel ``Transformer.gdn`` names: ``walk`` (each tree walked once, a scratch sta
 level; its plan is a few small launches, a fixed cost), ``path`` (each node's path replayed,
 no scratch; its cost grows with nodes x depth), or ``auto`` (the path kernel up to
 ``PATH_VERIFY_NODES`` nodes, the walk above). All give the same bits. On the CPU a torch form
-loops over path depth with one state per node while it runs. A prefill chunk
-runs the recurrence token by token in torch on both (a chunked kernel is still to come).
+loops over path depth with one state per node while it runs. A prefill chunk runs the
+recurrence token by token: on a GPU in one kernel (the chunk walked as a chain,
+``gdn_chain``), on the CPU in torch (a chunked, parallel form is still to come).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.w12_backend import gdn_path, gdn_walk, gdn_walk_plan
+from engine.w12_backend import gdn_chain, gdn_path, gdn_walk, gdn_walk_plan
 from w12.errors import W12Error
 
 PATH_VERIFY_NODES = 16  # ``auto``: verify trees up to this many nodes with the path kernel
@@ -80,11 +81,15 @@ class GatedDeltaNet(nn.Module):
                 real = (torch.arange(t, device=x.device)[None, :] < step.valid[:, None])[..., None]
                 beta, decay = beta * real, torch.where(real, decay, 1.0)
             state = torch.zeros(b, hv, dk, dv, dtype=torch.float32, device=x.device)
-            outs = []
-            for i in range(t):
-                state = advance(state, k[:, i], v[:, i], decay[:, i], beta[:, i])
-                outs.append(read_out(state, q[:, i]))
-            o = torch.stack(outs, dim=1)
+            if x.is_cuda:  # one kernel: the chunk as a chain walked from the zero state
+                o = gdn_chain(state, q, k, v.contiguous(), decay.contiguous(),
+                              beta.contiguous())
+            else:
+                outs = []
+                for i in range(t):
+                    state = advance(state, k[:, i], v[:, i], decay[:, i], beta[:, i])
+                    outs.append(read_out(state, q[:, i]))
+                o = torch.stack(outs, dim=1)
             rec.state[self.index] = state
             rec.tail[self.index] = tail.to(rec.tail.dtype)
         elif t == 1:  # a decode step: its only node is committed at once

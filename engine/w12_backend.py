@@ -62,6 +62,12 @@ def gdn_walk(state, q, k, v, decay, beta, nodes, *, out=True, commit=False, plan
     return walk(state, q, k, v, decay, beta, nodes, out=out, commit=commit, plan=plan)
 
 
+def gdn_chain(state, q, k, v, decay, beta):
+    from w12_kernels.gated_delta import gdn_chain as chain
+
+    return chain(state, q, k, v, decay, beta)
+
+
 def gdn_walk_plan(nodes):
     from w12_kernels.gated_delta.launcher import walk_plan
 

@@ -16,6 +16,7 @@ CASES = {
     # a caterpillar: each spine node's last child is a leaf, so the walk needs a slot per
     # level; with 2 slots the deeper nodes replay their parents' paths
     "walk_few_slots_replays": ("walk-replay", 1, 2, 16, 16, [-1, 0, 0, 1, 1, 3, 3, 5, 5, 7]),
+    "chain_prefill": ("chain", 2, 2, 16, 32, [-1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]),
 }
 
 
@@ -72,7 +73,7 @@ def check(what, b, h, dk, dv, parents, device="cpu"):
     import torch
 
     from w12_kernels.gated_delta import reference as ref
-    from w12_kernels.gated_delta.launcher import gdn_path, gdn_walk, walk_plan
+    from w12_kernels.gated_delta.launcher import gdn_chain, gdn_path, gdn_walk, walk_plan
 
     n = len(parents)
     cpu = inputs(b, h, dk, dv, n)
@@ -84,6 +85,15 @@ def check(what, b, h, dk, dv, parents, device="cpu"):
         row[:, 0, :len(path)] = torch.tensor(path, dtype=torch.int32)
         return row.to(device)
 
+    if what == "chain":  # a prefill chunk: the chain's walk with its trivial plan, in place
+        walked = gdn_walk(state, q, k, v, decay, beta, nodes)
+        final = state.clone()
+        gdn_walk(final, q, k, v, decay, beta, nodes, out=False, commit=True)  # the last node
+        chained_state = state.clone()
+        got = gdn_chain(chained_state, q, k, v, decay, beta)
+        assert torch.equal(got, walked), "the chain's outputs differ from the walk's"
+        assert torch.equal(chained_state, final), "the chain's final state differs"
+        return
     if what == "walk-replay":  # the same bits with every slot kept and with two
         full = gdn_walk(state, q, k, v, decay, beta, nodes, slots=n)
         planned = gdn_walk(state, q, k, v, decay, beta, nodes, slots=n, plan=walk_plan(nodes))

@@ -17,8 +17,9 @@ Usage::
     o = gdn_path(state, q, k, v, decay, beta, nodes)              # [B, N, H, DV], verify
     gdn_path(state, q, k, v, decay, beta, path, out=False, store=True)   # commit, in place
     o = gdn_walk(state, q, k, v, decay, beta, nodes)              # the same outputs, one walk
+    o = gdn_chain(state, q, k, v, decay, beta)                    # a prefill chunk, in place
 """
 
-from w12_kernels.gated_delta.launcher import gdn_path, gdn_walk
+from w12_kernels.gated_delta.launcher import gdn_chain, gdn_path, gdn_walk
 
-__all__ = ["gdn_path", "gdn_walk"]
+__all__ = ["gdn_chain", "gdn_path", "gdn_walk"]

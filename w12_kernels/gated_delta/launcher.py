@@ -153,3 +153,16 @@ def gdn_walk(state, q, k, v, decay, beta, nodes, *, out: bool = True, commit: bo
         DK=dk, DV=dv, BV=bv, OUT=out, COMMIT=commit,
     )
     return result
+
+
+def gdn_chain(state, q, k, v, decay, beta, *, out: bool = True) -> torch.Tensor | None:
+    """Every token of a chunk in order from ``state``, which ends holding the state after the
+    last token (a prefill chunk, in place): the walk of one chain, whose plan needs no work
+    (node i's parent is i - 1, one scratch slot, no replay). Outputs [B, T, H, DV] as
+    ``gdn_walk`` of that chain gives them, bit for bit."""
+    b, t = q.shape[0], q.shape[1]
+    order = torch.arange(t, dtype=torch.int32, device=q.device).expand(b, t).contiguous()
+    plan = (order, (order - 1).contiguous(), torch.zeros_like(order))
+    nodes = torch.zeros((b, t, 1), dtype=torch.int32, device=q.device)  # (never replayed)
+    return gdn_walk(state, q, k, v, decay, beta, nodes, out=out, commit=True, plan=plan)
+
