@@ -69,7 +69,7 @@ def gdn_chain(state, q, k, v, decay, beta):
 
 
 def gdn_walk_plan(nodes):
-    from w12_kernels.gated_delta.launcher import walk_plan
+    from w12_kernels.gated_delta import walk_plan
 
     return walk_plan(nodes)
 

@@ -21,6 +21,7 @@
 #   bash lab/device_spec.sh hybrid    # Gated DeltaNet: GPU tests (kernels, hybrid engine), the
 #                                     # kernel benchmark (path, walk, snapshots, commit, decode),
 #                                     # c(N) of the hybrid-27b preset (W12, BF16), plain decode
+#   bash lab/device_spec.sh int8head  # the certified INT8 head's GPU test and benchmark
 #   bash lab/device_spec.sh attention # the tree-attention benchmark
 #   bash lab/device_spec.sh divergence # batch > 1: lab/spec_divergence.py (verify rows against
 #                                     # plain steps, linear by linear) and, with the demo model,
@@ -34,7 +35,7 @@
 # Logs and JSON go to $OUT (default ./out). W12_CACHE must hold the demo model's GGUF for
 # "demo" (the cache layout of converters.demo_models). Each step has its own time limit.
 set -uo pipefail
-STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|determinism|hybrid|attention|drafter|drafter-eval [DIR]}
+STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|determinism|hybrid|int8head|attention|drafter|drafter-eval [DIR]}
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
@@ -167,6 +168,11 @@ hybrid)
   done
   TAIL=8 run ${DECODE_LIMIT:-150} decode-hybrid $PY benchmarks/decode.py \
     --models synthetic:hybrid-27b --batch 1,8 --tokens 48 --json "$OUT/decode-hybrid.json"
+  ;;
+int8head)  # the certified INT8 head: its GPU test, then its product against the W12 head
+  TAIL=4 run 200 tests-int8-head $PY -m pytest -q -p no:cacheprovider -k "not interpreted" \
+    tests/w12_kernels/test_int8_head.py
+  TAIL=16 run 300 int8-head $PY benchmarks/int8_head.py --json "$OUT/int8-head.json"
   ;;
 attention)
   TAIL=30 run 200 tree-attention $PY benchmarks/tree_attention.py --json "$OUT/tree-attention.json"

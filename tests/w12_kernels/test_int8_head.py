@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
+import int8_head_interp_runner as runner
+import interp_harness
 import pytest
 import torch
 
@@ -78,3 +82,36 @@ def test_bad_inputs_are_refused():
     _, lo, hi = logit_bounds(quantize(w), h)
     with pytest.raises(W12Error, match="sampling needs"):
         candidates(lo, hi, temperature=0.5)
+
+
+@pytest.fixture(scope="module")
+def interpreter_verdicts():
+    pytest.importorskip("triton")
+    return interp_harness.verdicts(os.path.join(os.path.dirname(__file__),
+                                                "int8_head_interp_runner.py"))
+
+
+@pytest.mark.parametrize("case", list(runner.CASES))
+def test_interpreted_kernel(interpreter_verdicts, case):
+    """The Triton kernel's product is the reference's to float32 sums, and bounds built on it
+    still hold the exact head's logits."""
+    assert interpreter_verdicts[case] == "ok", interpreter_verdicts[case]
+
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [1, 20, 64])
+def test_gpu_kernel_product_and_bounds(rows):
+    """On the GPU (BF16 tensor-core sums): the product within float32 sums of the reference's,
+    and bounds built on it hold the exact head's logits."""
+    from w12_kernels.int8_head.launcher import approx_logits
+
+    w, h = _case(4099, 576, rows, 5, spread=2.0)
+    head = quantize(w)
+    got = approx_logits(h.cuda(), head.q.cuda(), head.scale.cuda()).cpu()
+    want, _, _ = logit_bounds(head, h)
+    slack = 1e-5 * (h.double().abs() @ head.q.double().abs().T) * head.scale.double()
+    assert ((got.double() - want).abs() <= slack).all()
+    _, lo, hi = logit_bounds(head, h, approx=got)
+    exact = _exact(w.cuda(), h.cuda()).cpu().double()
+    assert ((lo <= exact) & (exact <= hi)).all()

@@ -20,6 +20,6 @@ Usage::
     o = gdn_chain(state, q, k, v, decay, beta)                    # a prefill chunk, in place
 """
 
-from w12_kernels.gated_delta.launcher import gdn_chain, gdn_path, gdn_walk
+from w12_kernels.gated_delta.launcher import gdn_chain, gdn_path, gdn_walk, walk_plan
 
-__all__ = ["gdn_chain", "gdn_path", "gdn_walk"]
+__all__ = ["gdn_chain", "gdn_path", "gdn_walk", "walk_plan"]

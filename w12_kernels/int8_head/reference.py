@@ -69,16 +69,19 @@ def quantize(weight: torch.Tensor) -> Int8Head:
     return Int8Head(q, scale, err, weight.double().norm(dim=1) * SAFETY, qnorm)
 
 
-def logit_bounds(head: Int8Head, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
-                                                           torch.Tensor]:
+def logit_bounds(head: Int8Head, h: torch.Tensor, approx: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(approx, lo, hi) [R, V] float64 for hidden states ``h`` [R, K] (the exact head's BF16
-    input): the INT8 weights' product (here in float64; a kernel's float32 sums are inside the
-    bound) and an interval that holds the exact head's computed (BF16-rounded, then float32)
-    logit."""
+    input): the INT8 weights' product (computed here in float64, or ``approx`` as a kernel
+    computed it with float32 sums: either is inside the bound) and an interval that holds the
+    exact head's computed (BF16-rounded, then float32) logit."""
     v, k = head.shape
     if h.dim() != 2 or h.shape[1] != k:
         raise W12Error(f"INT8 head: hidden states {tuple(h.shape)} for a head of K = {k}")
-    approx = (h.double() @ head.q.double().T) * head.scale.double()[None, :]
+    if approx is None:
+        approx = (h.double() @ head.q.double().T) * head.scale.double()[None, :]
+    else:
+        approx = approx.double()
     hn = (h.double().norm(dim=1) * SAFETY)[:, None]
     n = k + EXTRA_TERMS
     gamma = n * U_SUM / (1 - n * U_SUM)

@@ -1,0 +1,41 @@
+"""Runs the INT8 head kernel under ``TRITON_INTERPRET=1`` (a fresh process) and prints one JSON
+line: case id -> "ok" or the failure. ``test_int8_head.py`` starts it."""
+
+from __future__ import annotations
+
+# id: (vocabulary rows, K, hidden states)
+CASES = {
+    "rows_1": (200, 96, 1),
+    "rows_20_ragged": (131, 80, 20),
+    "rows_64": (96, 128, 64),
+}
+
+
+def check(v, k, r):
+    import torch
+
+    from w12_kernels.int8_head import logit_bounds, quantize
+    from w12_kernels.int8_head.launcher import approx_logits
+
+    g = torch.Generator().manual_seed(v + k + r)
+    w = (torch.randn(v, k, generator=g) * 0.05).to(torch.bfloat16)
+    h = (torch.randn(r, k, generator=g) * 2).to(torch.bfloat16)
+    head = quantize(w)
+    got = approx_logits(h, head.q, head.scale)
+    want, lo, hi = logit_bounds(head, h)
+    # float32 sums of exact products: within a few float32 ulps of the float64 product
+    slack = 1e-5 * (h.double().abs() @ (head.q.double().abs().T)) * head.scale.double()
+    assert ((got.double() - want).abs() <= slack + 1e-30).all(), "approx off"
+    _, lo2, hi2 = logit_bounds(head, h, approx=got)  # bounds from the kernel's own product
+    exact = (h @ w.T).float().double()
+    assert ((lo2 <= exact) & (exact <= hi2)).all(), "bounds from the kernel miss the exact"
+
+
+def main() -> None:
+    from interp_harness import report
+
+    report({cid: (lambda c=c: check(*c)) for cid, c in CASES.items()})
+
+
+if __name__ == "__main__":
+    main()

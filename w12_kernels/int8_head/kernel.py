@@ -1,0 +1,37 @@
+"""Triton kernel of the certified INT8 head: the approximate logits ``scale[v] * (h . q[v])``
+of BF16 hidden states against INT8 weight rows (every INT8 value is exact in BF16, so the MMA
+runs on BF16 operands with float32 sums, one byte read a weight)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def int8_head_kernel(h_ptr, q_ptr, scale_ptr, out_ptr, R, V, K, sh_r, sq_v, so_r,
+                     BR: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
+                     ON_GPU: tl.constexpr):
+    """One program per block of ``BV`` vocabulary rows and ``BR`` hidden states: the INT8
+    rows converted to BF16 in registers, one dot product per K block, float32 sums, the row
+    scale once at the end."""
+    vb = tl.program_id(0)
+    rb = tl.program_id(1)
+    rows = rb * BR + tl.arange(0, BR)
+    vocab = vb * BV + tl.arange(0, BV)
+    acc = tl.zeros((BR, BV), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        ks = k0 + tl.arange(0, BK)
+        h = tl.load(h_ptr + rows[:, None].to(tl.int64) * sh_r + ks[None, :],
+                    mask=(rows[:, None] < R) & (ks[None, :] < K), other=0.0)
+        q = tl.load(q_ptr + vocab[None, :].to(tl.int64) * sq_v + ks[:, None],
+                    mask=(vocab[None, :] < V) & (ks[:, None] < K), other=0)
+        if ON_GPU:
+            acc = tl.dot(h, q.to(tl.bfloat16), acc)
+        else:  # the interpreter multiplies bf16 as raw integers (and casts int8 to bf16
+            # wrongly): float32 holds the same products exactly
+            acc = tl.dot(h.to(tl.float32), q.to(tl.float32), acc, input_precision="ieee")
+    scale = tl.load(scale_ptr + vocab, mask=vocab < V, other=0.0)
+    out = acc * scale[None, :]
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * so_r + vocab[None, :], out,
+             mask=(rows[:, None] < R) & (vocab[None, :] < V))
