@@ -69,9 +69,9 @@ def main() -> None:
         gen = torch.Generator(device="cuda").manual_seed(v + k)
         weight = (torch.randn(v, k, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
         pw = prepare_weight(w12.encode(weight))
-        head = quantize(weight.float().cpu())
-        q, scale = head.q.cuda(), head.scale.cuda()
-        err, wsum = head.err.float().cuda(), (head.qnorm + head.norm).float().cuda()
+        head = quantize(weight)  # (float64 on the device: a few GB for the largest head)
+        q, scale = head.q, head.scale
+        err, wsum = head.err.float(), (head.qnorm + head.norm).float()
         for m in map(int, a.m.split(",")):
             x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
             x[:, 7] = 30.0
@@ -101,8 +101,8 @@ def _check64(head, x, exact, rows: int = 8192):
     vocabulary rows: a float64 product of the whole head takes minutes on the host)."""
     from w12_kernels.int8_head import Int8Head, logit_bounds
 
-    part = Int8Head(head.q[:rows], head.scale[:rows], head.err[:rows], head.norm[:rows],
-                    head.qnorm[:rows])
+    part = Int8Head(*(t[:rows].cpu() for t in (head.q, head.scale, head.err, head.norm,
+                                                head.qnorm)))
     _, lo, hi = logit_bounds(part, x)
     e = exact[:, :rows].double()
     assert ((lo <= e) & (e <= hi)).all(), "a W12 head logit outside its float64 bounds"
