@@ -317,8 +317,8 @@ def _chart(result: TuneResult, path: Path) -> None:
 class Tuner:
     """One deployment's loop (module docstring). ``compare(incumbent, candidate, requests,
     candidate_config=...)`` and ``forcing(config) -> (accepted, reasons, evidence)`` default to
-    the controller and token forcing; ``mechanisms`` adds options (test fixtures) to the
-    registry's."""
+    the controller and token forcing. ``judge`` takes an option outside the registry too (a
+    test fixture such as ``defect``, which only the forced system applies)."""
 
     def __init__(self, deployment: Deployment, *, out_dir: Path, memory: Memory,
                  trials: int = 3, forcing_prompts: int = 8, forcing_tokens: int | None = None,
@@ -389,8 +389,14 @@ class Tuner:
         from spec_tuning.cost_model import decompose, measure_peaks
         from spec_tuning.engine_adapter import profile_decode_step
 
-        sample = self.systems.runner(config).run(self.tuning)
-        _, stats = self.systems.serve(config, self.tuning)
+        device = self.systems.loaded(config["weights"]).model.device
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.systems.serve(config, self.tuning[:1])  # (a warm-up: engine, graphs)
+        sync()
+        start = time.perf_counter()
+        outputs, stats = self.systems.serve(config, self.tuning)
+        sync()
+        tokens_per_s = sum(map(len, outputs)) / (time.perf_counter() - start)
         _, best_stats = self.systems.serve(self.widest(config), self.tuning)
         tau, tau_best = stats.tau, max(best_stats.tau, stats.tau)
         model = self.systems.loaded(config["weights"]).model
@@ -404,7 +410,7 @@ class Tuner:
         dec = decompose(step.grouped, tau=tau, tau_best=tau_best,
                         t_ar=plain.profile.step_seconds, peaks=self._peaks,
                         tree_size=config["budget"])
-        return sample.throughput, tau, tau_best, dict(dec.factors)
+        return tokens_per_s, tau, tau_best, dict(dec.factors)
 
     def widest(self, config: dict) -> dict:
         """``config`` with the widest best-first tree the row limit allows (its tau is the
