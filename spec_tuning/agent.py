@@ -103,8 +103,9 @@ def propose(command: str, brief: dict, *, timeout: float = 3600.0, log=print) ->
     """Run ``command`` in a scratch worktree with ``brief``; the patch it leaves, checked
     (``Refused`` otherwise). The worktree stays until ``discard``."""
     root = source_root()
+    base = _git(["rev-parse", "HEAD"], root).stdout.strip()
     tree = Path(tempfile.mkdtemp(prefix="w12-agent-")) / "tree"
-    made = _git(["worktree", "add", "--detach", str(tree), "HEAD"], root)
+    made = _git(["worktree", "add", "--detach", str(tree), base], root)
     if made.returncode != 0:
         raise W12Error(f"git worktree add failed: {made.stderr.strip()}")
     try:
@@ -122,9 +123,9 @@ def propose(command: str, brief: dict, *, timeout: float = 3600.0, log=print) ->
         if ran.returncode != 0:
             raise Refused(f"the agent exited {ran.returncode}: {output[-400:]}")
         (tree / BRIEF).unlink(missing_ok=True)
-        _git(["add", "-A"], tree)
-        files = _git(["diff", "--cached", "--name-only"], tree).stdout.split()
-        patch = _git(["diff", "--cached"], tree).stdout
+        _git(["add", "-A"], tree)  # (against the base: an agent may have committed)
+        files = _git(["diff", "--cached", "--name-only", base], tree).stdout.split()
+        patch = _git(["diff", "--cached", base], tree).stdout
         check_paths(files)
         added = sorted(_registry_names(tree) - _registry_names(root))
         if not added:

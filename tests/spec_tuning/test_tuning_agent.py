@@ -70,3 +70,12 @@ def test_an_agents_mechanism_is_tested_and_judged_in_its_worktree(tmp_path):
     assert judged.evidence["files"] == ["engine/serving.py", "spec_tuning/registry.py"]
     entry = Memory(tmp_path / "memory.json").entries[-1]
     assert entry.option == "test_noop" and entry.evidence["source"] == "agent"
+
+
+@needs_checkout
+def test_a_committed_patch_is_seen_against_the_base():
+    """An agent that commits its change in the worktree is judged on the same diff."""
+    commit = (f"{sys.executable} -c \"open('spec_tuning/controller.py', 'a').write('#')\" && "
+              "git -c user.email=a@b -c user.name=agent commit -qam x")
+    with pytest.raises(agent.Refused, match="touches the judges"):
+        agent.propose(commit, {"factor": "acceptance"}, log=lambda _m: None)
