@@ -145,74 +145,38 @@ def _patch_kernel(patches: list[str]) -> None:
     from w12_kernels.gemm.cuda import runtime
     from w12_kernels.gemm.large import launcher
 
-    if "ldcg" in patches:
-        plain = "unpack24x16(p[0], p[stride], p[2 * stride], v);"
+    def replace_text(old: str, new: str) -> None:  # in the large-M kernel's source, from now on
         base = launcher.source
 
         def source(cfg):
             text = base(cfg)
-            assert plain in text
-            return text.replace(plain, "unpack24x16(__ldcg(p), __ldcg(p + stride), "
-                                       "__ldcg(p + 2 * stride), v);")
+            assert old in text, old
+            return text.replace(old, new)
 
         launcher.source = source
+
+    if "ldcg" in patches:
+        replace_text("unpack24x16(p[0], p[stride], p[2 * stride], v);",
+                     "unpack24x16(__ldcg(p), __ldcg(p + stride), __ldcg(p + 2 * stride), v);")
     if "nostage" in patches:  # a block's last unit stored straight from the accumulators
-        staged = "if (sge == nseg - 1 && (n_rows & 7) == 0"
-        base_stage = launcher.source
-
-        def unstaged(cfg):
-            text = base_stage(cfg)
-            assert staged in text
-            return text.replace(staged, "if (false && sge == nseg - 1 && (n_rows & 7) == 0")
-
-        launcher.source = unstaged
+        replace_text("if (sge == nseg - 1 && (n_rows & 7) == 0",
+                     "if (false && sge == nseg - 1 && (n_rows & 7) == 0")
     if "rowdirect" in patches:  # stream-K's row data read from global memory, not the ring
-        ring = "const float4 d0 = rowring[rloc], d1 = rowring[rloc + 8];"
-        direct = ("auto rd = [&](int r) { const int row = min(tile0 * 16 + r, n_rows - 1); "
-                  "return make_float4(scale[row], bias != nullptr ? bf16_to_float(bias[row]) "
-                  ": 0.0f, __int_as_float(esc_fix[row]), __int_as_float(rowptr[row + 1])); }; "
-                  "const float4 d0 = rd(rloc), d1 = rd(rloc + 8);")
-        base_ring = launcher.source
-
-        def rowdirect(cfg):
-            text = base_ring(cfg)
-            assert ring in text
-            return text.replace(ring, direct)
-
-        launcher.source = rowdirect
+        replace_text("const float4 d0 = rowring[rloc], d1 = rowring[rloc + 8];",
+                     "auto rd = [&](int r) { const int row = min(tile0 * 16 + r, n_rows - 1); "
+                     "return make_float4(scale[row], bias != nullptr ? bf16_to_float(bias[row]) "
+                     ": 0.0f, __int_as_float(esc_fix[row]), __int_as_float(rowptr[row + 1])); }; "
+                     "const float4 d0 = rd(rloc), d1 = rd(rloc + 8);")
     if "sleep" in patches:  # an owner waits 20 us more after each piece's flag
-        wait = "wait_flag(flags + bb);"
-        base_sleep = launcher.source
-
-        def sleepy(cfg):
-            text = base_sleep(cfg)
-            assert wait in text
-            return text.replace(wait, wait + " __nanosleep(20000);")
-
-        launcher.source = sleepy
+        replace_text("wait_flag(flags + bb);", "wait_flag(flags + bb); __nanosleep(20000);")
     if "noproxyfence" in patches:  # the weight stage released without the proxy fence (the
         # kernel before the fix of the suspected write-after-read race)
-        fence = ('    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");\n'
-                 '    __syncwarp();')
-        base_fence = launcher.source
-
-        def unfenced(cfg):
-            text = base_fence(cfg)
-            assert fence in text
-            return text.replace(fence, "    __syncwarp();")
-
-        launcher.source = unfenced
+        replace_text('    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");\n'
+                     '    __syncwarp();', "    __syncwarp();")
     if "refillsleep" in patches:  # the producer waits 4 us after each weight stage is released
-        refill = "if (j >= SW) mbar_wait(wempty + j % SW, (j / SW - 1) & 1u);"
-        base_refill = launcher.source
-
-        def slow_refill(cfg):
-            text = base_refill(cfg)
-            assert refill in text
-            return text.replace(refill, "if (j >= SW) { mbar_wait(wempty + j % SW, (j / SW - 1) "
-                                "& 1u); __nanosleep(4000); }")
-
-        launcher.source = slow_refill
+        replace_text("if (j >= SW) mbar_wait(wempty + j % SW, (j / SW - 1) & 1u);",
+                     "if (j >= SW) { mbar_wait(wempty + j % SW, (j / SW - 1) & 1u); "
+                     "__nanosleep(4000); }")
     if "nopdl" in patches:
         launch = runtime.launch
 
