@@ -227,21 +227,40 @@ def _open_memory(path: Path | None):
     return Memory(path or default_path())
 
 
+def _deployment_options(command):
+    """The options that make a ``spec_tuning.loop.Deployment`` (``run`` and ``trial``)."""
+    for option in reversed((
+        click.argument("model"),
+        click.option("--drafter", required=True,
+                     help="ngram, early-exit:K, random, demo or a block drafter's folder."),
+        click.option("--mode", "serving", default="single", show_default=True,
+                     help="single (one request at a time) or batch:N (N concurrent requests)."),
+        click.option("--prompts", default=32, show_default=True, type=click.IntRange(8),
+                     help="Prompts in all: about a fifth are sealed for the final."),
+        click.option("--tokens", default=32, show_default=True, type=click.IntRange(1),
+                     help="New tokens a request in every run."),
+        click.option("--context", default=256, show_default=True, type=click.IntRange(1),
+                     help="Cached tokens at the steps the cost model profiles."),
+        _source, device, _seed,
+    )):
+        command = option(command)
+    return command
+
+
+def _deployment(model, drafter, serving, prompts, tokens, context, source, device, seed):
+    from spec_tuning.loop import Deployment
+
+    deployment = Deployment(model, drafter, mode=serving, device=device, source=source,
+                            prompts=prompts, tokens=tokens, context=context, seed=seed)
+    _ = deployment.serving  # (checks the mode before anything loads)
+    return deployment
+
+
 @tune_group.command("run")
-@click.argument("model")
-@click.option("--drafter", required=True,
-              help="ngram, early-exit:K, random, demo or a block drafter's folder.")
-@click.option("--mode", "serving", default="single", show_default=True,
-              help="single (one request at a time) or batch:N (N concurrent requests).")
+@_deployment_options
 @click.option("--rounds", default=4, show_default=True, type=click.IntRange(1))
 @click.option("--trials", default=3, show_default=True, type=click.IntRange(1),
               help="Proposals judged a round at most.")
-@click.option("--prompts", default=32, show_default=True, type=click.IntRange(8),
-              help="Prompts in all: about a fifth are sealed for the final.")
-@click.option("--tokens", default=32, show_default=True, type=click.IntRange(1),
-              help="New tokens a request in every run.")
-@click.option("--context", default=256, show_default=True, type=click.IntRange(1),
-              help="Cached tokens at the steps the cost model profiles.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("w12-tune"),
               show_default=True, help="Report (tune.txt, tune.json, rounds.png) and logs.")
 @_memory
@@ -250,11 +269,7 @@ def _open_memory(path: Path | None):
                    "brief ($W12_TUNE_BRIEF) and judge the mechanism its patch adds.")
 @click.option("--agent-tests", default="python -m pytest -q -x", show_default=True,
               metavar="COMMAND", help="The tests an agent's patch must pass first.")
-@_source
-@device
-@_seed
-def run_command(model, drafter, serving, rounds, trials, prompts, tokens, context, out_dir,
-                memory_path, agent, agent_tests, source, device, seed):
+def run_command(rounds, trials, out_dir, memory_path, agent, agent_tests, **deployment):
     """Tune speculative decoding of MODEL for one deployment, in rounds.
 
     Each round measures the current configuration (tau, and the cost model's three ceiling
@@ -263,12 +278,9 @@ def run_command(model, drafter, serving, rounds, trials, prompts, tokens, contex
     faster and token forcing finds lossless. Every judgement goes to the memory. The best
     configuration then meets the stock on the sealed prompts, once.
     """
-    from spec_tuning.loop import Deployment, Tuner
+    from spec_tuning.loop import Tuner
 
-    deployment = Deployment(model, drafter, mode=serving, device=device, source=source,
-                            prompts=prompts, tokens=tokens, context=context, seed=seed)
-    _ = deployment.serving  # (checks the mode before anything loads)
-    tuner = Tuner(deployment, out_dir=out_dir, memory=_open_memory(memory_path),
+    tuner = Tuner(_deployment(**deployment), out_dir=out_dir, memory=_open_memory(memory_path),
                   trials=trials, agent=agent, agent_tests=agent_tests, log=_progress)
     result = tuner.run(rounds)
     click.echo(result.text)
@@ -277,37 +289,26 @@ def run_command(model, drafter, serving, rounds, trials, prompts, tokens, contex
 
 
 @tune_group.command("trial", hidden=True)
-@click.argument("model")
-@click.option("--drafter", required=True)
-@click.option("--mode", "serving", default="single")
-@click.option("--prompts", default=32, type=click.IntRange(8))
-@click.option("--tokens", default=32, type=click.IntRange(1))
-@click.option("--context", default=256, type=click.IntRange(1))
+@_deployment_options
 @click.option("--config", "config_json", required=True, help="The current configuration, JSON.")
 @click.option("--option", required=True, help="The option to try (its first value that is "
                                                "not the stock one and fits the deployment).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True)
 @click.option("--result", type=click.Path(path_type=Path), required=True)
-@_source
-@device
-@_seed
-def trial_command(model, drafter, serving, prompts, tokens, context, config_json, option,
-                  out_dir, result, source, device, seed):
+def trial_command(config_json, option, out_dir, result, **deployment):
     """One judgement of OPTION on top of --config, written to --result (the tuning loop runs
     this in an agent's worktree, so that the patched code is what runs)."""
     from dataclasses import asdict
 
     from spec_tuning import registry
-    from spec_tuning.loop import Deployment, Tuner
+    from spec_tuning.loop import Tuner
     from spec_tuning.memory import Memory
     from w12.errors import W12Error
 
-    deployment = Deployment(model, drafter, mode=serving, device=device, source=source,
-                            prompts=prompts, tokens=tokens, context=context, seed=seed)
     current = {k: tuple(v) if isinstance(v, list) else v
                for k, v in json.loads(config_json).items()}
-    tuner = Tuner(deployment, out_dir=out_dir, memory=Memory(out_dir / "memory.json"),
-                  log=_progress)
+    tuner = Tuner(_deployment(**deployment), out_dir=out_dir,
+                  memory=Memory(out_dir / "memory.json"), log=_progress)
     mech = registry.mechanism(option)
     values = [v for v in mech.domain if v != mech.stock and tuner.allowed({**current,
                                                                           option: v})]
