@@ -203,7 +203,12 @@ class Systems:
 
     def serve(self, config: dict, requests: Sequence[dict]):
         """Each request's new tokens (exactly ``tokens`` each) and the run's ServeStats."""
+        from engine.ops import OpSet
+
         server = self._server(config)
+        # the servers share one model a weights mode, and an Engine sets the model's op set
+        # when it is built: put back this configuration's before its run
+        server.engine.model.ops = OpSet(compiled=server.engine.compiled)
         ids = [server.submit(list(r["ids"]), max_new_tokens=self.deployment.tokens)
                for r in requests]
         out, stats = server.run()
@@ -362,15 +367,14 @@ class Tuner:
             incumbent, candidate, requests, candidate_config=candidate_config)
 
     def _forcing_verdict(self, config: dict) -> tuple[bool, list[str], dict]:
-        from spec_tuning.engine_adapter import SystemSpec, load_system
+        from spec_tuning.engine_adapter import System, SystemSpec
         from spec_tuning.prove import forcing_verdict, stock_baseline
 
         judged = self.tuning[:self.forcing_prompts]
         calibration = self.tuning[-CALIBRATION:]
-        if self._stock_system is None:
-            d = self.deployment
-            self._stock_system = load_system(SystemSpec(d.model, mode="bf16"), device=d.device,
-                                             seed=d.seed)
+        if self._stock_system is None:  # (the BF16 model the prompts were made with)
+            self._stock_system = System(SystemSpec(self.deployment.model, mode="bf16"),
+                                        self.systems.loaded("bf16"))
             self._baseline = stock_baseline(self._stock_system, judged, calibration,
                                             tokens=self.forcing_tokens, log=self.log)
         result = forcing_verdict(self._stock_system, self.systems.system(config), judged,
