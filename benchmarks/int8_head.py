@@ -6,17 +6,26 @@ For each head shape (vocabulary x hidden: Qwen3's 151936 x 5120 and 151936 x 409
 
 - ``w12``: the W12 head (the engine's exact head), ``w12_linear``'s dispatch;
 - ``int8``: the INT8 head's approximate logits (``w12_kernels.int8_head.approx_logits``);
-- ``int8+bounds``: that plus the certification: each row's norm, every entry's interval, the
-  best lower bound and the candidate mask (torch ops on the device).
+- ``int8+bounds``: that plus the certification: each row's norm, every entry's interval
+  (``certify.bounds32``), the best lower bound and the candidate mask (torch ops).
 
-The exact recompute of the candidates is not timed (no kernel for it yet), so ``int8+bounds``
-is a lower bound of the certified head's time. Before timing, every row's candidates are
-checked to hold the exact head's argmax, and the reference's float64 bounds to hold the W12
-head's logits (of the first 8,192 vocabulary rows). The weights are random (``0.02 N(0, 1)``),
-the hidden states random with one outlier channel; random logits crowd the top, so the
-candidate count printed here is far above a trained model's (``lab/int8_head_candidates.py``).
+Then, without graphs (the candidate count is read back to size the recompute), each run in
+turn, round after round (``harness.time_host``, ``REPEAT`` calls a sample):
 
-    python benchmarks/int8_head.py --m 1,8,32,64 --json results/int8_head.json
+- ``w12 eager``: the W12 head;
+- ``certified``: the whole certified greedy choice: the INT8 product, the bounds, the
+  candidates, their union read back, their rows recomputed from the W12 head's tiles
+  (``gemm.rows.linear_rows``) and the choice among them.
+
+Before timing, the certified tokens are checked against the W12 head's argmax, and the
+reference's float64 bounds against the W12 head's logits (first 8,192 vocabulary rows). The
+weights are random (``0.02 N(0, 1)``), the hidden states random with one outlier channel plus,
+with ``--margin G``, a push along one random vocabulary row per hidden state that lifts its
+logit by G standard deviations of the row's logits: random logits crowd the top (margin 0: the
+candidate count is far above a trained model's), a trained model's best logit stands clear
+(the demo model's candidates: ``lab/int8_head_candidates.py``).
+
+    python benchmarks/int8_head.py --m 1,8,32,64 --margins 0,6 --json results/int8_head.json
 """
 
 from __future__ import annotations
@@ -24,16 +33,17 @@ from __future__ import annotations
 import argparse
 
 import torch
-from harness import environment, project_on_path, time_graphs, write_json
+from harness import environment, project_on_path, time_graphs, time_host, write_json
 
 project_on_path()
 
 import w12  # noqa: E402
 from w12_kernels.gemm import dispatch  # noqa: E402
 from w12_kernels.gemm.layout import prepare_weight  # noqa: E402
-from w12_kernels.int8_head import quantize  # noqa: E402
+from w12_kernels.gemm.rows import linear_rows  # noqa: E402
+from w12_kernels.int8_head import candidates, quantize  # noqa: E402
+from w12_kernels.int8_head.certify import DeviceHead, bounds32  # noqa: E402
 from w12_kernels.int8_head.launcher import approx_logits  # noqa: E402
-from w12_kernels.int8_head.reference import EXTRA_TERMS, SAFETY, U_BF16, U_SUM  # noqa: E402
 
 SHAPES = ((151936, 5120), (151936, 4096), (128256, 4096))
 
@@ -44,22 +54,41 @@ def w12_head(x, pw):
                            pw.esc_fix, None, pw.n, pw.k)
 
 
-def certify(x, q, scale, err, wsum, k):
-    """The candidate mask on the device, float32 bounds widened as ``logit_bounds`` does
-    (float32 here: the widening factor covers its own rounding at these sizes)."""
-    approx = approx_logits(x, q, scale)
-    hn = x.float().norm(dim=1, keepdim=True) * SAFETY
-    n = k + EXTRA_TERMS
-    gamma = n * U_SUM / (1 - n * U_SUM)
-    radius = (hn * err[None, :] + gamma * hn * wsum[None, :] + U_SUM * approx.abs()) * 1.001
-    lo, hi = approx - radius, approx + radius
-    lo, hi = lo - U_BF16 * lo.abs(), hi + U_BF16 * hi.abs()
-    return hi >= lo.amax(dim=1, keepdim=True)
+REPEAT = 4
+
+
+def certify(x, dh):
+    """The candidate mask on the device."""
+    lo, hi = bounds32(dh, x, approx_logits(x, dh.q, dh.scale))
+    return candidates(lo, hi)
+
+
+def certified(x, pw, dh):
+    """The certified greedy tokens [M] (engine.head's choice, written out here)."""
+    cand = certify(x, dh)
+    ids = cand.any(dim=0).nonzero()[:, 0]
+    exact = linear_rows(x, pw, ids).float().masked_fill(~cand[:, ids], float("-inf"))
+    return ids[exact.argmax(dim=1)]
+
+
+def hidden_states(weight, m, gen, margin):
+    """Random BF16 hidden states [m, K] with one outlier channel, each pushed along a random
+    vocabulary row so that row's logit rises by ``margin`` standard deviations."""
+    v, k = weight.shape
+    x = torch.randn(m, k, device="cuda", generator=gen)
+    x[:, 7] = 30.0
+    if margin:
+        w = weight.float()
+        spread = (x.to(torch.bfloat16).float() @ w.T).std(dim=1, keepdim=True)
+        rows = w[torch.randint(v, (m,), device="cuda", generator=gen)]
+        x = x + margin * spread * rows / rows.norm(dim=1, keepdim=True) ** 2
+    return x.to(torch.bfloat16)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--m", default="1,8,32,64")
+    parser.add_argument("--margins", default="0,6")
     parser.add_argument("--json", default=None)
     a = parser.parse_args()
     env = environment()
@@ -70,30 +99,43 @@ def main() -> None:
         weight = (torch.randn(v, k, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
         pw = prepare_weight(w12.encode(weight))
         head = quantize(weight)  # (float64 on the device: a few GB for the largest head)
-        q, scale = head.q, head.scale
-        err, wsum = head.err.float(), (head.qnorm + head.norm).float()
-        for m in map(int, a.m.split(",")):
-            x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-            x[:, 7] = 30.0
-            exact = w12_head(x, pw).float()
-            mask = certify(x, q, scale, err, wsum, k)
-            assert mask.gather(1, exact.argmax(1, keepdim=True)).all(), "argmax not a candidate"
-            _check64(head, x.cpu(), exact.cpu())
-            times = time_graphs(_calls(x, pw, q, scale, err, wsum, k))
-            row = {"vocab": v, "k": k, "m": m, "w12_us": times[0], "int8_us": times[1],
-                   "int8_bounds_us": times[2], "candidates_mean": float(mask.sum(1).float()
-                                                                        .mean())}
-            rows.append(row)
-            print(f"{v:>7}x{k:<5} M={m:<3} W12 {times[0]:8.1f} us  INT8 {times[1]:8.1f} us "
-                  f"(x{times[0] / times[1]:.2f})  INT8+bounds {times[2]:8.1f} us "
-                  f"(x{times[0] / times[2]:.2f})  candidates {row['candidates_mean']:.1f}",
-                  flush=True)
+        dh = DeviceHead.of(head)
+        for margin in map(float, a.margins.split(",")):
+            for m in map(int, a.m.split(",")):
+                x = hidden_states(weight, m, gen, margin)
+                exact = w12_head(x, pw).float()
+                mask = certify(x, dh)
+                assert mask.gather(1, exact.argmax(1, keepdim=True)).all(), "argmax dropped"
+                assert torch.equal(certified(x, pw, dh), exact.argmax(1)), "certified != exact"
+                _check64(head, x.cpu(), exact.cpu())
+                times = time_graphs(_calls(x, pw, dh))
+                eager = _eager(x, pw, dh)
+                row = {"vocab": v, "k": k, "m": m, "margin": margin, "w12_us": times[0],
+                       "int8_us": times[1], "int8_bounds_us": times[2],
+                       "w12_eager_us": eager[0], "certified_us": eager[1],
+                       "candidates_mean": float(mask.sum(1).float().mean()),
+                       "recomputed_rows": int(mask.any(0).sum())}
+                rows.append(row)
+                print(f"{v:>7}x{k:<5} margin {margin:g} M={m:<3} W12 {times[0]:7.1f} us  INT8 "
+                      f"{times[1]:7.1f} (x{times[0] / times[1]:.2f})  +bounds {times[2]:7.1f} "
+                      f"(x{times[0] / times[2]:.2f})  | eager W12 {eager[0]:7.1f} certified "
+                      f"{eager[1]:7.1f} (x{eager[0] / eager[1]:.2f})  candidates "
+                      f"{row['candidates_mean']:.1f}, rows {row['recomputed_rows']}", flush=True)
     write_json(a.json, rows, env)
 
 
-def _calls(x, pw, q, scale, err, wsum, k, copies: int = 4) -> list[list]:
-    return [[lambda: w12_head(x, pw)] * copies, [lambda: approx_logits(x, q, scale)] * copies,
-            [lambda: certify(x, q, scale, err, wsum, k)] * copies]
+def _calls(x, pw, dh, copies: int = 4) -> list[list]:
+    return [[lambda: w12_head(x, pw)] * copies,
+            [lambda: approx_logits(x, dh.q, dh.scale)] * copies,
+            [lambda: certify(x, dh)] * copies]
+
+
+def _eager(x, pw, dh) -> list[float]:
+    """Median µs of the W12 head and of the certified choice, eager, in turn."""
+    times = time_host([lambda: [w12_head(x, pw) for _ in range(REPEAT)],
+                       lambda: [certified(x, pw, dh) for _ in range(REPEAT)]],
+                      rounds=15, sync=torch.cuda.synchronize)
+    return [t * 1e6 / REPEAT for t in times]
 
 
 def _check64(head, x, exact, rows: int = 8192):

@@ -34,6 +34,7 @@ class GenerateOptions:
     drafter: str | None = None  # speculative decoding: "ngram", "early-exit:K", "demo", a folder
     budget: int = 16  # nodes per verify step (root included)
     tree: bool = True  # best-first tree, or the drafter's chain
+    head: str = "exact"  # "int8": the certified INT8 LM head (engine.head)
 
 
 def generate_text(
@@ -57,7 +58,8 @@ def complete(
     ids = [tokenizer.encode_prompt(p, chat=chat, system=options.system) for p in prompts]
     room = options.budget if options.drafter else 0
     seq_len = options.max_seq_len or max(map(len, ids)) + options.max_new_tokens + room
-    engine = Engine(loaded.model, batch=len(ids), max_seq_len=seq_len, compile=options.compile)
+    engine = Engine(loaded.model, batch=len(ids), max_seq_len=seq_len, compile=options.compile,
+                    head=options.head)
     holdback = max(map(len, options.stop), default=1) - 1
     streams = [TextStream(tokenizer, holdback=holdback) for _ in ids]
     so_far: list[list[int]] = [[] for _ in ids]

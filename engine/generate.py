@@ -19,11 +19,14 @@ from collections.abc import Callable
 import torch
 
 from engine.attention import AttentionPlan, resolve_attention
+from engine.head import CertifiedHead
 from engine.model import Transformer
 from engine.ops import OpSet
 from engine.sampling import Sampling, choose
 from engine.w12_backend import SMALL_M_MAX, invariant_rows
 from w12.errors import W12Error
+
+HEADS = ("exact", "int8")
 
 
 class Engine:
@@ -32,14 +35,22 @@ class Engine:
     The cache is an ``engine.cache.KVCache`` the engine owns (``self.cache``), so engines of
     different models (a target and a drafter) live side by side, and several engines of one
     model with the same options. ``compile`` and ``attention`` set the model's op set and
-    attention kind (options of the model instance, not of the process).
+    attention kind (options of the model instance, not of the process). ``head="int8"`` picks
+    tokens with the certified INT8 LM head (``engine.head``: the exact head's tokens, greedy
+    or keyed sampling; top-p falls back to the exact head).
     """
 
     def __init__(
         self, model: Transformer, *, batch: int, max_seq_len: int,
         cuda_graph: bool | None = None, compile: bool = False, attention: str = "auto",
+        head: str = "exact",
     ) -> None:
+        if head not in HEADS:
+            raise W12Error(f"head {head!r}: expected one of {', '.join(HEADS)}")
         self.model, self.batch, self.max_seq_len = model, batch, max_seq_len
+        # "int8": the certified INT8 head (engine.head) picks the tokens; the model's forward
+        # then stops at the head's input, which prefill and step return instead of logits
+        self.head = CertifiedHead(model.lm_head) if head == "int8" else None
         device = model.device
         self.attention = resolve_attention(attention, device, model.dtype)
         model.ops = OpSet(compiled=compile)
@@ -55,7 +66,7 @@ class Engine:
         """One step: the token of every row at its own position, then every length + 1."""
         lengths = self.cache.lengths
         logits = self.model(self.tokens, lengths[:, None], self.cache,
-                            AttentionPlan.decode(lengths))
+                            AttentionPlan.decode(lengths), head=self.head is None)
         self.cache.commit(1)
         return logits
 
@@ -91,7 +102,8 @@ class Engine:
 
     @torch.inference_mode()
     def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
-        """Run the prompts (one per row, any lengths) and return each row's last logits [B, V]."""
+        """Run the prompts (one per row, any lengths) and return each row's last logits [B, V]
+        (with the INT8 head, the head's input [B, dim]: ``choose`` takes either)."""
         lengths = self.check_prompts(prompts, new_tokens=1)
         device, longest = self.model.device, max(lengths)
         tokens = torch.zeros(self.batch, longest, dtype=torch.long)
@@ -101,7 +113,7 @@ class Engine:
         last = torch.tensor(lengths) - 1
         with invariant_rows(SMALL_M_MAX):  # no prompt row has to match another call's bits
             logits = self.model(tokens.to(device), pos, self.cache, AttentionPlan.prefill(pos),
-                                last=last.to(device))
+                                last=last.to(device), head=self.head is None)
         self.cache.rollback(lengths)
         self.next_slot = longest
         return logits[:, 0]
@@ -123,13 +135,15 @@ class Engine:
         pos = torch.arange(len(prompt), device=device)[None, :]
         with invariant_rows(SMALL_M_MAX):  # as ``prefill``: the bits of a batch-1 prefill
             logits = self.model(tokens, pos, self.cache.row(row), AttentionPlan.prefill(pos),
-                                last=torch.tensor([len(prompt) - 1], device=device))
+                                last=torch.tensor([len(prompt) - 1], device=device),
+                                head=self.head is None)
         self.cache.lengths[row] = len(prompt)
         return logits[0, 0]
 
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed one token per row ([B], on the device); return the next logits [B, V].
+        """Feed one token per row ([B], on the device); return the next logits [B, V] (with
+        the INT8 head, the head's input [B, dim]).
 
         Under a CUDA graph the result is a view of the graph's output buffer: read it (or
         clone it) before the next step. A step past the cache's last slot is refused (a
@@ -146,6 +160,14 @@ class Engine:
             logits = self._decode()
         self.next_slot += 1
         return logits[:, 0]
+
+    def choose(self, out: torch.Tensor, sampling: Sampling, requests: torch.Tensor,
+               positions: torch.Tensor) -> torch.Tensor:
+        """The token of every row of ``out`` (what ``prefill``/``step`` returned: logits
+        [R, V], or with the INT8 head the head's input [R, dim]), as ``sampling.choose``."""
+        if self.head is None:
+            return choose(out, sampling, requests, positions)
+        return self.head.choose(out, sampling, requests, positions)
 
     def rewind(self, position: int) -> None:
         """Every row's next step at cache slot ``position`` (the cache past it is then stale and
@@ -205,7 +227,7 @@ def generate(
     done = [False] * len(prompts)
     logits = engine.prefill(prompts)
     for step in range(max_new_tokens):
-        next_tokens = choose(logits, sampling, requests, positions + step)
+        next_tokens = engine.choose(logits, sampling, requests, positions + step)
         for row, token in enumerate(next_tokens.tolist()):
             if done[row]:
                 continue

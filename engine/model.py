@@ -360,6 +360,7 @@ class Transformer(nn.Module):
         self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache, plan: AttentionPlan, *,
         last: torch.Tensor | None = None, n_layers: int | None = None,
         hidden: list[torch.Tensor] | None = None, taps: tuple[int, ...] = (),
+        head: bool = True,
     ) -> torch.Tensor:
         """Logits (fp32) for ``tokens`` [B, T] at positions ``pos`` [B, T], their keys and
         values written into ``cache`` as ``plan`` says.
@@ -368,7 +369,9 @@ class Transformer(nn.Module):
         B*T. ``n_layers`` runs only the first layers (then the final norm and the head: the
         early-exit view of the model). ``hidden`` collects the residual stream after each
         layer index in ``taps``; a cache with ``hidden`` taps also keeps its layers' outputs at
-        the plan's slots.
+        the plan's slots. ``head=False`` returns the LM head's input instead of the logits
+        (BF16 [B, T, dim], after the final norm), for a head that runs apart
+        (``engine.head``).
         """
         cos, sin = self.rope_tables(cache.seq_len)
         step = Step(cache, plan, cos[pos].unsqueeze(2), sin[pos].unsqueeze(2), self.ops,
@@ -387,4 +390,4 @@ class Transformer(nn.Module):
                 kept.write(i, plan.slots, x)
         if last is not None:
             h = h[torch.arange(h.shape[0], device=h.device), last].unsqueeze(1)
-        return self.lm_head(h).float()
+        return self.lm_head(h).float() if head else h

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.generate import GREEDY, Engine
-from engine.sampling import Sampling, choose
+from engine.sampling import Sampling
 from engine.speculative.decode import SpecRunner
 from engine.speculative.drafters import Drafter
 from w12.errors import W12Error
@@ -167,9 +167,9 @@ class Server:
             admitted += len(request.prompt)
             stats.prefill_tokens[step] = admitted
             logits = self.engine.prefill_row(row, request.prompt)
-            first = int(choose(logits[None], self.sampling,
-                               torch.tensor([request.id], device=logits.device),
-                               torch.tensor([len(request.prompt)], device=logits.device))[0])
+            first = int(self.engine.choose(
+                logits[None], self.sampling, torch.tensor([request.id], device=logits.device),
+                torch.tensor([len(request.prompt)], device=logits.device))[0])
             self.lengths[row] = len(request.prompt)
             stats.admitted_at[request.id] = step
             stats.first_token_s[request.id] = time.perf_counter() - self.began
@@ -218,7 +218,7 @@ class Server:
         positions = torch.tensor([n + 1 for n in self.lengths], device=logits.device)
         ids = torch.tensor([r.id if r is not None else 0 for r in self.rows],
                            device=logits.device)
-        picks = choose(logits, self.sampling, ids, positions)
+        picks = engine.choose(logits, self.sampling, ids, positions)
         self.roots.copy_(picks)
         tokens = picks.tolist()
         for row in range(engine.batch):

@@ -9,6 +9,9 @@ each giving a row the same bits whatever else shares the call. ``view_bf16``
 (``w12_kernels.view8``) is the 8-bit view of a W12 weight, the two-level verifier's Q pass.
 ``gdn_path`` / ``gdn_walk`` (``w12_kernels.gated_delta``) step a hybrid's GDN state along
 draft-tree paths: decode, verify and commit with one kernel, so that their bits agree.
+``int8_head`` / ``int8_head_candidates`` (``w12_kernels.int8_head``) and ``linear_rows`` (a
+few output rows of a W12 product with the whole product's bits) make the certified INT8 LM
+head.
 Keeping the kernel packages behind this module means the model code never changes when a
 kernel layout does (an import-linter contract in ``pyproject.toml`` holds the rest of the
 engine to it).
@@ -21,12 +24,20 @@ import dataclasses
 import torch
 
 from w12.tensor import W12Tensor
-from w12_kernels.gemm import SMALL_M_MAX, invariant_rows, prepare_weight, w12_linear
+from w12_kernels.gemm import (
+    SMALL_M_MAX,
+    decode_weight,
+    invariant_rows,
+    prepare_weight,
+    w12_linear,
+)
+from w12_kernels.gemm.rows import linear_rows, rows_reproducible
 from w12_kernels.norm import add_rms_norm, rms_norm
 from w12_kernels.view8 import view_bf16
 
-__all__ = ["SMALL_M_MAX", "add_rms_norm", "cat_rows", "compact_kv", "gdn_path", "gdn_walk",
-           "invariant_rows", "prepare", "rms_norm", "tensor_bytes", "tree_attention",
+__all__ = ["SMALL_M_MAX", "add_rms_norm", "cat_rows", "compact_kv", "decode_weight", "gdn_path",
+           "gdn_walk", "int8_head", "int8_head_candidates", "invariant_rows", "linear_rows",
+           "prepare", "rms_norm", "rows_reproducible", "tensor_bytes", "tree_attention",
            "view_bf16", "w12_matmul"]
 
 
@@ -72,6 +83,27 @@ def gdn_walk_plan(nodes):
     from w12_kernels.gated_delta import walk_plan
 
     return walk_plan(nodes)
+
+
+def int8_head(weight: torch.Tensor):
+    """The certified INT8 head of an LM head's exact weight [V, K] (``DeviceHead``, on the
+    weight's device)."""
+    from w12_kernels.int8_head import quantize
+    from w12_kernels.int8_head.certify import DeviceHead
+
+    return DeviceHead.of(quantize(weight), weight.device)
+
+
+def int8_head_candidates(head, h: torch.Tensor, *, temperature: float = 0.0,
+                         noise: torch.Tensor | None = None) -> torch.Tensor:
+    """[R, V] bool: the vocabulary entries the INT8 product cannot rule out for hidden states
+    ``h`` [R, K] under the token rule (greedy, or ``logit / T + noise``)."""
+    from w12_kernels.int8_head import candidates
+    from w12_kernels.int8_head.certify import bounds32
+    from w12_kernels.int8_head.launcher import approx_logits
+
+    lo, hi = bounds32(head, h, approx_logits(h, head.q, head.scale))
+    return candidates(lo, hi, temperature=temperature, noise=noise)
 
 
 def cat_rows(parts: list[W12Tensor]) -> W12Tensor:

@@ -170,9 +170,10 @@ hybrid)
     --models synthetic:hybrid-27b --batch 1,8 --tokens 48 --json "$OUT/decode-hybrid.json"
   ;;
 int8head)  # the certified INT8 head: its GPU test, then its product against the W12 head
-  TAIL=4 run 200 tests-int8-head $PY -m pytest -q -p no:cacheprovider -k "not interpreted" \
-    tests/w12_kernels/test_int8_head.py
-  TAIL=16 run 300 int8-head $PY benchmarks/int8_head.py --json "$OUT/int8-head.json"
+  TAIL=4 run 200 tests-int8-head $PY -m pytest -q -p no:cacheprovider -k "not interpreted and not demo" \
+    tests/w12_kernels/test_int8_head.py tests/engine/test_certified_head.py
+  TAIL=30 run ${BENCH_LIMIT:-300} int8-head $PY benchmarks/int8_head.py --m ${M_LIST:-1,8,32,64} \
+    --margins ${MARGINS:-0,6} --json "$OUT/int8-head.json"
   ;;
 attention)
   TAIL=30 run 200 tree-attention $PY benchmarks/tree_attention.py --json "$OUT/tree-attention.json"

@@ -14,6 +14,7 @@ from w12_cli.options import (
     compile_ops,
     device,
     drafter,
+    int8_head,
     json_out,
     positive_int_list,
     sampling,
@@ -101,21 +102,23 @@ def _modes(ctx, param, value: str) -> tuple[str, ...]:
 @click.option("--context", default=512, show_default=True, type=click.IntRange(1),
               help="Prompt length of the random prompts of a synthetic model.")
 @two_level
+@int8_head
 @sampling
 @weight_mode
 @device
 @compile_ops
 @json_out
 def bench_spec_command(model, drafter, prompts_path, limit, budgets, modes, max_new_tokens,
-                       forced_accept, context, two_level, temperature, top_p, seed, bf16,
-                       device, compile_, json_path):
+                       forced_accept, context, two_level, int8_head, temperature, top_p, seed,
+                       bf16, device, compile_, json_path):
     """Time speculative decoding of MODEL against plain decoding in the same run.
 
     Per budget: tau (tokens per verify step, bonus included), c = T_step / T_AR, tokens/s and
     the speed-up over plain decoding. MODEL is a folder, or synthetic:PRESET with
     --forced-accept (c(N) at real sizes; tau / c is then a projection). With --two-level Q
     (a W12 folder) every budget above Q is also timed with two-level verification, as rows of
-    its own.
+    its own; with --int8-head plain decoding and every budget again with the certified INT8
+    LM head (rows "+int8", with their candidates per token).
     """
     from engine.sampling import Sampling
     from engine.speculative.bench import as_dicts, bench_spec, load_for_bench, summary
@@ -136,7 +139,7 @@ def bench_spec_command(model, drafter, prompts_path, limit, budgets, modes, max_
                       max_new_tokens=max_new_tokens, forced_accept=forced_accept,
                       sampling=Sampling(temperature, top_p, seed), stop_ids=stop_ids,
                       compile=compile_default(compile_, device), two_level=two_level,
-                      log=click.echo)
+                      int8_head=int8_head, log=click.echo)
     for line in summary(rows):
         click.echo(line)
     if json_path is not None:

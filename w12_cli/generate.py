@@ -13,6 +13,7 @@ from w12_cli.options import (
     compile_ops,
     device,
     drafter,
+    int8_head,
     tree_shape,
     weight_mode,
 )
@@ -36,10 +37,12 @@ from w12_cli.options import (
 @drafter
 @budget
 @tree_shape
+@int8_head
 @device
 @compile_ops
 def generate_command(model, prompts, max_new_tokens, bf16, chat, system, temperature, top_p,
-                     seed, stops, max_seq_len, drafter, budget, chain, device, compile_):
+                     seed, stops, max_seq_len, drafter, budget, chain, int8_head, device,
+                     compile_):
     """Generate text from MODEL, streaming it for a single prompt.
 
     MODEL is a BF16 Hugging Face folder or a W12 folder (with its tokenizer files). With
@@ -52,7 +55,7 @@ def generate_command(model, prompts, max_new_tokens, bf16, chat, system, tempera
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
         stop=tuple(stops), max_seq_len=max_seq_len, device=device,
         compile=compile_default(compile_, device), drafter=drafter, budget=budget,
-        tree=not chain,
+        tree=not chain, head="int8" if int8_head else "exact",
     )
     stream = len(prompts) == 1
 

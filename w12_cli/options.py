@@ -98,6 +98,11 @@ two_level = click.option(
     "--two-level", "two_level", default=None, type=click.IntRange(1, 127),
     help="Two-level verification: a Q pass over a tree of this many nodes on the 8-bit view "
          "of the W12 weights steers what one exact pass over the step's budget verifies.")
+int8_head = click.option(
+    "--int8-head", "int8_head", is_flag=True,
+    help="Pick tokens with the certified INT8 LM head: the exact head's tokens (greedy, or "
+         "sampling without top-p) from an INT8 product and the exact rows of the few "
+         "entries it cannot rule out; a W12 model on a GPU saves the bytes.")
 tree_shape = click.option("--chain/--tree", "chain", default=False,
                           help="Verify the drafter's top-1 chain, or a best-first tree "
                                "(default).")

@@ -14,6 +14,7 @@ from w12_cli.options import (
     compile_ops,
     device,
     drafter,
+    int8_head,
     quiet,
     sampling,
     tree_shape,
@@ -40,6 +41,7 @@ def spec_group() -> None:
 @budget
 @tree_shape
 @two_level
+@int8_head
 @sampling
 @weight_mode
 @click.option("--chat/--no-chat", default=None,
@@ -48,11 +50,14 @@ def spec_group() -> None:
 @compile_ops
 @quiet
 def check_command(model, drafter, prompts_path, limit, max_new_tokens, batch, budget, chain,
-                  two_level, temperature, top_p, seed, bf16, chat, device, compile_, quiet):
+                  two_level, int8_head, temperature, top_p, seed, bf16, chat, device, compile_,
+                  quiet):
     """Decode every prompt plainly and speculatively and compare the tokens.
 
     Exits 1 naming the prompt and position of the first token that differs; 0 when every
     prompt matches. Exactness needs row-independent kernels: W12 weights on a GPU, or the CPU.
+    With --int8-head the speculative side picks with the certified INT8 head, the plain side
+    with the exact head.
     """
     from tqdm import tqdm
 
@@ -76,13 +81,18 @@ def check_command(model, drafter, prompts_path, limit, max_new_tokens, batch, bu
     report = spec_check(target, drafter, max_new_tokens=max_new_tokens, budget=budget,
                         tree=not chain, sampling=Sampling(temperature, top_p, seed),
                         compile=compile_default(compile_, device), batch=batch,
-                        two_level=two_level, progress=bar.update)
+                        two_level=two_level, head="int8" if int8_head else "exact",
+                        progress=bar.update)
     bar.close()
     shape = "chain" if chain else "tree"
     summary = (f"{report.prompts} prompts, {report.tokens} plain tokens, drafter {drafter} "
                f"({shape}, budget {budget}), tau {report.tau:.3f}")
     if two_level is not None:
         summary += f"; two-level, Q tree {two_level} nodes, Q path tau {report.q_tau:.3f}"
+    if report.head is not None:
+        h = report.head
+        summary += (f"; INT8 head: {h.mean_candidates:.2f} candidates a token, "
+                    f"{h.fallbacks} of {h.calls} calls on the exact head")
     if report.mismatch is None:
         click.echo(f"OK: speculative decoding equals plain decoding on {summary}")
         return

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.generate import Engine, generate
+from engine.head import HeadStats
 from engine.sampling import Sampling
 from engine.speculative.decode import SpecRunner, speculative_generate
 from engine.speculative.drafters import make_drafter
@@ -96,6 +97,7 @@ class CheckReport:
     mismatch: Mismatch | None = None
     taus: list[float] = field(default_factory=list)
     q_taus: list[float] = field(default_factory=list)  # two-level: the Q path's tokens a step
+    head: HeadStats | None = None  # the certified INT8 head's counts (speculative side)
 
     @property
     def tau(self) -> float:
@@ -116,31 +118,34 @@ def first_difference(plain: list[int], spec: list[int]) -> tuple[int, int | None
 
 def spec_check(target: Target, drafter_name: str, *, max_new_tokens: int, budget: int,
                tree: bool, sampling: Sampling, compile: bool = False, batch: int = 1,
-               two_level: int | None = None,
+               two_level: int | None = None, head: str = "exact",
                progress: Callable[[int], None] | None = None) -> CheckReport:
     """Decode every prompt both ways, ``batch`` prompts at a time (one engine and one captured
     runner for all; the last group padded with copies of its last prompt, whose rows are not
     counted); stop at the first group with a prompt whose tokens differ. ``two_level``: verify
     with two-level verification, its Q tree of that many nodes (the Q pass on the 8-bit view
-    of the model's weights)."""
+    of the model's weights). ``head="int8"``: speculative decoding picks with the certified
+    INT8 LM head, on an engine of its own; plain decoding keeps the exact head."""
     model = target.loaded.model
     longest = max(map(len, target.prompts))
-    engine = Engine(model, batch=batch, max_seq_len=longest + max_new_tokens + budget,
-                    compile=compile)
+    seq_len = longest + max_new_tokens + budget
+    engine = Engine(model, batch=batch, max_seq_len=seq_len, compile=compile)
+    spec_engine = engine if head == "exact" else Engine(model, batch=batch, max_seq_len=seq_len,
+                                                        compile=compile, head=head)
     drafter = make_drafter(drafter_name, model)
     setting = None
     if two_level is not None:
         view = load_model(target.loaded.folder, mode="view8", device=model.device).model
         setting = TwoLevel(view, two_level)
-    runner = SpecRunner(engine, drafter, budget=budget, tree=tree, sampling=sampling,
+    runner = SpecRunner(spec_engine, drafter, budget=budget, tree=tree, sampling=sampling,
                         two_level=setting)
-    report = CheckReport()
+    report = CheckReport(head=spec_engine.head.stats if spec_engine.head else None)
     for start in range(0, len(target.prompts), batch):
         group = target.prompts[start:start + batch]
         rows = group + [group[-1]] * (batch - len(group))
         plain = generate(engine, rows, max_new_tokens=max_new_tokens, sampling=sampling,
                          stop_ids=target.stop_ids)
-        spec, stats = speculative_generate(engine, drafter, rows, budget=budget, tree=tree,
+        spec, stats = speculative_generate(spec_engine, drafter, rows, budget=budget, tree=tree,
                                            max_new_tokens=max_new_tokens, sampling=sampling,
                                            stop_ids=target.stop_ids, runner=runner)
         report.prompts += len(group)

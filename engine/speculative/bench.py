@@ -52,10 +52,13 @@ class SpecRow:
     forced_accept: int | None = None
     two_level: int | None = None  # the Q tree's nodes of two-level verification
     q_tau: float | None = None  # two-level: the Q path's tokens per step, bonus included
+    head: str = "exact"  # "int8": the certified INT8 LM head picks
+    candidates: float | None = None  # INT8 head: candidate entries per chosen token
 
     @property
     def label(self) -> str:
-        return self.mode if self.two_level is None else f"{self.mode}+Q{self.two_level}"
+        label = self.mode if self.two_level is None else f"{self.mode}+Q{self.two_level}"
+        return label if self.head == "exact" else f"{label}+int8"
 
 
 def _timer(device: torch.device) -> Callable[[Callable[[], object], Callable[[], object]], float]:
@@ -101,11 +104,13 @@ def bench_spec(
     modes: tuple[str, ...] = ("chain", "tree"), max_new_tokens: int = 128,
     forced_accept: int | None = None, sampling: Sampling = GREEDY,
     stop_ids: frozenset[int] = frozenset(), compile: bool = False,
-    two_level: int | None = None, log=print,
+    two_level: int | None = None, int8_head: bool = False, log=print,
 ) -> list[SpecRow]:
     """Plain decoding, then every (mode, budget), on one engine of batch 1; with
     ``two_level`` Q, every (mode, budget > Q) again with two-level verification (the Q pass on
-    the 8-bit view of the W12 folder's weights)."""
+    the 8-bit view of the W12 folder's weights); with ``int8_head``, plain decoding and every
+    (mode, budget) again on an engine whose certified INT8 head picks (``_int8_rows``). Every
+    c is over the same T_AR (the exact head's plain step)."""
     if not prompts:
         raise W12Error("bench spec: no prompts")
     if max(budgets) < 1 or min(budgets) < 1:
@@ -123,7 +128,7 @@ def bench_spec(
         engine.cache.rollback([context])
         engine.next_slot = context
 
-    first = engine.prefill([prompts[0]]).argmax(-1)
+    first = _first_token(engine, prompts[0])
     t_ar = timer(lambda: engine.step(first), rewind)
     plain_tps = None
     if forced_accept is None:
@@ -140,6 +145,10 @@ def bench_spec(
                                    forced_accept, max_new_tokens, sampling, stop_ids, t_ar,
                                    plain_tps, timer, context))
             log(format_row(rows[-1]))
+    if int8_head:
+        rows += _int8_rows(engine, loaded, prompts, drafter, budgets, modes, forced_accept,
+                           max_new_tokens, sampling, stop_ids, t_ar, plain_tps, timer, context,
+                           compile, log)
     if two_level is None:
         return rows
     setting = TwoLevel(_view_model(loaded), two_level)
@@ -149,6 +158,57 @@ def bench_spec(
                                    forced_accept, max_new_tokens, sampling, stop_ids, t_ar,
                                    plain_tps, timer, context, setting))
             log(format_row(rows[-1]))
+    return rows
+
+
+def _first_token(engine: Engine, prompt: list[int]) -> torch.Tensor:
+    """The greedy first token [1] after ``prompt`` (prefilled into row 0)."""
+    device = engine.model.device
+    return engine.choose(engine.prefill([prompt]), GREEDY, torch.zeros(1, dtype=torch.long,
+                                                                       device=device),
+                         torch.tensor([len(prompt)], device=device))
+
+
+def _int8_rows(exact, loaded, prompts, drafter, budgets, modes, forced_accept, max_new_tokens,
+               sampling, stop_ids, t_ar, plain_tps, timer, context, compile, log
+               ) -> list[SpecRow]:
+    """Plain decoding and every (mode, budget) with the certified INT8 head. The plain row's
+    c compares step + pick with each head (the exact head's pick is an argmax, the INT8 head's
+    its certification and recompute); the speculative rows' c is over ``t_ar`` as every row's,
+    their picks inside the step with either head."""
+    model, device = loaded.model, loaded.model.device
+    engine = Engine(model, batch=1, max_seq_len=exact.max_seq_len, compile=compile,
+                    head="int8")
+    req = torch.zeros(1, dtype=torch.long, device=device)
+    pos = torch.tensor([context], device=device)
+
+    def rewind(e: Engine):
+        return lambda: (e.cache.rollback([context]), setattr(e, "next_slot", context))
+
+    first = _first_token(engine, prompts[0])
+    t_exact = timer(lambda: exact.choose(exact.step(first), GREEDY, req, pos), rewind(exact))
+    t_int8 = timer(lambda: engine.choose(engine.step(first), GREEDY, req, pos), rewind(engine))
+    tps = speedup = None
+    if forced_accept is None:
+        outs, seconds = _generate_timed(device, lambda: [
+            generate(engine, [p], max_new_tokens=max_new_tokens, sampling=sampling,
+                     stop_ids=stop_ids)[0] for p in prompts])
+        tps = sum(map(len, outs)) / seconds
+        speedup = tps / plain_tps
+    c = t_int8 / t_exact
+    rows = [SpecRow("plain", 1, "-", 1.0, t_int8, c, 1 / c, t_int8, c, tps, speedup,
+                    forced_accept, head="int8",
+                    candidates=engine.head.stats.mean_candidates)]
+    log(format_row(rows[0]))
+    for mode in modes:
+        for budget in budgets:
+            engine.head.stats = type(engine.head.stats)()
+            row = _bench_one(engine, loaded, prompts, drafter, mode, budget, forced_accept,
+                             max_new_tokens, sampling, stop_ids, t_ar, plain_tps, timer,
+                             context)
+            row.head, row.candidates = "int8", engine.head.stats.mean_candidates
+            rows.append(row)
+            log(format_row(row))
     return rows
 
 
@@ -182,7 +242,7 @@ def _bench_one(engine, loaded, prompts, drafter_name, mode, budget, forced_accep
         tps = sum(len(out[0]) for out, _ in results) / seconds
         speedup = tps / plain_tps
     # T_step at the first prompt's context, the drafter primed with that prompt
-    root = engine.prefill([prompts[0]]).argmax(-1)
+    root = _first_token(engine, prompts[0])
     drafter.start([prompts[0]], root.tolist())
 
     def rewind() -> None:
@@ -236,9 +296,10 @@ def format_row(r: SpecRow) -> str:
     rate = "" if r.tokens_per_s is None else f"  {r.tokens_per_s:9.1f} tok/s"
     gain = "" if r.speedup is None else f"  x{r.speedup:.3f} measured"
     q = "" if r.q_tau is None else f"  Q path tau {r.q_tau:6.3f}"
+    cand = "" if r.candidates is None else f"  candidates {r.candidates:.2f}"
     return (f"{r.label:<10} N={r.budget:<4} {r.drafter:<14} tau {r.tau:6.3f}  "
             f"step {r.t_step_ms:8.3f} ms  c {r.c:6.3f}  verify {r.t_verify_ms:8.3f} ms  "
-            f"c_verify {r.c_verify:6.3f}  tau/c {r.projected:6.3f}{rate}{gain}{q}")
+            f"c_verify {r.c_verify:6.3f}  tau/c {r.projected:6.3f}{rate}{gain}{q}{cand}")
 
 
 def summary(rows: list[SpecRow]) -> list[str]:
@@ -246,7 +307,7 @@ def summary(rows: list[SpecRow]) -> list[str]:
     apart)."""
     lines = []
     forced = rows[0].forced_accept is not None
-    for mode in dict.fromkeys(r.label for r in rows if r.mode != "plain"):
+    for mode in dict.fromkeys(r.label for r in rows if r.label != "plain"):
         mine = [r for r in rows if r.label == mode]
         if forced:
             best = max(mine, key=lambda r: r.projected)

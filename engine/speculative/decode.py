@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.generate import GREEDY, Engine, StopCheck
-from engine.sampling import Sampling, choose
+from engine.sampling import Sampling
 from engine.speculative.drafters import Drafter
 from engine.speculative.tree import DraftTree, limit_rows, share_budget
 from engine.speculative.two_level import TwoLevel, two_level_step
@@ -46,7 +46,9 @@ class SpecRunner:
     device-only; a host drafter's tree is copied into the graph's input buffers), so a step
     costs one replay. The verdict tensors are the graph's outputs: read them before the next
     step. With ``two_level`` each step is two-level verification (``two_level.py``), run
-    eagerly: its re-draft depends on the Q pass's path."""
+    eagerly: its re-draft depends on the Q pass's path. With the engine's certified INT8 head
+    (``engine.head``) the step runs eagerly too: its candidate recompute is sized on the host.
+    """
 
     def __init__(self, engine: Engine, drafter: Drafter, *, budget: int, tree: bool,
                  sampling: Sampling = GREEDY, forced_accept: int | None = None,
@@ -76,8 +78,8 @@ class SpecRunner:
         self.tree_in = DraftTree.chain(self.roots, empty, torch.zeros_like(self.roots))
         self.graph = None
         drafter.bind(engine.cache)
-        if two_level is None and (cuda_graph if cuda_graph is not None
-                                  else device.type == "cuda"):
+        if two_level is None and engine.head is None and (
+                cuda_graph if cuda_graph is not None else device.type == "cuda"):
             self._capture()
 
     def _propose(self, roots: torch.Tensor) -> DraftTree:
@@ -97,7 +99,7 @@ class SpecRunner:
         else:
             draft = self.tree_in
         return verify(self.engine.model, self.engine.cache, draft, self.sampling,
-                      self.requests, self.forced_accept)
+                      self.requests, self.forced_accept, self.engine.head)
 
     @torch.inference_mode()
     def _capture(self) -> None:
@@ -121,7 +123,7 @@ class SpecRunner:
         if self.two_level is not None:
             verdict, self.q_verdict = two_level_step(
                 self.engine.model, self.engine.cache, self.drafter, roots, self.two_level,
-                self.budget, self.tree, self.sampling, self.requests)
+                self.budget, self.tree, self.sampling, self.requests, self.engine.head)
             return verdict
         self.roots.copy_(roots)
         if not self.drafter.on_device:
@@ -148,7 +150,8 @@ def speculative_generate(
     lengths = engine.check_prompts(prompts, new_tokens=max_new_tokens + budget)
     device = engine.model.device
     logits = engine.prefill(prompts)
-    roots = choose(logits, sampling, runner.requests, torch.tensor(lengths, device=device))
+    roots = engine.choose(logits, sampling, runner.requests,
+                          torch.tensor(lengths, device=device))
     first = roots.tolist()
     outputs: list[list[int]] = [[] for _ in prompts]
     done = [False] * len(prompts)

@@ -61,8 +61,9 @@ def q_pass(view_model: Transformer, cache: KVCache, tree: DraftTree, sampling: S
 
 def two_level_step(model: Transformer, cache: KVCache, drafter: Drafter, roots: torch.Tensor,
                    setting: TwoLevel, budget: int, tree: bool, sampling: Sampling,
-                   requests: torch.Tensor) -> tuple[Verdict, Verdict]:
-    """One two-level step: (the exact verdict, committed as ``verify`` does; the Q verdict)."""
+                   requests: torch.Tensor, head=None) -> tuple[Verdict, Verdict]:
+    """One two-level step: (the exact verdict, committed as ``verify`` does; the Q verdict).
+    ``head``: the exact pass's certified INT8 head (``verify``)."""
     if not 1 <= setting.q_budget < budget:
         raise W12Error(f"two-level verification: the Q tree's budget {setting.q_budget} must "
                        f"be at least 1 and below the step's budget {budget}")
@@ -71,4 +72,4 @@ def two_level_step(model: Transformer, cache: KVCache, drafter: Drafter, roots: 
     counts = q.accepted + 1  # the Q path's drafted tokens and its bonus
     last = q.path.gather(1, q.accepted[:, None])[:, 0]
     t2 = drafter.propose_after(roots, q.emitted, counts, cache, budget - t1.size, tree, q.path)
-    return verify(model, cache, graft(t1, last, t2), sampling, requests), q
+    return verify(model, cache, graft(t1, last, t2), sampling, requests, head=head), q

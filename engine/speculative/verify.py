@@ -77,16 +77,18 @@ def forced_picks(tree: DraftTree, accept_count: int) -> torch.Tensor:
 
 
 def target_logits(model: Transformer, cache: KVCache, tree: DraftTree, paths: torch.Tensor,
-                  sampling: Sampling, requests: torch.Tensor):
+                  sampling: Sampling, requests: torch.Tensor, head=None):
     """([B, N, V] logits, [B, N] picks) of ``model`` at every node of ``tree`` (``paths`` = its
     paths), each pick keyed by the position its token takes; every node's key and value
-    written."""
+    written. ``head``: an ``engine.head.CertifiedHead`` picks instead (no logits: None)."""
     lengths = cache.lengths
     pos = lengths[:, None] + tree.depth
-    logits = model(tree.tokens, pos, cache, AttentionPlan.tree(lengths, paths))
-    b, n, vocab = logits.shape
-    return logits, choose(logits.view(b * n, vocab), sampling, requests.repeat_interleave(n),
-                          (pos + 1).view(-1)).view(b, n)
+    out = model(tree.tokens, pos, cache, AttentionPlan.tree(lengths, paths), head=head is None)
+    b, n, width = out.shape
+    keys = (requests.repeat_interleave(n), (pos + 1).view(-1))
+    if head is not None:
+        return None, head.choose(out.view(b * n, width), sampling, *keys).view(b, n)
+    return out, choose(out.view(b * n, width), sampling, *keys).view(b, n)
 
 
 def target_picks(model: Transformer, cache: KVCache, tree: DraftTree, paths: torch.Tensor,
@@ -96,14 +98,15 @@ def target_picks(model: Transformer, cache: KVCache, tree: DraftTree, paths: tor
 
 
 def verify(model: Transformer, cache: KVCache, tree: DraftTree, sampling: Sampling,
-           requests: torch.Tensor, forced_accept: int | None = None) -> Verdict:
+           requests: torch.Tensor, forced_accept: int | None = None, head=None) -> Verdict:
     """Run ``tree`` through the target, accept, move the accepted rows into place and advance
     every request's length by the tokens it commits. ``forced_accept``: accept that many
     drafted tokens whatever the target picks (timing, and token forcing, which reads the
-    verdict's logits along a given path; see ``forced_picks``)."""
+    verdict's logits along a given path; see ``forced_picks``). ``head``: the certified INT8
+    head picks (``target_logits``; the verdict then has no logits)."""
     lengths = cache.lengths
     paths = tree.paths()
-    logits, picks = target_logits(model, cache, tree, paths, sampling, requests)
+    logits, picks = target_logits(model, cache, tree, paths, sampling, requests, head)
     if forced_accept is not None:
         picks = forced_picks(tree, forced_accept)  # the target's picks ran all the same
     verdict = accept(tree, picks, paths)

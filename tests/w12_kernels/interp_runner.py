@@ -15,7 +15,7 @@ GEMM_CASES = {  # id: (m, n, k, kw, tiles_per_program, escapes)
     "m17_n20_k64_kw3_no_escapes": (17, 20, 64, 3, 1, False),
     "m70_n33_k200_kw3_wide_block": (70, 33, 200, 3, 1, True),
 }
-CASE_IDS = [*GEMM_CASES, "batch_invariant_m1_m17", "decode_kernel_exact"]
+CASE_IDS = [*GEMM_CASES, "batch_invariant_m1_m17", "decode_kernel_exact", "tile_subset_rows"]
 
 
 def _inputs(m, n, k, escapes=True):
@@ -63,6 +63,37 @@ def _batch_invariance_case():
         "row 5 differs between M=1 and M=17"
 
 
+def _tile_subset_case():
+    """Rows recomputed from their gathered tiles (``rows.tile_subset``, the certified INT8
+    head's recompute) have the bits of the whole product, escapes and bias included."""
+    import torch
+
+    from w12_kernels.gemm.layout import ROW_ALIGN
+    from w12_kernels.gemm.rows import tile_subset
+    from w12_kernels.gemm.triton import launcher as triton_path
+
+    _, _, pw, x, bias = _inputs(5, 70, 300)
+    assert pw.num_escapes > 0
+    whole = _run(x, pw, bias, kw=3)
+    ids = torch.tensor([0, 3, 17, 18, 47, 69])
+    tiles, where = torch.unique(ids // ROW_ALIGN, return_inverse=True)
+    sub = tile_subset(pw, tiles)
+    padded = torch.zeros(int(pw.chunks.shape[0]) * ROW_ALIGN, dtype=torch.bfloat16)
+    padded[: pw.n] = bias
+    part = triton_path.gemm(x, sub.chunks, sub.scale, sub.esc_rowptr, sub.esc_row, sub.esc_col,
+                            sub.esc_delta, padded.view(-1, ROW_ALIGN)[tiles].reshape(-1),
+                            sub.n, pw.k, kw=3, on_gpu=False)
+    got = part[:, where * ROW_ALIGN + ids % ROW_ALIGN]
+    assert torch.equal(got.view(torch.int16), whole[:, ids].view(torch.int16)), \
+        "gathered tiles give other bits"
+    # the escapes of the subset are those of its rows, in order
+    rows = (tiles[:, None] * ROW_ALIGN + torch.arange(ROW_ALIGN)).reshape(-1)
+    want = [(int(r), int(c)) for r, c in zip(pw.esc_row, pw.esc_col, strict=True)
+            if int(r) in set(rows.tolist())]
+    have = [(int(rows[r]), int(c)) for r, c in zip(sub.esc_row, sub.esc_col, strict=True)]
+    assert have == want and len(have) > 0
+
+
 def _decode_case():
     import torch
     from gemm_helpers import encoded, make_weight
@@ -84,6 +115,7 @@ def main() -> None:
     jobs = {cid: (lambda c=c: _gemm_case(*c)) for cid, c in GEMM_CASES.items()}
     jobs["batch_invariant_m1_m17"] = _batch_invariance_case
     jobs["decode_kernel_exact"] = _decode_case
+    jobs["tile_subset_rows"] = _tile_subset_case
     report(jobs)
 
 

@@ -115,3 +115,41 @@ def test_gpu_kernel_product_and_bounds(rows):
     _, lo, hi = logit_bounds(head, h, approx=got)
     exact = _exact(w.cuda(), h.cuda()).cpu().double()
     assert ((lo <= exact) & (exact <= hi)).all()
+
+
+@pytest.mark.parametrize("k, seed", [(576, 0), (5120, 1)])
+def test_float32_bounds_contain_the_float64_ones(k, seed):
+    """``certify.bounds32`` (float32 on the device) widens past ``logit_bounds`` (float64):
+    every interval contains the reference's, however large the logits."""
+    from w12_kernels.int8_head.certify import DeviceHead, bounds32
+
+    w, h = _case(700, k, 8, seed, spread=4.0)
+    h[1] *= 64  # large hidden states: large logits and radii
+    head = quantize(w)
+    approx = (h.float() @ head.q.float().T) * head.scale[None, :]
+    _, lo64, hi64 = logit_bounds(head, h, approx=approx)
+    lo, hi = bounds32(DeviceHead.of(head), h, approx)
+    assert lo.dtype == torch.float32
+    assert (lo.double() <= lo64).all() and (hi.double() >= hi64).all()
+    # and not much wider
+    assert ((hi.double() - lo.double()) <= (hi64 - lo64) * 1.001 + 1e-30).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [1, 20, 64, 128])
+def test_linear_rows_have_the_whole_products_bits(rows):
+    """The certified head's recompute: the candidate rows of a W12 head, gathered by tile, get
+    the bits the whole head gives them (escapes included), at every row count it takes."""
+    import w12
+    from w12_kernels.gemm import prepare_weight, w12_linear
+    from w12_kernels.gemm.rows import linear_rows
+
+    w, h = _case(4099, 576, rows, 6, spread=2.0)
+    w[17, 5], w[4000, 100], w[9, 9] = 1e-30, 3e30, 0.0  # escapes
+    pw = prepare_weight(w12.encode(w), device="cuda")
+    assert pw.num_escapes > 0
+    x = h.cuda()
+    whole = w12_linear(x, pw, None)
+    ids = torch.tensor([0, 9, 17, 18, 500, 4000, 4098], device="cuda")
+    got = linear_rows(x, pw, ids)
+    assert torch.equal(got.view(torch.int16), whole[:, ids].view(torch.int16))

@@ -110,8 +110,9 @@ def candidates(lo: torch.Tensor, hi: torch.Tensor, *, temperature: float = 0.0,
     first), so monotonicity carries the bounds over."""
     if temperature < 0 or (temperature > 0 and noise is None):
         raise W12Error("INT8 head: sampling needs a temperature > 0 and its noise")
-    lo32 = torch.nextafter(lo.float(), torch.tensor(-float("inf")))
-    hi32 = torch.nextafter(hi.float(), torch.tensor(float("inf")))
+    lo32, hi32 = lo.float(), hi.float()
+    lo32 = torch.nextafter(lo32, torch.full_like(lo32, -float("inf")))
+    hi32 = torch.nextafter(hi32, torch.full_like(hi32, float("inf")))
     low = _score(lo32, temperature, noise)
     high = _score(hi32, temperature, noise)
     return high >= low.amax(dim=1, keepdim=True)
