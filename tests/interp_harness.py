@@ -42,3 +42,19 @@ def verdicts(runner: str) -> dict:
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def verdicts_fixture(test_file: str, runner: str):
+    """A module-scoped fixture of the verdicts of ``runner`` (a script beside ``test_file``),
+    skipped where Triton is missing. In a test module::
+
+        interpreter_verdicts = interp_harness.verdicts_fixture(__file__, "x_interp_runner.py")
+    """
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def interpreter_verdicts():
+        pytest.importorskip("triton")
+        return verdicts(os.path.join(os.path.dirname(os.path.abspath(test_file)), runner))
+
+    return interpreter_verdicts

@@ -4,19 +4,12 @@ block, several steps per row as in verification), and on a GPU when there is one
 
 from __future__ import annotations
 
-import os
-
 import attention_interp_runner as runner
 import interp_harness
 import pytest
 import torch
 
-
-@pytest.fixture(scope="module")
-def interpreter_verdicts():
-    pytest.importorskip("triton")
-    return interp_harness.verdicts(
-        os.path.join(os.path.dirname(__file__), "attention_interp_runner.py"))
+interpreter_verdicts = interp_harness.verdicts_fixture(__file__, "attention_interp_runner.py")
 
 
 @pytest.mark.parametrize("case", list(runner.CASES))

@@ -3,8 +3,6 @@ the float64 reference, decode steps' bits equal to path verify's, commit; shape 
 
 from __future__ import annotations
 
-import os
-
 import gated_delta_interp_runner as runner
 import interp_harness
 import pytest
@@ -12,12 +10,7 @@ import torch
 
 from w12_kernels.gated_delta.launcher import check_inputs, walk_plan
 
-
-@pytest.fixture(scope="module")
-def interpreter_verdicts():
-    pytest.importorskip("triton")
-    return interp_harness.verdicts(os.path.join(os.path.dirname(__file__),
-                                                "gated_delta_interp_runner.py"))
+interpreter_verdicts = interp_harness.verdicts_fixture(__file__, "gated_delta_interp_runner.py")
 
 
 @pytest.mark.parametrize("case", list(runner.CASES))

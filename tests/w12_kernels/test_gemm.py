@@ -3,8 +3,6 @@ and the Triton kernels under the interpreter at small awkward shapes."""
 
 from __future__ import annotations
 
-import os
-
 import interp_harness
 import interp_runner
 import pytest
@@ -99,10 +97,7 @@ def test_triton_path_rejects_bad_arguments():
 # fresh process (interp_runner.py) and each case checks its own verdict.
 
 
-@pytest.fixture(scope="module")
-def interpreter_verdicts():
-    pytest.importorskip("triton")
-    return interp_harness.verdicts(os.path.join(os.path.dirname(__file__), "interp_runner.py"))
+interpreter_verdicts = interp_harness.verdicts_fixture(__file__, "interp_runner.py")
 
 
 @pytest.mark.parametrize("case", interp_runner.CASE_IDS)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import int8_head_interp_runner as runner
 import interp_harness
 import pytest
@@ -84,11 +82,7 @@ def test_bad_inputs_are_refused():
         candidates(lo, hi, temperature=0.5)
 
 
-@pytest.fixture(scope="module")
-def interpreter_verdicts():
-    pytest.importorskip("triton")
-    return interp_harness.verdicts(os.path.join(os.path.dirname(__file__),
-                                                "int8_head_interp_runner.py"))
+interpreter_verdicts = interp_harness.verdicts_fixture(__file__, "int8_head_interp_runner.py")
 
 
 @pytest.mark.parametrize("case", list(runner.CASES))

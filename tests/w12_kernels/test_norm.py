@@ -3,8 +3,6 @@ reference, and the kernel's row bits independent of the row count (interpreter a
 
 from __future__ import annotations
 
-import os
-
 import interp_harness
 import norm_interp_runner as runner
 import pytest
@@ -13,12 +11,7 @@ import torch
 from w12_kernels.norm import add_rms_norm, rms_norm
 from w12_kernels.norm.reference import rms_norm_reference
 
-
-@pytest.fixture(scope="module")
-def interpreter_verdicts():
-    pytest.importorskip("triton")
-    return interp_harness.verdicts(os.path.join(os.path.dirname(__file__),
-                                                "norm_interp_runner.py"))
+interpreter_verdicts = interp_harness.verdicts_fixture(__file__, "norm_interp_runner.py")
 
 
 @pytest.mark.parametrize("case", list(runner.CASES))

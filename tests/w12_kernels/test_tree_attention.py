@@ -8,7 +8,6 @@ on the CPU path, 1.1-1.3x for the kernel, whose P.V takes P in bf16)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 
 import interp_harness
@@ -169,11 +168,7 @@ def test_cpu_compact_kv(case):
 # (tree_attention_interp_runner.py) and each case checks its own verdict.
 
 
-@pytest.fixture(scope="module")
-def interpreter_verdicts():
-    pytest.importorskip("triton")
-    return interp_harness.verdicts(
-        os.path.join(os.path.dirname(__file__), "tree_attention_interp_runner.py"))
+interpreter_verdicts = interp_harness.verdicts_fixture(__file__, "tree_attention_interp_runner.py")
 
 
 @pytest.mark.parametrize("case", [*runner.INTERP_CASES, *runner.INVARIANCE_CASES,
