@@ -8,9 +8,13 @@ the worktree is the patch. It is refused when it touches a protected path (the j
 loop, the memory and their tests), a path outside the allowed ones, or adds no registry option;
 otherwise the project's tests (``test_command``) must pass in the worktree, and then the
 worktree's own ``w12 tune trial`` judges the new option against the current configuration
-with the unchanged controller and token forcing (``judge``). The patch and its verdict go to the
-memory like any judgement; a promoted patch is saved for the user to apply (this process does
-not run the worktree's code).
+with the unchanged controller and token forcing (``judge``). Both sides of that trial run the
+patched code, so a patch that slows the current configuration would inflate its own gain: a
+promoted patch must also show that the current configuration runs as fast in its tree as in the
+source tree (``stock_path_check``: processes of both trees in turn, refused when the patched
+one is slower by more than the controller's bar). The patch and its verdict go to the memory
+like any judgement; a promoted patch is saved for the user to apply (this process does not run
+the worktree's code).
 """
 
 from __future__ import annotations
@@ -156,20 +160,57 @@ def run_tests(proposal: Proposal, test_command: str, *, timeout: float = 3600.0)
         raise Refused(f"the tests fail with the patch: {(ran.stdout + ran.stderr)[-600:]}")
 
 
+def _tune(tree: Path, command: str, deployment: dict, current: dict, extra: list[str],
+          timeout: float) -> subprocess.CompletedProcess:
+    """``w12 tune COMMAND`` for the deployment and ``current``, run with ``tree``'s code."""
+    args = [sys.executable, "-m", "w12_cli", "tune", command, deployment["model"],
+            "--drafter", deployment["drafter"], "--mode", deployment["mode"],
+            "--device", deployment["device"], "--source", deployment["source"],
+            "--prompts", str(deployment["prompts"]), "--tokens", str(deployment["tokens"]),
+            "--context", str(deployment["context"]), "--seed", str(deployment["seed"]),
+            "--config", json.dumps(current, default=str), *extra]
+    return subprocess.run(args, cwd=tree, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(tree)})
+
+
 def judge(proposal: Proposal, option: str, *, deployment: dict, current: dict, out_dir: Path,
           timeout: float = 7200.0) -> dict:
     """The worktree's own ``w12 tune trial`` of ``option`` on top of ``current``: the Trial as
     a dict (its verdict from the unchanged controller and token forcing)."""
     out = out_dir / f"trial-{proposal.sha}-{option}.json"
-    args = [sys.executable, "-m", "w12_cli", "tune", "trial", deployment["model"],
-            "--drafter", deployment["drafter"], "--mode", deployment["mode"],
-            "--device", deployment["device"], "--source", deployment["source"],
-            "--prompts", str(deployment["prompts"]), "--tokens", str(deployment["tokens"]),
-            "--context", str(deployment["context"]), "--seed", str(deployment["seed"]),
-            "--config", json.dumps(current, default=str), "--option", option,
-            "--out", str(out_dir / f"trial-{proposal.sha}"), "--result", str(out)]
-    ran = subprocess.run(args, cwd=proposal.worktree, capture_output=True, text=True,
-                         timeout=timeout, env={**os.environ, "PYTHONPATH": str(proposal.worktree)})
+    ran = _tune(proposal.worktree, "trial", deployment, current,
+                ["--option", option, "--out", str(out_dir / f"trial-{proposal.sha}"),
+                 "--result", str(out)], timeout)
     if ran.returncode != 0 or not out.exists():
         raise Refused(f"the patched tree's trial failed: {(ran.stdout + ran.stderr)[-600:]}")
     return json.loads(out.read_text())
+
+
+def stock_path_check(proposal: Proposal, *, deployment: dict, current: dict, out_dir: Path,
+                     bar: float, rounds: int = 2, repeats: int = 3,
+                     timeout: float = 3600.0) -> dict:
+    """Refuse a patch under which ``current`` (the configuration the trial compared against)
+    runs slower than in the source tree: ``rounds`` processes of each tree in turn (source
+    first), each timing ``repeats`` runs over the tuning prompts (``w12 tune time``); the
+    patched tree's median seconds a token over the source tree's may exceed 1 by ``bar`` (the
+    controller's promotion bar: a slowdown below it cannot make a trial pass alone). Returns
+    the evidence (both medians, the ratio)."""
+    per_token: dict[str, list[float]] = {"source": [], "patched": []}
+    for index in range(rounds):
+        for side, tree in (("source", source_root()), ("patched", proposal.worktree)):
+            out = out_dir / f"time-{proposal.sha}-{side}-{index}.json"
+            ran = _tune(tree, "time", deployment, current,
+                        ["--repeats", str(repeats), "--result", str(out)], timeout)
+            if ran.returncode != 0 or not out.exists():
+                raise Refused(f"timing the current configuration in the {side} tree failed: "
+                              f"{(ran.stdout + ran.stderr)[-600:]}")
+            got = json.loads(out.read_text())
+            per_token[side] += [s / got["tokens"] for s in got["seconds"]]
+    source, patched = (sorted(v)[len(v) // 2] for v in per_token.values())
+    evidence = {"source_s_per_token": source, "patched_s_per_token": patched,
+                "ratio": patched / source, "bar": bar}
+    if patched > source * (1 + bar):
+        raise Refused(f"the patch slows the current configuration: {patched / source:.3f}x "
+                      f"the source tree's time a token (more than the bar {bar:.3f}), which "
+                      "would count as the option's gain")
+    return evidence

@@ -553,6 +553,16 @@ class Tuner:
             agent.run_tests(proposal, self.agent_tests)
             got = agent.judge(proposal, option, deployment=self.deployment.to_dict(),
                               current=current, out_dir=self.out_dir)
+            if got["verdict"] == "promoted":
+                self.log("  promoted in its tree; timing the current configuration in both "
+                         "trees ...")
+                try:
+                    evidence["stock_path"] = agent.stock_path_check(
+                        proposal, deployment=self.deployment.to_dict(), current=current,
+                        out_dir=self.out_dir, bar=got["evidence"]["bar"])
+                except agent.Refused as exc:
+                    return Trial(option, got["value"], got["config"], "agent", "rejected",
+                                 "stock-path", str(exc), {**got["evidence"], **evidence})
         except agent.Refused as exc:
             return Trial(option, None, current, "agent", "rejected", "setup", str(exc),
                          evidence)

@@ -319,6 +319,37 @@ def trial_command(config_json, option, out_dir, result, **deployment):
     click.echo(f"{trial.verdict}: {option}={values[0]}: {trial.reason}")
 
 
+@tune_group.command("time", hidden=True)
+@_deployment_options
+@click.option("--config", "config_json", required=True, help="The configuration, JSON.")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1))
+@click.option("--result", type=click.Path(path_type=Path), required=True)
+def time_command(config_json, repeats, result, **deployment):
+    """Time --config over the deployment's tuning prompts (one warm-up, then REPEATS runs),
+    written to --result as {"tokens", "seconds"} (the tuning loop runs this in the source tree
+    and in an agent's worktree, to see whether a patch slows the configuration it beat)."""
+    import tempfile
+
+    from spec_tuning.loop import Tuner
+    from spec_tuning.memory import Memory
+    from w12.errors import W12Error
+
+    current = {k: tuple(v) if isinstance(v, list) else v
+               for k, v in json.loads(config_json).items()}
+    with tempfile.TemporaryDirectory() as scratch:
+        tuner = Tuner(_deployment(**deployment), out_dir=Path(scratch),
+                      memory=Memory(Path(scratch) / "memory.json"), log=_progress)
+        runner = tuner.systems.runner(current)
+        runner.run(tuner.tuning)
+        samples = [runner.run(tuner.tuning) for _ in range(repeats)]
+    tokens = {s.tokens for s in samples}
+    if len(tokens) != 1:
+        raise W12Error(f"the configuration generated {sorted(tokens)} tokens in its runs")
+    result.write_text(json.dumps({"tokens": samples[0].tokens,
+                                  "seconds": [s.seconds for s in samples]}) + "\n")
+    click.echo(f"{samples[0].tokens} tokens, {min(s.seconds for s in samples):.3f} s at best")
+
+
 @tune_group.group("memory", cls=Group)
 def memory_group() -> None:
     """The tuning memory: every judged proposal with its evidence, in one JSON file.

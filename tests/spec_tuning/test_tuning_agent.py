@@ -79,3 +79,21 @@ def test_a_committed_patch_is_seen_against_the_base():
               "git -c user.email=a@b -c user.name=agent commit -qam x")
     with pytest.raises(agent.Refused, match="touches the judges"):
         agent.propose(commit, {"factor": "acceptance"}, log=lambda _m: None)
+
+
+@needs_checkout
+def test_a_patch_that_slows_the_current_configuration_is_refused(tmp_path):
+    """The agent's option wins its trial only because the patch slows the path it is compared
+    against (a sleep in every step while the option is off): both sides of the trial run the
+    patched code, so the controller and token forcing promote it; timing the current
+    configuration in both trees refuses it."""
+    tests = f"{sys.executable} -m pytest -q -x -p no:cacheprovider " \
+            "tests/spec_tuning/test_tuning_registry_memory.py"
+    deployment = Deployment("synthetic:tiny-qwen3", "ngram", prompts=16, tokens=4, context=16)
+    tuner = Tuner(deployment, out_dir=tmp_path / "out", memory=Memory(tmp_path / "memory.json"),
+                  trials=1, compare=_reject,
+                  agent=f"{sys.executable} {SCRIPTS / 'slow_stock.py'}", agent_tests=tests)
+    judged = tuner.run(1).rounds[0].trials[1]
+    assert judged.option == "test_noop" and judged.verdict == "rejected", judged.reason
+    assert judged.judge == "stock-path" and "slows the current configuration" in judged.reason
+    assert judged.evidence["gain"] > judged.evidence["bar"]  # the trial itself promoted it
