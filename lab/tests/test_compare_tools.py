@@ -78,7 +78,7 @@ def test_kernel_sass_keys_and_symbols():
     kinds = {k[0] for k in keys}
     assert kinds == {"small", "wg", "x_image", "wgl", "permute_x", "decode", "write_escapes"}
     assert len(keys) == len({tuple(k) for k in keys})
-    assert ["wgl", 256, 2, 5, 5, 1, 2, 0, 0, 0, 0] in keys  # the table's default
+    assert ["wgl", 256, 2, 5, 5, 1, 2, 1, 0, 0, 0] in keys  # the table's default
     assert ks._mangled_prefix("w12_gemm_small<1, 2, 1, 1, 0, 1, 8, 0>") == \
         "_Z14w12_gemm_smallILi1ELi2ELi1ELi1ELi0ELi1ELi8ELi0EE"
     assert ks._mangled_prefix("w12_wgl_256_2_5_5_1_rp") == "w12_wgl_256_2_5_5_1_rp"

@@ -122,7 +122,6 @@ def test_large_candidates_and_their_entries():
         assert table.entry_config(large.entry(cand)) == cand
     assert large.label(None) == "decode" and large.entry(None) == {"kind": "decode"}
     assert large.label(WglConfig(persist=True, wreuse=True)) == "wgmma_m256_g2_x5_w5_k1_rp_ps_wr"
-    assert not any(c.persist or c.tail == 1 for c in large.CANDIDATES)  # (entry_config)
 
 
 def test_large_choice_keeps_the_current_entry_within_the_margin():

@@ -224,7 +224,7 @@ def test_the_shipped_32b_entries_at_17_32_rows_take_two_tiles(shape):
 # ------------------------------------------------------------------ large-M
 
 def test_large_config_by_shape_and_m_class():
-    rule = {"default": {**WGMMA, "xorder": True}, "max_m": 256,
+    rule = {"default": {**WGMMA, "persist": True}, "max_m": 256,
             "shapes": {"4096x4096": {"128": {"kind": "decode"},
                                      "256": {**WGMMA, "block_m": 128, "a_regs": 1}}}}
     assert table.large_config(4096, 4096, 100, rule) is None
@@ -232,16 +232,11 @@ def test_large_config_by_shape_and_m_class():
     assert table.large_config(4096, 4096, 256, rule) == WglConfig(block_m=128, a_regs=1)
     # beyond the measured rows: decode + cuBLAS, for a tuned shape and for the default
     assert table.large_config(4096, 4096, 257, rule) is None
-    assert table.large_config(4096, 5120, 256, rule) == WglConfig(xorder=True)
+    assert table.large_config(4096, 5120, 256, rule) == WglConfig(persist=True)
     assert table.large_config(4096, 5120, 4096, rule) is None
     with pytest.raises(ValueError, match="'wgmma' or 'decode'"):
         table.large_config(1, 1, 200, {"default": {**WGMMA, "kind": "fused"}, "max_m": 256,
                                        "shapes": {}})
-    # stream-K is no table choice (back to back its outputs differ between runs)
-    for streamk in ({"persist": True}, {"tail": 1}):
-        with pytest.raises(ValueError, match="stream-K"):
-            table.large_config(1, 1, 200, {"default": {**WGMMA, **streamk}, "max_m": 256,
-                                           "shapes": {}})
 
 
 @pytest.mark.parametrize("key", [H100, H200], ids=["h100", "h200"])
