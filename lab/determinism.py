@@ -41,8 +41,8 @@ def main() -> None:
     parser.add_argument("--large", choices=["table", "nopersist", "cublas", "persist"],
                         default="table",
                         help="above 128 rows: the table's kernel, it without stream-K, decode + "
-                             "cuBLAS, or it with stream-K where its configuration allows (the "
-                             "table refuses stream-K: this is how to study it)")
+                             "cuBLAS, or it with stream-K on every entry whose configuration "
+                             "allows it (more stream-K than the table has)")
     parser.add_argument("--sdpa", default=None,
                         help="pin the prefill's SDPA backend (MATH, FLASH_ATTENTION, ...)")
     parser.add_argument("--patch", action="append", default=[],

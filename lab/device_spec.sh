@@ -146,10 +146,9 @@ determinism)  # batch-8 plain decoding gave other tokens on a second fresh engin
     MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 | head -1)
   fi
   # (H100: every linear repeats its bits alone; back to back, a few outputs of the stream-K
-  # kernel differ: which change removes that)
-  # (the table has no stream-K since; --large persist brings it back to test the fix of the
-  # suspected write-after-read race on the weight stages: the proxy fence, on by default;
-  # noproxyfence takes it out, refillsleep should hide the race without it)
+  # kernel differed, a write-after-read race on the weight stages that the proxy fence closes:
+  # --large persist puts stream-K on every eligible entry, noproxyfence takes the fence out and
+  # brings the race back, refillsleep hides it without the fence)
   for v in "" "--large persist" "--large persist --patch noproxyfence" \
            "--large persist --patch noproxyfence --patch refillsleep"; do
     TAIL=${CHAIN_TAIL:-2} run 90 "chain${v// /-}" $PY lab/determinism.py --model "${CHAIN_MODEL:-$MODEL}" \
