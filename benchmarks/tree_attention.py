@@ -2,7 +2,8 @@
 
 Shapes: the attention of one layer of the demo model (Hq=9, Hkv=3, D=64), Qwen3-8B (32, 8, 128)
 and Qwen3-32B (64, 8, 128), committed context L in {512, 2048, 8192}, T in {1, 4, 16, 64, 128}
-tree nodes (random trees, nodes at slots L.. in node order) at batch 1, and T <= 16 at batch 8.
+tree nodes (random trees, nodes at slots L.. in node order) at batch 1, and T <= 16 at the
+other batches (``--batches``, default 1 and 8).
 Baselines, timed in the same run: at T=1 today's decode kernel
 (``engine.attention_triton.decode_attention``); at T>1 torch SDPA over the whole cache with an
 explicit boolean ancestor mask (what an implementation without the invariant kernel runs).
@@ -154,6 +155,8 @@ def main() -> None:
     ap.add_argument("--contexts", nargs="+", type=int, default=list(CONTEXTS))
     ap.add_argument("--nodes", nargs="+", type=int, default=list(NODES))
     ap.add_argument("--calls", type=int, default=20, help="calls per captured graph")
+    ap.add_argument("--batches", nargs="+", type=int, default=[1, 8],
+                    help="requests per call (trees above 16 nodes only at batch 1)")
     ap.add_argument("--block-rows", type=int, help="override the config's rows per program")
     ap.add_argument("--splits", type=int, help="override the config's number of splits")
     ap.add_argument("--block-keys", type=int, help="override the config's keys per block")
@@ -182,9 +185,9 @@ def main() -> None:
     print(head)
     for model in args.models:
         for context in args.contexts:
-            for b in (1, 8):
+            for b in args.batches:
                 for t in args.nodes:
-                    if b == 8 and t > BATCH8_MAX_T:
+                    if b > 1 and t > BATCH8_MAX_T:
                         continue
                     r = time_case(model, b, t, context, args.calls, config_of)
                     rows.append(r)
