@@ -23,6 +23,7 @@
 #                                     # c(N) of the hybrid-27b preset (W12, BF16), plain decode
 #   bash lab/device_spec.sh int8head  # the certified INT8 head's GPU test and benchmark
 #   bash lab/device_spec.sh attention # the tree-attention benchmark
+#   bash lab/device_spec.sh attention-sweep # its configurations at batch 1/8/32 (decode regression)
 #   bash lab/device_spec.sh divergence # batch > 1: lab/spec_divergence.py (verify rows against
 #                                     # plain steps, linear by linear) and, with the demo model,
 #                                     # a sampled spec check under CUDA_LAUNCH_BLOCKING=1
@@ -35,7 +36,7 @@
 # Logs and JSON go to $OUT (default ./out). W12_CACHE must hold the demo model's GGUF for
 # "demo" (the cache layout of converters.demo_models). Each step has its own time limit.
 set -uo pipefail
-STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|determinism|hybrid|int8head|attention|drafter|drafter-eval [DIR]}
+STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|determinism|hybrid|int8head|attention|attention-sweep|drafter|drafter-eval [DIR]}
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
@@ -176,6 +177,16 @@ int8head)  # the certified INT8 head: its GPU test, then its product against the
   ;;
 attention)
   TAIL=30 run 200 tree-attention $PY benchmarks/tree_attention.py --json "$OUT/tree-attention.json"
+  ;;
+attention-sweep)  # the T = 1 decode regression: tree-attention configurations (splits, warps)
+  # at batch 1, 8 and 32 against the former decode kernel, trees of 16 alongside (a
+  # configuration changes decode and verify bits alike; each run checks they still agree)
+  for c in "" "--splits 8" "--splits 4" "--splits 8 --warps 4"; do
+    n=$(echo "x$c" | tr -d ' -')
+    TAIL=6 run ${SWEEP_LIMIT:-70} "attention-$n" $PY benchmarks/tree_attention.py \
+      --models qwen3-8b qwen3-32b --contexts 512 2048 --nodes 1 16 --batches 1 8 32 --calls 10 \
+      $c --json "$OUT/attention-$n.json"
+  done
   ;;
 drafter)
   $W12 demo --quiet > "$OUT/demo.txt" 2>&1 || { tail "$OUT/demo.txt"; exit 1; }
