@@ -28,10 +28,11 @@ from w12_kernels.gemm import (
     SMALL_M_MAX,
     decode_weight,
     invariant_rows,
+    linear_rows,
     prepare_weight,
+    rows_reproducible,
     w12_linear,
 )
-from w12_kernels.gemm.rows import linear_rows, rows_reproducible
 from w12_kernels.norm import add_rms_norm, rms_norm
 from w12_kernels.view8 import view_bf16
 
@@ -88,8 +89,7 @@ def gdn_walk_plan(nodes):
 def int8_head(weight: torch.Tensor):
     """The certified INT8 head of an LM head's exact weight [V, K] (``DeviceHead``, on the
     weight's device)."""
-    from w12_kernels.int8_head import quantize
-    from w12_kernels.int8_head.certify import DeviceHead
+    from w12_kernels.int8_head import DeviceHead, quantize
 
     return DeviceHead.of(quantize(weight), weight.device)
 
@@ -98,9 +98,7 @@ def int8_head_candidates(head, h: torch.Tensor, *, temperature: float = 0.0,
                          noise: torch.Tensor | None = None) -> torch.Tensor:
     """[R, V] bool: the vocabulary entries the INT8 product cannot rule out for hidden states
     ``h`` [R, K] under the token rule (greedy, or ``logit / T + noise``)."""
-    from w12_kernels.int8_head import candidates
-    from w12_kernels.int8_head.certify import bounds32
-    from w12_kernels.int8_head.launcher import approx_logits
+    from w12_kernels.int8_head import approx_logits, bounds32, candidates
 
     lo, hi = bounds32(head, h, approx_logits(h, head.q, head.scale))
     return candidates(lo, hi, temperature=temperature, noise=noise)

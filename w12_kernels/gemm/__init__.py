@@ -24,6 +24,7 @@ readable float64 reference. docs/KERNELS.md describes the kernels and the table.
 from w12_kernels.gemm.dispatch import backend, invariant_rows
 from w12_kernels.gemm.layout import DECODE_BIAS, PackedW12, decode_weight, prepare_weight
 from w12_kernels.gemm.op import w12_linear
+from w12_kernels.gemm.rows import linear_rows, rows_reproducible
 from w12_kernels.gemm.table import SMALL_M_MAX
 
 __all__ = [
@@ -33,6 +34,8 @@ __all__ = [
     "backend",
     "decode_weight",
     "invariant_rows",
+    "linear_rows",
     "prepare_weight",
+    "rows_reproducible",
     "w12_linear",
 ]

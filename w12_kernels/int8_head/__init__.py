@@ -20,6 +20,8 @@ clear of the rest.
 tested against.
 """
 
+from w12_kernels.int8_head.certify import DeviceHead, bounds32
+from w12_kernels.int8_head.launcher import approx_logits
 from w12_kernels.int8_head.reference import (
     Int8Head,
     candidates,
@@ -28,4 +30,5 @@ from w12_kernels.int8_head.reference import (
     quantize,
 )
 
-__all__ = ["Int8Head", "candidates", "certified_choice", "logit_bounds", "quantize"]
+__all__ = ["DeviceHead", "Int8Head", "approx_logits", "bounds32", "candidates",
+           "certified_choice", "logit_bounds", "quantize"]
