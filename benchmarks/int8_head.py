@@ -7,15 +7,17 @@ For each head shape (vocabulary x hidden: Qwen3's 151936 x 5120 and 151936 x 409
 - ``w12``: the W12 head (the engine's exact head), ``w12_linear``'s dispatch;
 - ``int8``: the INT8 head's approximate logits (``w12_kernels.int8_head.approx_logits``);
 - ``int8+bounds``: that plus the certification: each row's norm, every entry's interval
-  (``certify.bounds32``), the best lower bound and the candidate mask (torch ops).
+  (``certify.bounds32``), the best lower bound and the candidate mask (torch ops);
+- ``fused``: the same mask from the product with the bounds in its epilogue
+  (``launcher.greedy_candidates``: one kernel, a [M, blocks] maximum, one comparison).
 
 Then, without graphs (the candidate count is read back to size the recompute), each run in
 turn, round after round (``harness.time_host``, ``REPEAT`` calls a sample):
 
 - ``w12 eager``: the W12 head;
-- ``certified``: the whole certified greedy choice: the INT8 product, the bounds, the
-  candidates, their union read back, their rows recomputed from the W12 head's tiles
-  (``gemm.rows.linear_rows``) and the choice among them.
+- ``certified``: the whole certified greedy choice: the fused candidates, their union read
+  back, their rows recomputed from the W12 head's tiles (``gemm.rows.linear_rows``) and the
+  choice among them.
 
 Before timing, the certified tokens are checked against the W12 head's argmax, and the
 reference's float64 bounds against the W12 head's logits (first 8,192 vocabulary rows). The
@@ -41,7 +43,7 @@ import w12  # noqa: E402
 from w12_kernels.gemm import dispatch  # noqa: E402
 from w12_kernels.gemm.layout import prepare_weight  # noqa: E402
 from w12_kernels.gemm.rows import linear_rows  # noqa: E402
-from w12_kernels.int8_head import candidates, quantize  # noqa: E402
+from w12_kernels.int8_head import candidates, greedy_candidates, quantize  # noqa: E402
 from w12_kernels.int8_head.certify import DeviceHead, bounds32  # noqa: E402
 from w12_kernels.int8_head.launcher import approx_logits  # noqa: E402
 
@@ -65,7 +67,7 @@ def certify(x, dh):
 
 def certified(x, pw, dh):
     """The certified greedy tokens [M] (engine.head's choice, written out here)."""
-    cand = certify(x, dh)
+    cand = greedy_candidates(x, dh)
     ids = cand.any(dim=0).nonzero()[:, 0]
     exact = linear_rows(x, pw, ids).float().masked_fill(~cand[:, ids], float("-inf"))
     return ids[exact.argmax(dim=1)]
@@ -106,19 +108,22 @@ def main() -> None:
                 exact = w12_head(x, pw).float()
                 mask = certify(x, dh)
                 assert mask.gather(1, exact.argmax(1, keepdim=True)).all(), "argmax dropped"
+                fused = greedy_candidates(x, dh)
+                assert fused.gather(1, exact.argmax(1, keepdim=True)).all(), "fused: dropped"
                 assert torch.equal(certified(x, pw, dh), exact.argmax(1)), "certified != exact"
                 _check64(head, x.cpu(), exact.cpu())
                 times = time_graphs(_calls(x, pw, dh))
                 eager = _eager(x, pw, dh)
                 row = {"vocab": v, "k": k, "m": m, "margin": margin, "w12_us": times[0],
-                       "int8_us": times[1], "int8_bounds_us": times[2],
+                       "int8_us": times[1], "int8_bounds_us": times[2], "fused_us": times[3],
                        "w12_eager_us": eager[0], "certified_us": eager[1],
                        "candidates_mean": float(mask.sum(1).float().mean()),
                        "recomputed_rows": int(mask.any(0).sum())}
                 rows.append(row)
                 print(f"{v:>7}x{k:<5} margin {margin:g} M={m:<3} W12 {times[0]:7.1f} us  INT8 "
                       f"{times[1]:7.1f} (x{times[0] / times[1]:.2f})  +bounds {times[2]:7.1f} "
-                      f"(x{times[0] / times[2]:.2f})  | eager W12 {eager[0]:7.1f} certified "
+                      f"(x{times[0] / times[2]:.2f})  fused {times[3]:7.1f} "
+                      f"(x{times[0] / times[3]:.2f})  | eager W12 {eager[0]:7.1f} certified "
                       f"{eager[1]:7.1f} (x{eager[0] / eager[1]:.2f})  candidates "
                       f"{row['candidates_mean']:.1f}, rows {row['recomputed_rows']}", flush=True)
     write_json(a.json, rows, env)
@@ -127,7 +132,8 @@ def main() -> None:
 def _calls(x, pw, dh, copies: int = 4) -> list[list]:
     return [[lambda: w12_head(x, pw)] * copies,
             [lambda: approx_logits(x, dh.q, dh.scale)] * copies,
-            [lambda: certify(x, dh)] * copies]
+            [lambda: certify(x, dh)] * copies,
+            [lambda: greedy_candidates(x, dh)] * copies]
 
 
 def _eager(x, pw, dh) -> list[float]:

@@ -98,8 +98,10 @@ def int8_head_candidates(head, h: torch.Tensor, *, temperature: float = 0.0,
                          noise: torch.Tensor | None = None) -> torch.Tensor:
     """[R, V] bool: the vocabulary entries the INT8 product cannot rule out for hidden states
     ``h`` [R, K] under the token rule (greedy, or ``logit / T + noise``)."""
-    from w12_kernels.int8_head import approx_logits, bounds32, candidates
+    from w12_kernels.int8_head import approx_logits, bounds32, candidates, greedy_candidates
 
+    if temperature == 0:  # the bounds in the product's epilogue
+        return greedy_candidates(h, head)
     lo, hi = bounds32(head, h, approx_logits(h, head.q, head.scale))
     return candidates(lo, hi, temperature=temperature, noise=noise)
 

@@ -31,10 +31,40 @@ def check(v, k, r):
     assert ((lo2 <= exact) & (exact <= hi2)).all(), "bounds from the kernel miss the exact"
 
 
+def check_greedy(v, k, r):
+    """The fused certification (bounds in the product's epilogue) keeps the exact head's
+    argmax and is no wider than the torch path's candidates."""
+    import torch
+
+    from w12_kernels.int8_head import (
+        DeviceHead,
+        approx_logits,
+        bounds32,
+        candidates,
+        greedy_candidates,
+        quantize,
+    )
+
+    g = torch.Generator().manual_seed(v * k + r)
+    w = (torch.randn(v, k, generator=g) * 0.05).to(torch.bfloat16)
+    h = (torch.randn(r, k, generator=g) * 2).to(torch.bfloat16)
+    h[:, 1] = 9.0  # clear winners for some rows, crowded tops for others
+    head = DeviceHead.of(quantize(w))
+    fused = greedy_candidates(h, head)
+    lo, hi = bounds32(head, h, approx_logits(h, head.q, head.scale))
+    torch_path = candidates(lo, hi)
+    exact = (h @ w.T).float()
+    assert fused.gather(1, exact.argmax(1, keepdim=True)).all(), "the argmax was dropped"
+    assert not (fused & ~torch_path).any(), "wider than the torch path"
+    assert fused.sum() >= torch_path.sum() - 2 * r, "much narrower than the torch path"
+
+
 def main() -> None:
     from interp_harness import report
 
-    report({cid: (lambda c=c: check(*c)) for cid, c in CASES.items()})
+    jobs = {cid: (lambda c=c: check(*c)) for cid, c in CASES.items()}
+    jobs.update({f"greedy_{cid}": (lambda c=c: check_greedy(*c)) for cid, c in CASES.items()})
+    report(jobs)
 
 
 if __name__ == "__main__":

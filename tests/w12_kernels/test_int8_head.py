@@ -85,10 +85,10 @@ def test_bad_inputs_are_refused():
 interpreter_verdicts = interp_harness.verdicts_fixture(__file__, "int8_head_interp_runner.py")
 
 
-@pytest.mark.parametrize("case", list(runner.CASES))
+@pytest.mark.parametrize("case", [*runner.CASES, *(f"greedy_{c}" for c in runner.CASES)])
 def test_interpreted_kernel(interpreter_verdicts, case):
     """The Triton kernel's product is the reference's to float32 sums, and bounds built on it
-    still hold the exact head's logits."""
+    still hold the exact head's logits; its certifying epilogue keeps the exact argmax."""
     assert interpreter_verdicts[case] == "ok", interpreter_verdicts[case]
 
 
@@ -147,3 +147,17 @@ def test_linear_rows_have_the_whole_products_bits(rows):
     ids = torch.tensor([0, 9, 17, 18, 500, 4000, 4098], device="cuda")
     got = linear_rows(x, pw, ids)
     assert torch.equal(got.view(torch.int16), whole[:, ids].view(torch.int16))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [1, 20, 64])
+def test_gpu_fused_certification_keeps_the_exact_argmax(rows):
+    """The bounds in the product's epilogue (BF16 tensor cores): every row's candidates hold
+    the exact head's argmax, and they are a small part of the vocabulary."""
+    from w12_kernels.int8_head import DeviceHead, greedy_candidates
+
+    w, h = _case(4099, 576, rows, 7, spread=2.0)
+    mask = greedy_candidates(h.cuda(), DeviceHead.of(quantize(w), "cuda")).cpu()
+    exact = _exact(w.cuda(), h.cuda()).cpu()
+    assert mask.gather(1, exact.argmax(1, keepdim=True)).all()
+    assert mask.sum(1).max() < w.shape[0] // 4

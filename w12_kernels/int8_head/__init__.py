@@ -21,7 +21,7 @@ tested against.
 """
 
 from w12_kernels.int8_head.certify import DeviceHead, bounds32
-from w12_kernels.int8_head.launcher import approx_logits
+from w12_kernels.int8_head.launcher import approx_logits, greedy_candidates
 from w12_kernels.int8_head.reference import (
     Int8Head,
     candidates,
@@ -31,4 +31,4 @@ from w12_kernels.int8_head.reference import (
 )
 
 __all__ = ["DeviceHead", "Int8Head", "approx_logits", "bounds32", "candidates",
-           "certified_choice", "logit_bounds", "quantize"]
+           "certified_choice", "greedy_candidates", "logit_bounds", "quantize"]

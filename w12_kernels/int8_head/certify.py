@@ -59,17 +59,36 @@ class DeviceHead:
                                                             self.wsum))
 
 
+@dataclass(frozen=True)
+class Widening:
+    """The constants of the float32 bound for a head of K columns (module docstring)."""
+
+    gamma: float  # the float32 sums' allowance, n u / (1 - n u)
+    norm: float  # factor on the float32 norm of a hidden state
+    radius: float = SAFETY * GROW  # factor on the float32 radius
+    widen: float = U_BF16 + 2.0**-20  # relative widening of lo and hi
+    u_sum: float = U_SUM
+
+    @classmethod
+    def of(cls, k: int) -> Widening:
+        n = k + EXTRA_TERMS
+        return cls(gamma=n * U_SUM / (1 - n * U_SUM), norm=(1.0 + (k + 4) * 2.0**-23) * SAFETY)
+
+
+def hidden_norms(h: torch.Tensor, w: Widening) -> torch.Tensor:
+    """[R] float32: each hidden state's norm, widened past its float32 rounding."""
+    return h.float().norm(dim=1) * w.norm
+
+
 def bounds32(head: DeviceHead, h: torch.Tensor, approx: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """(lo, hi) [R, V] float32 around the exact head's computed logits, for hidden states ``h``
     [R, K] and the kernel's ``approx`` [R, V] (float32): each interval contains the float64
-    one of ``reference.logit_bounds``."""
-    k = head.shape[1]
-    n = k + EXTRA_TERMS
-    gamma = n * U_SUM / (1 - n * U_SUM)
-    hn = h.float().norm(dim=1, keepdim=True) * ((1.0 + (k + 4) * 2.0**-23) * SAFETY)
-    radius = (hn * head.err[None, :] + (gamma * hn) * head.wsum[None, :]
-              + U_SUM * approx.abs()) * (SAFETY * GROW)
+    one of ``reference.logit_bounds``. (``launcher.greedy_candidates`` computes the same in
+    the INT8 product's epilogue.)"""
+    w = Widening.of(head.shape[1])
+    hn = hidden_norms(h, w)[:, None]
+    radius = (hn * head.err[None, :] + (w.gamma * hn) * head.wsum[None, :]
+              + w.u_sum * approx.abs()) * w.radius
     lo, hi = approx - radius, approx + radius
-    widen = U_BF16 + 2.0**-20
-    return lo - widen * lo.abs(), hi + widen * hi.abs()
+    return lo - w.widen * lo.abs(), hi + w.widen * hi.abs()

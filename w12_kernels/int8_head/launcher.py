@@ -1,4 +1,5 @@
-"""Launch of the INT8 head's approximate logits (``kernel.py``)."""
+"""Launches of the INT8 head's kernel (``kernel.py``): the approximate logits, or the greedy
+certification's candidates from the same product with the bounds in its epilogue."""
 
 from __future__ import annotations
 
@@ -30,11 +31,48 @@ def approx_logits(h: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torc
 
     h, q = h.contiguous(), q.contiguous()
     out = torch.empty((r, v), dtype=torch.float32, device=h.device)
-    br = 16 if r <= 16 else 32 if r <= 32 else 64
+    br = _rows_block(r)
     grid = (triton_cdiv(v, BV), triton_cdiv(r, br))
     int8_head_kernel[grid](h, q, scale, out, r, v, k, h.stride(0), q.stride(0), out.stride(0),
-                           BR=br, BV=BV, BK=BK, ON_GPU=h.is_cuda)
+                           scale, scale, scale, out, 0, 0.0, 0.0, 0.0, 0.0,
+                           BR=br, BV=BV, BK=BK, ON_GPU=h.is_cuda, CERTIFY=False)
     return out
+
+
+def greedy_candidates(h: torch.Tensor, head) -> torch.Tensor:
+    """[R, V] bool: the entries whose upper bound reaches the row's best lower bound (the
+    greedy certification of ``reference.candidates`` on ``certify.bounds32``'s bounds), with
+    the bounds computed in the product's epilogue: one kernel, then a [R, blocks] maximum and
+    one comparison. ``head``: a ``certify.DeviceHead``."""
+    from w12_kernels.int8_head.certify import Widening, bounds32, hidden_norms
+    from w12_kernels.int8_head.reference import candidates
+
+    if not h.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        lo, hi = bounds32(head, h, approx_logits(h, head.q, head.scale))
+        return candidates(lo, hi)
+    from w12_kernels.int8_head.kernel import int8_head_kernel
+
+    r, k = h.shape
+    v = head.q.shape[0]
+    if h.dtype != torch.bfloat16 or head.q.shape[1] != k:
+        raise W12Error(f"INT8 head: hidden states {h.dtype} {tuple(h.shape)} for a head of "
+                       f"{tuple(head.q.shape)}")
+    w = Widening.of(k)
+    h = h.contiguous()
+    hn = hidden_norms(h, w).contiguous()
+    hi = torch.empty((r, v), dtype=torch.float32, device=h.device)
+    blocks = triton_cdiv(v, BV)
+    best = torch.empty((r, blocks), dtype=torch.float32, device=h.device)
+    br = _rows_block(r)
+    int8_head_kernel[(blocks, triton_cdiv(r, br))](
+        h, head.q, head.scale, hi, r, v, k, h.stride(0), head.q.stride(0), hi.stride(0),
+        head.err, head.wsum, hn, best, best.stride(0), w.gamma, w.u_sum, w.radius, w.widen,
+        BR=br, BV=BV, BK=BK, ON_GPU=h.is_cuda, CERTIFY=True)
+    return hi >= best.amax(dim=1, keepdim=True)
+
+
+def _rows_block(r: int) -> int:
+    return 16 if r <= 16 else 32 if r <= 32 else 64
 
 
 def triton_cdiv(a: int, b: int) -> int:
