@@ -58,15 +58,26 @@ def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return q.to(torch.int8), scale, err
 
 
+ROWS_AT_ONCE = 8192  # float64 work is done this many vocabulary rows at a time
+
+
 def quantize(weight: torch.Tensor) -> Int8Head:
-    """The INT8 head of a BF16 (or float) weight [V, K]; every value must be finite."""
+    """The INT8 head of a BF16 (or float) weight [V, K]; every value must be finite. The
+    float64 arithmetic runs ``ROWS_AT_ONCE`` rows at a time (a 152k x 5120 head would need
+    ~6 GB for one float64 copy)."""
     if weight.dim() != 2:
         raise W12Error(f"INT8 head: weight of shape {tuple(weight.shape)}, expected [V, K]")
     if not torch.isfinite(weight).all():
         raise W12Error("INT8 head: the weight has non-finite values")
-    q, scale, err = _quantize_rows(weight)
-    qnorm = scale.double() * q.double().norm(dim=1) * SAFETY
-    return Int8Head(q, scale, err, weight.double().norm(dim=1) * SAFETY, qnorm)
+    if weight.shape[0] == 0:
+        raise W12Error("INT8 head: the weight has no rows")
+    parts = []
+    for start in range(0, weight.shape[0], ROWS_AT_ONCE):
+        rows = weight[start:start + ROWS_AT_ONCE]
+        q, scale, err = _quantize_rows(rows)
+        qnorm = scale.double() * q.double().norm(dim=1) * SAFETY
+        parts.append((q, scale, err, rows.double().norm(dim=1) * SAFETY, qnorm))
+    return Int8Head(*(torch.cat(p) for p in zip(*parts, strict=True)))
 
 
 def logit_bounds(head: Int8Head, h: torch.Tensor, approx: torch.Tensor | None = None
