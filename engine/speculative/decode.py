@@ -21,7 +21,14 @@ from engine.sampling import Sampling
 from engine.speculative.drafters import Drafter
 from engine.speculative.tree import DraftTree, limit_rows, share_budget
 from engine.speculative.two_level import TwoLevel, two_level_step
-from engine.speculative.verify import Verdict, verify
+from engine.speculative.verify import (
+    Pending,
+    Verdict,
+    head_picks,
+    verify,
+    verify_finish,
+    verify_forward,
+)
 from w12.errors import W12Error
 
 
@@ -47,7 +54,9 @@ class SpecRunner:
     costs one replay. The verdict tensors are the graph's outputs: read them before the next
     step. With ``two_level`` each step is two-level verification (``two_level.py``), run
     eagerly: its re-draft depends on the Q pass's path. With the engine's certified INT8 head
-    (``engine.head``) the step runs eagerly too: its candidate recompute is sized on the host.
+    (``engine.head``), whose candidate recompute is sized on the host, the step is two graphs
+    with the head's picks between them: the draft and the forward pass to the head's input,
+    then acceptance and commit.
     """
 
     def __init__(self, engine: Engine, drafter: Drafter, *, budget: int, tree: bool,
@@ -76,10 +85,11 @@ class SpecRunner:
         self.roots = torch.zeros(engine.batch, dtype=torch.long, device=device)
         empty = torch.zeros(engine.batch, budget - 1, dtype=torch.long, device=device)
         self.tree_in = DraftTree.chain(self.roots, empty, torch.zeros_like(self.roots))
-        self.graph = None
+        self.graph = self.finish_graph = None
+        self.picks_in = torch.zeros(engine.batch, budget, dtype=torch.long, device=device)
         drafter.bind(engine.cache)
-        if two_level is None and engine.head is None and (
-                cuda_graph if cuda_graph is not None else device.type == "cuda"):
+        if two_level is None and (cuda_graph if cuda_graph is not None
+                                  else device.type == "cuda"):
             self._capture()
 
     def _propose(self, roots: torch.Tensor) -> DraftTree:
@@ -93,13 +103,22 @@ class SpecRunner:
         except ValueError as exc:
             raise W12Error(f"drafter {self.drafter.name}: {exc}") from None
 
+    def _draft(self) -> DraftTree:
+        return self._propose(self.roots) if self.drafter.on_device else self.tree_in
+
     def _body(self) -> Verdict:
-        if self.drafter.on_device:
-            draft = self._propose(self.roots)
-        else:
-            draft = self.tree_in
-        return verify(self.engine.model, self.engine.cache, draft, self.sampling,
+        return verify(self.engine.model, self.engine.cache, self._draft(), self.sampling,
                       self.requests, self.forced_accept, self.engine.head)
+
+    def _forward(self) -> Pending:  # (with the engine's INT8 head) the step up to its picks
+        return verify_forward(self.engine.model, self.engine.cache, self._draft())
+
+    def _finish(self) -> Verdict:  # (with the engine's INT8 head) the step after its picks
+        return verify_finish(self.engine.cache, self.pending, self.picks_in, self.forced_accept)
+
+    def _picks(self) -> None:
+        self.picks_in.copy_(head_picks(self.engine.head, self.pending, self.sampling,
+                                       self.requests))
 
     @torch.inference_mode()
     def _capture(self) -> None:
@@ -107,14 +126,27 @@ class SpecRunner:
         saved = cache.lengths.clone()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
+        split = self.engine.head is not None
         with torch.cuda.stream(stream):
             for _ in range(2):  # compiles; writes only scratch slots past the lengths
-                self._body()
+                if split:
+                    self.pending = self._forward()
+                    self._picks()
+                    self._finish()
+                else:
+                    self._body()
                 cache.lengths.copy_(saved)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, stream=stream):  # the warm-up's stream (w12_kernels)
-            self.verdict = self._body()
+            if split:
+                self.pending = self._forward()
+            else:
+                self.verdict = self._body()
+        if split:
+            self.finish_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.finish_graph, stream=stream):
+                self.verdict = self._finish()
         cache.lengths.copy_(saved)
 
     @torch.inference_mode()
@@ -133,6 +165,9 @@ class SpecRunner:
         if self.graph is None:
             return self._body()
         self.graph.replay()
+        if self.finish_graph is not None:
+            self._picks()
+            self.finish_graph.replay()
         return self.verdict
 
 

@@ -77,18 +77,16 @@ def forced_picks(tree: DraftTree, accept_count: int) -> torch.Tensor:
 
 
 def target_logits(model: Transformer, cache: KVCache, tree: DraftTree, paths: torch.Tensor,
-                  sampling: Sampling, requests: torch.Tensor, head=None):
+                  sampling: Sampling, requests: torch.Tensor):
     """([B, N, V] logits, [B, N] picks) of ``model`` at every node of ``tree`` (``paths`` = its
     paths), each pick keyed by the position its token takes; every node's key and value
-    written. ``head``: an ``engine.head.CertifiedHead`` picks instead (no logits: None)."""
+    written."""
     lengths = cache.lengths
     pos = lengths[:, None] + tree.depth
-    out = model(tree.tokens, pos, cache, AttentionPlan.tree(lengths, paths), head=head is None)
-    b, n, width = out.shape
-    keys = (requests.repeat_interleave(n), (pos + 1).view(-1))
-    if head is not None:
-        return None, head.choose(out.view(b * n, width), sampling, *keys).view(b, n)
-    return out, choose(out.view(b * n, width), sampling, *keys).view(b, n)
+    logits = model(tree.tokens, pos, cache, AttentionPlan.tree(lengths, paths))
+    b, n, vocab = logits.shape
+    return logits, choose(logits.view(b * n, vocab), sampling, requests.repeat_interleave(n),
+                          (pos + 1).view(-1)).view(b, n)
 
 
 def target_picks(model: Transformer, cache: KVCache, tree: DraftTree, paths: torch.Tensor,
@@ -97,16 +95,67 @@ def target_picks(model: Transformer, cache: KVCache, tree: DraftTree, paths: tor
     return target_logits(model, cache, tree, paths, sampling, requests)[1]
 
 
+@dataclass
+class Pending:
+    """A verify step's forward pass whose picks are still to be made (a head that runs apart,
+    ``engine.head``): the tree, its paths, the head's input [B, N, dim] at every node and each
+    node's position [B, N]."""
+
+    tree: DraftTree
+    paths: torch.Tensor
+    hidden: torch.Tensor
+    pos: torch.Tensor
+
+
+def verify_forward(model: Transformer, cache: KVCache, tree: DraftTree) -> Pending:
+    """The target over every node of ``tree`` up to the LM head's input (keys and values
+    written, nothing accepted or committed)."""
+    lengths = cache.lengths
+    paths = tree.paths()
+    pos = lengths[:, None] + tree.depth
+    hidden = model(tree.tokens, pos, cache, AttentionPlan.tree(lengths, paths), head=False)
+    return Pending(tree, paths, hidden, pos)
+
+
+def head_picks(head, pending: Pending, sampling: Sampling, requests: torch.Tensor
+               ) -> torch.Tensor:
+    """[B, N] the picks of ``head`` (``engine.head.CertifiedHead``) at every node, each keyed
+    by the position its token takes."""
+    b, n, width = pending.hidden.shape
+    return head.choose(pending.hidden.reshape(b * n, width), sampling,
+                       requests.repeat_interleave(n), (pending.pos + 1).view(-1)).view(b, n)
+
+
+def verify_finish(cache: KVCache, pending: Pending, picks: torch.Tensor,
+                  forced_accept: int | None = None) -> Verdict:
+    """Accept along ``picks`` [B, N], move the accepted rows into place, commit (the second
+    half of ``verify``)."""
+    tree, paths = pending.tree, pending.paths
+    if forced_accept is not None:
+        picks = forced_picks(tree, forced_accept)  # the target's picks ran all the same
+    verdict = accept(tree, picks, paths)
+    committed = verdict.accepted + 1
+    lengths = cache.lengths
+    cache.keep(torch.where(verdict.path >= 0, verdict.path + lengths[:, None], -1), committed)
+    cache.commit(committed)
+    return verdict
+
+
 def verify(model: Transformer, cache: KVCache, tree: DraftTree, sampling: Sampling,
            requests: torch.Tensor, forced_accept: int | None = None, head=None) -> Verdict:
     """Run ``tree`` through the target, accept, move the accepted rows into place and advance
     every request's length by the tokens it commits. ``forced_accept``: accept that many
     drafted tokens whatever the target picks (timing, and token forcing, which reads the
     verdict's logits along a given path; see ``forced_picks``). ``head``: the certified INT8
-    head picks (``target_logits``; the verdict then has no logits)."""
+    head picks (``verify_forward``, ``head_picks``, ``verify_finish``; the verdict then has no
+    logits)."""
+    if head is not None:
+        pending = verify_forward(model, cache, tree)
+        return verify_finish(cache, pending, head_picks(head, pending, sampling, requests),
+                             forced_accept)
     lengths = cache.lengths
     paths = tree.paths()
-    logits, picks = target_logits(model, cache, tree, paths, sampling, requests, head)
+    logits, picks = target_logits(model, cache, tree, paths, sampling, requests)
     if forced_accept is not None:
         picks = forced_picks(tree, forced_accept)  # the target's picks ran all the same
     verdict = accept(tree, picks, paths)

@@ -48,7 +48,7 @@ def test_speculative_decoding_with_the_int8_head_gives_plain_decodings_tokens(ti
                                       budget=budget, tree=tree, sampling=sampling,
                                       runner=runner)
         assert out == want, drafter
-        assert runner.graph is None and engine.head.stats.rows > 3 * budget
+        assert engine.head.stats.rows > 3 * budget  # the verify steps picked with it
 
 
 def test_top_p_runs_the_exact_head(tiny_w12):
@@ -120,8 +120,9 @@ def test_the_demo_model_needs_few_candidates(demo_w12):
 @pytest.mark.parametrize("sampling", [Sampling(), SAMPLED], ids=["greedy", "sampled"])
 def test_cuda_int8_head_recomputes_the_exact_heads_tokens(sampling):
     """On the GPU the candidates' rows are recomputed from the W12 head's tiles: plain decoding
-    (batch 4) and speculative decoding (a 16-node tree, 64 rows a verify) give the exact
-    head's tokens. (Random weights crowd the top logits: every candidate set is recomputed.)"""
+    (batch 4) and speculative decoding (a 16-node tree, 64 rows a verify; the step as two CUDA
+    graphs around the head) give the exact head's tokens. (Random weights crowd the top
+    logits: every candidate set is recomputed.)"""
     model = load_model("synthetic:smollm2-135m", mode="w12", device="cuda", seed=3).model
     prompts = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [3, 4], [100, 20, 30, 40, 50], [7] * 9]
     want = generate(Engine(model, batch=4, max_seq_len=128), prompts, max_new_tokens=24,
@@ -134,6 +135,7 @@ def test_cuda_int8_head_recomputes_the_exact_heads_tokens(sampling):
     engine.head.max_rows = model.args.vocab_size
     runner = SpecRunner(engine, make_drafter("early-exit:2", model), budget=16, tree=True,
                         sampling=sampling)
+    assert runner.graph is not None and runner.finish_graph is not None  # two graphs a step
     out, _ = speculative_generate(engine, runner.drafter, prompts, max_new_tokens=24,
                                   budget=16, tree=True, sampling=sampling, runner=runner)
     assert out == want
