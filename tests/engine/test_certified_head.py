@@ -140,3 +140,33 @@ def test_cuda_int8_head_recomputes_the_exact_heads_tokens(sampling):
                                   budget=16, tree=True, sampling=sampling, runner=runner)
     assert out == want
     assert engine.head.stats.fallbacks == 0
+
+
+def test_the_two_graph_step_equals_the_eager_step(tiny_w12):
+    """What a GPU captures as two graphs around the head (``_forward``, ``_picks``,
+    ``_finish``), run by hand here, commits what the eager step commits."""
+    from engine.generate import GREEDY
+
+    verdicts, lengths = [], []
+    for split in (False, True):
+        engine = Engine(tiny_w12, batch=3, max_seq_len=96, head="int8")
+        runner = SpecRunner(engine, make_drafter("early-exit:1", tiny_w12), budget=6,
+                            tree=True, sampling=GREEDY)
+        first = engine.choose(engine.prefill(PROMPTS), GREEDY, runner.requests,
+                              torch.tensor([len(p) for p in PROMPTS]))
+        runner.drafter.start(PROMPTS, first.tolist())
+        roots, got = first, []
+        for _ in range(4):
+            if split:  # (a drafter on the device drafts inside the first graph)
+                runner.roots.copy_(roots)
+                runner.pending = runner._forward()
+                runner._picks()
+                verdict = runner._finish()
+            else:
+                verdict = runner.step(roots)
+            got.append((verdict.accepted.tolist(), verdict.emitted.tolist()))
+            roots = verdict.emitted.gather(1, verdict.accepted[:, None])[:, 0]
+        verdicts.append(got)
+        lengths.append(engine.cache.lengths.tolist())
+    assert verdicts[0] == verdicts[1] and lengths[0] == lengths[1]
+    assert sum(sum(a) for a, _ in verdicts[0]) > 0  # some drafts were accepted
