@@ -22,6 +22,7 @@
 #                                     # kernel benchmark (path, walk, snapshots, commit, decode),
 #                                     # c(N) of the hybrid-27b preset (W12, BF16), plain decode
 #   bash lab/device_spec.sh int8head  # the certified INT8 head's GPU test and benchmark
+#   bash lab/device_spec.sh int8head-sweep # the INT8 product's tile configurations
 #   bash lab/device_spec.sh attention # the tree-attention benchmark
 #   bash lab/device_spec.sh attention-sweep # its configurations at batch 1/8/32 (decode regression)
 #   bash lab/device_spec.sh divergence # batch > 1: lab/spec_divergence.py (verify rows against
@@ -36,7 +37,7 @@
 # Logs and JSON go to $OUT (default ./out). W12_CACHE must hold the demo model's GGUF for
 # "demo" (the cache layout of converters.demo_models). Each step has its own time limit.
 set -uo pipefail
-STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|determinism|hybrid|int8head|attention|attention-sweep|drafter|drafter-eval [DIR]}
+STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|determinism|hybrid|int8head|int8head-sweep|attention|attention-sweep|drafter|drafter-eval [DIR]}
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
@@ -174,6 +175,9 @@ int8head)  # the certified INT8 head: its GPU test, then its product against the
     tests/w12_kernels/test_int8_head.py tests/engine/test_certified_head.py
   TAIL=30 run ${BENCH_LIMIT:-300} int8-head $PY benchmarks/int8_head.py --m ${M_LIST:-1,8,32,64} \
     --margins ${MARGINS:-0,6} --json "$OUT/int8-head.json"
+  ;;
+int8head-sweep)  # the INT8 product's tiles (lab/int8_head_sweep.py) against the W12 head
+  TAIL=12 run ${SWEEP_LIMIT:-300} int8-head-sweep $PY lab/int8_head_sweep.py --m ${M_LIST:-1,16,64}
   ;;
 attention)
   TAIL=30 run 200 tree-attention $PY benchmarks/tree_attention.py --json "$OUT/tree-attention.json"

@@ -3,25 +3,27 @@ line: case id -> "ok" or the failure. ``test_int8_head.py`` starts it."""
 
 from __future__ import annotations
 
-# id: (vocabulary rows, K, hidden states)
+# id: (vocabulary rows, K, hidden states[, (bv, bk) of the kernel's tile])
 CASES = {
     "rows_1": (200, 96, 1),
     "rows_20_ragged": (131, 80, 20),
     "rows_64": (96, 128, 64),
+    "rows_20_tile_32x128": (131, 300, 20, (32, 128)),
 }
 
 
-def check(v, k, r):
+def check(v, k, r, tile=None):
     import torch
 
     from w12_kernels.int8_head import logit_bounds, quantize
-    from w12_kernels.int8_head.launcher import approx_logits
+    from w12_kernels.int8_head.launcher import DEFAULT, Int8HeadConfig, approx_logits
 
     g = torch.Generator().manual_seed(v + k + r)
     w = (torch.randn(v, k, generator=g) * 0.05).to(torch.bfloat16)
     h = (torch.randn(r, k, generator=g) * 2).to(torch.bfloat16)
     head = quantize(w)
-    got = approx_logits(h, head.q, head.scale)
+    config = Int8HeadConfig(*tile) if tile else DEFAULT
+    got = approx_logits(h, head.q, head.scale, config)
     want, lo, hi = logit_bounds(head, h)
     # float32 sums of exact products: within a few float32 ulps of the float64 product
     slack = 1e-5 * (h.double().abs() @ (head.q.double().abs().T)) * head.scale.double()
@@ -31,7 +33,7 @@ def check(v, k, r):
     assert ((lo2 <= exact) & (exact <= hi2)).all(), "bounds from the kernel miss the exact"
 
 
-def check_greedy(v, k, r):
+def check_greedy(v, k, r, tile=None):
     """The fused certification (bounds in the product's epilogue) keeps the exact head's
     argmax and is no wider than the torch path's candidates."""
     import torch
@@ -50,7 +52,9 @@ def check_greedy(v, k, r):
     h = (torch.randn(r, k, generator=g) * 2).to(torch.bfloat16)
     h[:, 1] = 9.0  # clear winners for some rows, crowded tops for others
     head = DeviceHead.of(quantize(w))
-    fused = greedy_candidates(h, head)
+    from w12_kernels.int8_head.launcher import DEFAULT, Int8HeadConfig
+
+    fused = greedy_candidates(h, head, Int8HeadConfig(*tile) if tile else DEFAULT)
     lo, hi = bounds32(head, h, approx_logits(h, head.q, head.scale))
     torch_path = candidates(lo, hi)
     exact = (h @ w.T).float()

@@ -4,15 +4,30 @@ certification's candidates from the same product with the bounds in its epilogue
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
 from w12.errors import W12Error
 
-BV, BK = 64, 64
+
+@dataclass(frozen=True)
+class Int8HeadConfig:
+    """The kernel's tile: ``bv`` vocabulary rows and ``bk`` columns a step (powers of two >=
+    16), its warps and pipeline stages. The rows block follows M (16, 32 or 64). No choice
+    changes a bound's validity (float32 sums in any order are inside it)."""
+
+    bv: int = 64
+    bk: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
 
 
-def approx_logits(h: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+DEFAULT = Int8HeadConfig()
+
+
+def approx_logits(h: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                  config: Int8HeadConfig = DEFAULT) -> torch.Tensor:
     """``scale[v] * (h . q[v])`` [R, V] float32 for BF16 ``h`` [R, K] and INT8 ``q`` [V, K]:
     float32 sums of exact products, so within ``logit_bounds``'s allowance for a kernel. The
     Triton kernel on a GPU (or under ``TRITON_INTERPRET=1``), a float32 matmul on the CPU."""
@@ -32,14 +47,16 @@ def approx_logits(h: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torc
     h, q = h.contiguous(), q.contiguous()
     out = torch.empty((r, v), dtype=torch.float32, device=h.device)
     br = _rows_block(r)
-    grid = (triton_cdiv(v, BV), triton_cdiv(r, br))
+    grid = (triton_cdiv(v, config.bv), triton_cdiv(r, br))
     int8_head_kernel[grid](h, q, scale, out, r, v, k, h.stride(0), q.stride(0), out.stride(0),
                            scale, scale, scale, out, 0, 0.0, 0.0, 0.0, 0.0,
-                           BR=br, BV=BV, BK=BK, ON_GPU=h.is_cuda, CERTIFY=False)
+                           BR=br, BV=config.bv, BK=config.bk, ON_GPU=h.is_cuda, CERTIFY=False,
+                           num_warps=config.num_warps, num_stages=config.num_stages)
     return out
 
 
-def greedy_candidates(h: torch.Tensor, head) -> torch.Tensor:
+def greedy_candidates(h: torch.Tensor, head, config: Int8HeadConfig = DEFAULT
+                      ) -> torch.Tensor:
     """[R, V] bool: the entries whose upper bound reaches the row's best lower bound (the
     greedy certification of ``reference.candidates`` on ``certify.bounds32``'s bounds), with
     the bounds computed in the product's epilogue: one kernel, then a [R, blocks] maximum and
@@ -61,13 +78,14 @@ def greedy_candidates(h: torch.Tensor, head) -> torch.Tensor:
     h = h.contiguous()
     hn = hidden_norms(h, w).contiguous()
     hi = torch.empty((r, v), dtype=torch.float32, device=h.device)
-    blocks = triton_cdiv(v, BV)
+    blocks = triton_cdiv(v, config.bv)
     best = torch.empty((r, blocks), dtype=torch.float32, device=h.device)
     br = _rows_block(r)
     int8_head_kernel[(blocks, triton_cdiv(r, br))](
         h, head.q, head.scale, hi, r, v, k, h.stride(0), head.q.stride(0), hi.stride(0),
         head.err, head.wsum, hn, best, best.stride(0), w.gamma, w.u_sum, w.radius, w.widen,
-        BR=br, BV=BV, BK=BK, ON_GPU=h.is_cuda, CERTIFY=True)
+        BR=br, BV=config.bv, BK=config.bk, ON_GPU=h.is_cuda, CERTIFY=True,
+        num_warps=config.num_warps, num_stages=config.num_stages)
     return hi >= best.amax(dim=1, keepdim=True)
 
 
