@@ -86,7 +86,8 @@ class SpecRunner:
         empty = torch.zeros(engine.batch, budget - 1, dtype=torch.long, device=device)
         self.tree_in = DraftTree.chain(self.roots, empty, torch.zeros_like(self.roots))
         self.graph = self.finish_graph = None
-        self.picks_in = torch.zeros(engine.batch, budget, dtype=torch.long, device=device)
+        if engine.head is not None:  # the head's picks between the two graphs of a step
+            self.picks_in = torch.zeros(engine.batch, budget, dtype=torch.long, device=device)
         drafter.bind(engine.cache)
         if two_level is None and (cuda_graph if cuda_graph is not None
                                   else device.type == "cuda"):
@@ -114,7 +115,8 @@ class SpecRunner:
         return verify_forward(self.engine.model, self.engine.cache, self._draft())
 
     def _finish(self) -> Verdict:  # (with the engine's INT8 head) the step after its picks
-        return verify_finish(self.engine.cache, self.pending, self.picks_in, self.forced_accept)
+        return verify_finish(self.engine.cache, self.pending.tree, self.pending.paths,
+                             self.picks_in, self.forced_accept)
 
     def _picks(self) -> None:
         self.picks_in.copy_(head_picks(self.engine.head, self.pending, self.sampling,

@@ -126,11 +126,10 @@ def head_picks(head, pending: Pending, sampling: Sampling, requests: torch.Tenso
                        requests.repeat_interleave(n), (pending.pos + 1).view(-1)).view(b, n)
 
 
-def verify_finish(cache: KVCache, pending: Pending, picks: torch.Tensor,
+def verify_finish(cache: KVCache, tree: DraftTree, paths: torch.Tensor, picks: torch.Tensor,
                   forced_accept: int | None = None) -> Verdict:
-    """Accept along ``picks`` [B, N], move the accepted rows into place, commit (the second
-    half of ``verify``)."""
-    tree, paths = pending.tree, pending.paths
+    """Accept ``tree`` (``paths`` = its paths) along ``picks`` [B, N], move the accepted rows
+    into place, commit (the second half of ``verify``)."""
     if forced_accept is not None:
         picks = forced_picks(tree, forced_accept)  # the target's picks ran all the same
     verdict = accept(tree, picks, paths)
@@ -151,16 +150,10 @@ def verify(model: Transformer, cache: KVCache, tree: DraftTree, sampling: Sampli
     logits)."""
     if head is not None:
         pending = verify_forward(model, cache, tree)
-        return verify_finish(cache, pending, head_picks(head, pending, sampling, requests),
-                             forced_accept)
-    lengths = cache.lengths
+        return verify_finish(cache, tree, pending.paths,
+                             head_picks(head, pending, sampling, requests), forced_accept)
     paths = tree.paths()
     logits, picks = target_logits(model, cache, tree, paths, sampling, requests)
-    if forced_accept is not None:
-        picks = forced_picks(tree, forced_accept)  # the target's picks ran all the same
-    verdict = accept(tree, picks, paths)
+    verdict = verify_finish(cache, tree, paths, picks, forced_accept)
     verdict.logits = logits
-    committed = verdict.accepted + 1
-    cache.keep(torch.where(verdict.path >= 0, verdict.path + lengths[:, None], -1), committed)
-    cache.commit(committed)
     return verdict

@@ -44,6 +44,11 @@ def tile_subset(w: PackedW12, tiles: torch.Tensor) -> TileSubset:
     if tiles.dim() != 1 or (tiles.numel() and (int(tiles.min()) < 0
                                                or int(tiles.max()) >= count)):
         raise W12Error(f"tile_subset: tile indices must be a vector in [0, {count})")
+    return _gather(w, tiles)
+
+
+def _gather(w: PackedW12, tiles: torch.Tensor) -> TileSubset:
+    """``tile_subset`` without the check of the indices (``linear_rows`` checked its rows)."""
     rows = (tiles[:, None] * ROW_ALIGN + torch.arange(ROW_ALIGN, device=w.device)).reshape(-1)
     start = w.esc_rowptr.long()[rows]
     per_row = w.esc_rowptr.long()[rows + 1] - start
@@ -51,7 +56,8 @@ def tile_subset(w: PackedW12, tiles: torch.Tensor) -> TileSubset:
     rowptr[1:] = per_row.cumsum(0).to(torch.int32)
     total = int(rowptr[-1])
     # escape j of the subset: the (j - first of its row)-th escape of its source row
-    new_row = torch.repeat_interleave(torch.arange(rows.numel(), device=w.device), per_row)
+    new_row = torch.repeat_interleave(torch.arange(rows.numel(), device=w.device), per_row,
+                                      output_size=total)
     src = start[new_row] + torch.arange(total, device=w.device) - rowptr.long()[new_row]
     return TileSubset(n=rows.numel(), chunks=w.chunks[tiles].contiguous(),
                       scale=w.scale[rows].contiguous(), esc_rowptr=rowptr,
@@ -90,7 +96,7 @@ def linear_rows(x: torch.Tensor, w: PackedW12, ids: torch.Tensor,
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= w.n):
         raise W12Error(f"linear_rows: row ids must lie in [0, {w.n})")
     tiles, where = torch.unique(ids // ROW_ALIGN, return_inverse=True)
-    sub = tile_subset(w, tiles)
+    sub = _gather(w, tiles)
     sub_bias = None
     if bias is not None:
         padded = torch.zeros(int(w.chunks.shape[0]) * ROW_ALIGN, dtype=bias.dtype,
