@@ -11,7 +11,11 @@ ones likelier). Candidates, each a CUDA graph of ``--calls`` calls timed in one 
 - ``snapshot``: the walk keeping every node's state (serving engines' per-node snapshots),
   plus the copy of one accepted node's state into the committed state, its commit;
 - ``commit``: replaying an accepted path of the tree's depth into the state (``gdn_path``);
-- ``decode``: one token (``gdn_walk`` of a one-node tree), the step a commit is compared with.
+- ``decode``: one token (``gdn_walk`` of a one-node tree), the step a commit is compared with;
+- ``wy``: every path solved at once in the WY form on tensor cores (``gdn_wy``, the ancestor
+  mask made once per step as the engine does, outside the timing); "wy err" is its largest
+  output error against path verify in units of the float32 recurrence's own error on the
+  deepest path (``reference.fp32_error``).
 
 "MB" is the recurrent state verify holds per layer: the committed state plus the walk's
 scratch (``WALK_SLOTS`` states at most; "slots" is how many the tree uses, a node past them
@@ -32,7 +36,8 @@ from harness import environment, project_on_path, time_graphs, write_json
 
 project_on_path()
 
-from w12_kernels.gated_delta import gdn_path, gdn_walk  # noqa: E402
+from w12_kernels.gated_delta import ancestor_mask, gdn_path, gdn_walk, gdn_wy  # noqa: E402
+from w12_kernels.gated_delta import reference as ref  # noqa: E402
 from w12_kernels.gated_delta.launcher import WALK_SLOTS, walk_plan  # noqa: E402
 
 
@@ -94,8 +99,9 @@ def check_bits(heads, dk, dv) -> bool:
 
 
 def candidates(state, q, k, v, decay, beta, nodes, snaps, accepted, deepest, calls):
-    """The five candidates' call lists (module docstring), in the order of the table."""
+    """The six candidates' call lists (module docstring), in the order of the table."""
     work = state.clone()
+    anc = ancestor_mask(nodes)
     one = torch.zeros(state.shape[0], 1, 1, dtype=torch.int32, device=state.device)
     first = [x[:, :1] for x in (q, k, v, decay, beta)]
     return [
@@ -105,7 +111,20 @@ def candidates(state, q, k, v, decay, beta, nodes, snaps, accepted, deepest, cal
                   work.copy_(snaps[:, :, deepest]))] * calls,
         [lambda: gdn_path(work, q, k, v, decay, beta, accepted, out=False, store=True)] * calls,
         [lambda: gdn_walk(work, *first, one, commit=True)] * calls,
+        [lambda: gdn_wy(state, q, k, v, decay, beta, nodes, anc=anc)] * calls,
     ]
+
+
+def wy_error(state, q, k, v, decay, beta, nodes, deepest) -> float:
+    """WY's largest error against path verify, in units of the float32 recurrence's error on
+    the deepest path (request 0)."""
+    err = (gdn_wy(state, q, k, v, decay, beta, nodes) -
+           gdn_path(state, q, k, v, decay, beta, nodes)).abs().max().item()
+    path = nodes[0, deepest][nodes[0, deepest] >= 0].long()
+    per_head = lambda x: x[0, path].transpose(0, 1).cpu()  # noqa: E731  [H, depth, ...]
+    scale = ref.fp32_error(state[0].cpu(), per_head(q), per_head(k), per_head(v),
+                           per_head(decay).log(), per_head(beta))
+    return err / max(scale, 1e-30)
 
 
 def main() -> None:
@@ -124,7 +143,8 @@ def main() -> None:
           f"decode steps: {exact}")
     state_mb = a.batch * a.heads * a.dk * a.dv * 4 / 2**20
     print(f"{'tree':<6} {'N':>4} {'depth':>5} {'slots':>5} {'path us':>9} {'walk us':>9} "
-          f"{'snap us':>9} {'commit us':>9} {'decode us':>9} {'walk MB':>8} {'snap MB':>8}")
+          f"{'snap us':>9} {'commit us':>9} {'decode us':>9} {'wy us':>8} {'path/wy':>7} "
+          f"{'wy err':>6} {'walk MB':>8} {'snap MB':>8}")
     rows = []
     for n in map(int, a.nodes.split(",")):
         for kind in ("chain", "tree") if n > 1 else ("chain",):
@@ -140,12 +160,14 @@ def main() -> None:
                                            accepted, deepest, a.calls))
             row = {"tree": kind, "n": n, "depth": depth, "slots": slots,
                    "path_us": times[0], "walk_us": times[1], "snapshot_us": times[2],
-                   "commit_us": times[3], "decode_us": times[4],
+                   "commit_us": times[3], "decode_us": times[4], "wy_us": times[5],
+                   "wy_error_units": wy_error(state, q, k, v, decay, beta, nodes, deepest),
                    "walk_state_mb": state_mb * (1 + min(n, WALK_SLOTS)),
                    "snapshot_state_mb": state_mb * (1 + n)}
             rows.append(row)
             print(f"{kind:<6} {n:>4} {depth:>5} {slots:>5} {times[0]:>9.1f} {times[1]:>9.1f} "
-                  f"{times[2]:>9.1f} {times[3]:>9.1f} {times[4]:>9.1f} "
+                  f"{times[2]:>9.1f} {times[3]:>9.1f} {times[4]:>9.1f} {times[5]:>8.1f} "
+                  f"{times[0] / times[5]:>7.2f} {row['wy_error_units']:>6.1f} "
                   f"{row['walk_state_mb']:>8.1f} {row['snapshot_state_mb']:>8.1f}")
     write_json(a.json, rows, env, bit_identical=exact, heads=a.heads, dk=a.dk, dv=a.dv,
                batch=a.batch)

@@ -1,7 +1,16 @@
-"""Runs the gated-delta path kernel under ``TRITON_INTERPRET=1`` (a fresh process) and prints
+"""Runs the gated-delta kernels under ``TRITON_INTERPRET=1`` (a fresh process) and prints
 one JSON line: case id -> "ok" or the failure. ``test_gated_delta_kernel.py`` starts it."""
 
 from __future__ import annotations
+
+import random
+
+
+def random_parents(n: int, seed: int) -> list[int]:
+    """A tree of ``n`` nodes, each node's parent drawn among the earlier ones (shallow likelier)."""
+    rng = random.Random(seed)
+    return [-1] + [min(rng.randrange(j), rng.randrange(j)) for j in range(1, n)]
+
 
 # id: (what, batch, heads, DK, DV, tree)
 CASES = {
@@ -17,6 +26,11 @@ CASES = {
     # level; with 2 slots the deeper nodes replay their parents' paths
     "walk_few_slots_replays": ("walk-replay", 1, 2, 16, 16, [-1, 0, 0, 1, 1, 3, 3, 5, 5, 7]),
     "chain_prefill": ("chain", 2, 2, 16, 32, [-1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]),
+    # the WY form: every path solved at once (rows padded to 16; two value blocks at DV 64)
+    "wy_chain": ("wy", 2, 2, 16, 32, [-1, 0, 1, 2, 3, 4, 5, 6]),
+    "wy_tree": ("wy", 1, 3, 32, 16, [-1, 0, 0, 1, 1, 2, 5, 6, 3, 0]),
+    "wy_forest_dv64": ("wy", 2, 1, 16, 64, [-1, -1, 0, 1, 3]),
+    "wy_tree_40": ("wy", 1, 2, 64, 32, random_parents(40, 5)),
 }
 
 
@@ -73,7 +87,8 @@ def check(what, b, h, dk, dv, parents, device="cpu"):
     import torch
 
     from w12_kernels.gated_delta import reference as ref
-    from w12_kernels.gated_delta.launcher import gdn_chain, gdn_path, gdn_walk, walk_plan
+    from w12_kernels.gated_delta.launcher import (ancestor_mask, gdn_chain, gdn_path, gdn_walk,
+                                                   gdn_wy, walk_plan)
 
     n = len(parents)
     cpu = inputs(b, h, dk, dv, n)
@@ -102,14 +117,19 @@ def check(what, b, h, dk, dv, parents, device="cpu"):
         assert int(walk_plan(nodes)[2].max()) + 1 > 2, "the tree should need more than 2 slots"
         assert torch.equal(full, few), "replayed parents changed the bits"
         what = "walk-verify"
-    if what in ("verify", "walk-verify"):
-        verify = gdn_walk if what == "walk-verify" else gdn_path
+    if what in ("verify", "walk-verify", "wy"):
+        verify = {"walk-verify": gdn_walk, "wy": gdn_wy}.get(what, gdn_path)
         got = verify(state, q, k, v, decay, beta, nodes).cpu()
         want = reference_outputs(*cpu, parents)
         err = (got.double() - want).abs().max().item()
         bound = 8 * fp32_scale(*cpu, parents) + 1e-6
         assert err <= bound, f"error {err:.2e} > {bound:.2e}"
         assert torch.equal(state.cpu(), cpu[0]), "verify changed the state"
+        if what == "wy":  # against path verify too, with the mask given once for all layers
+            again = gdn_wy(state, q, k, v, decay, beta, nodes, anc=ancestor_mask(nodes))
+            assert torch.equal(again, got.to(device)), "a given mask changed the outputs"
+            paths_err = (got - gdn_path(state, q, k, v, decay, beta, nodes).cpu()).abs().max()
+            assert paths_err <= 2 * bound, f"WY against path verify {paths_err:.2e}"
     elif what == "bits":  # each node = decode steps along its path, bit for bit
         verified = gdn_path(state, q, k, v, decay, beta, nodes)
         for j in range(n):

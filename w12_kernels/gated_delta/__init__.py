@@ -7,8 +7,10 @@ mask), commit of an accepted path, the exact three-piece BF16 split of a float32
 the layer's short causal convolution over a tree. ``gdn_path`` (``launcher.py``, ``kernel.py``)
 replays every node's path from the committed state (no scratch, N x depth steps); ``gdn_walk``
 walks each tree once in depth-first order (N steps, a scratch state per branch level that is
-still needed). For either, a decode step, the verify of every node of a tree and the commit of
-the accepted path are the same code, so their bits agree.
+still needed); ``gdn_wy`` solves every path at once in the WY form on tensor cores, the
+state cut in three BF16 pieces (float32 accuracy, not decode's bits). For the first two, a
+decode step, the verify of every node of a tree and the commit of the accepted path are the
+same code, so their bits agree.
 
 Usage::
 
@@ -18,8 +20,10 @@ Usage::
     gdn_path(state, q, k, v, decay, beta, path, out=False, store=True)   # commit, in place
     o = gdn_walk(state, q, k, v, decay, beta, nodes)              # the same outputs, one walk
     o = gdn_chain(state, q, k, v, decay, beta)                    # a prefill chunk, in place
+    o = gdn_wy(state, q, k, v, decay, beta, nodes)                # verify in the WY form
 """
 
-from w12_kernels.gated_delta.launcher import gdn_chain, gdn_path, gdn_walk, walk_plan
+from w12_kernels.gated_delta.launcher import (ancestor_mask, gdn_chain, gdn_path, gdn_walk,
+                                               gdn_wy, walk_plan)
 
-__all__ = ["gdn_chain", "gdn_path", "gdn_walk", "walk_plan"]
+__all__ = ["ancestor_mask", "gdn_chain", "gdn_path", "gdn_walk", "gdn_wy", "walk_plan"]

@@ -127,3 +127,96 @@ def gdn_walk_kernel(
         last = tl.where(live, s, last)
     if COMMIT:
         tl.store(state_tile, last)
+
+
+@triton.jit
+def _split3(x):
+    """float32 ``x`` as three pieces of 8 significand bits each, kept in float32, whose sum is
+    ``x`` exactly (each piece the truncation of what the ones before it left)."""
+    hi = (x.to(tl.int32, bitcast=True) & -65536).to(tl.float32, bitcast=True)
+    rest = x - hi
+    mid = (rest.to(tl.int32, bitcast=True) & -65536).to(tl.float32, bitcast=True)
+    return hi, mid, rest - mid
+
+
+@triton.jit
+def _mma(a, b, acc, ON_GPU: tl.constexpr):
+    """``acc + a @ b`` of float32 values that BF16 holds exactly: BF16 tensor cores on the GPU,
+    float32 under the interpreter (which multiplies BF16 as raw integers)."""
+    if ON_GPU:
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _dot3(a, b, acc, ON_GPU: tl.constexpr):
+    """``acc + a @ b`` of float32 operands on BF16 tensor cores to about float32 accuracy:
+    each operand in three BF16 pieces (``_split3``), the six products of pieces whose weight
+    reaches 2^-24 of the leading one, smallest first, in a float32 accumulator."""
+    ah, am, al = _split3(a)
+    bh, bm, bl = _split3(b)
+    acc = _mma(al, bh, acc, ON_GPU)
+    acc = _mma(ah, bl, acc, ON_GPU)
+    acc = _mma(am, bm, acc, ON_GPU)
+    acc = _mma(am, bh, acc, ON_GPU)
+    acc = _mma(ah, bm, acc, ON_GPU)
+    return _mma(ah, bh, acc, ON_GPU)
+
+
+@triton.jit(do_not_specialize=["N", "H"])
+def gdn_wy_kernel(
+    state_ptr, q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, anc_ptr, out_ptr,
+    ss_b, ss_h, sq_b, sq_t, sq_h, sv_b, sv_t, sv_h, sg_b, sg_t, sa_b, sa_j, so_b, so_t, so_h,
+    N, H,
+    DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, NP: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):
+    """Every node's output of a request's tree at once, in the WY form
+    (``reference.wy_verify``). One program per (request x value head, block of ``BV`` value
+    columns); ``NP`` >= N rows, the padding rows inert. With ``anc[j, i]`` (i on j's path, j
+    included), the path gate sums G, the decays ``D = e^{G_j - G_i}`` on the mask and
+    ``A = beta_j D (k_j . k_i)`` strictly below it, ``w`` solves ``(I + A) w = beta (v -
+    e^G S0^T k)`` one tree level at a time (a node's ancestors are all shallower), and
+    ``o = e^G S0^T q + (D * (q k^T)) w``. Every product runs on BF16 tensor cores with its
+    float32 operands, the state among them, cut in three pieces (``_dot3``)."""
+    b = tl.program_id(0) // H
+    h = tl.program_id(0) % H
+    r = tl.arange(0, NP)
+    live = r < N
+    dv = tl.program_id(1) * BV + tl.arange(0, BV)
+    rows = b.to(tl.int64) * sq_b + r[:, None] * sq_t + h * sq_h
+    gate = b.to(tl.int64) * sg_b + r * sg_t + h
+    log_decay = tl.log(tl.load(decay_ptr + gate, mask=live, other=1.0))
+    beta = tl.load(beta_ptr + gate, mask=live, other=0.0)
+    anc = tl.load(anc_ptr + b.to(tl.int64) * sa_b + r[:, None] * sa_j + r[None, :],
+                  mask=live[:, None] & live[None, :], other=0) != 0
+    big_g = tl.sum(tl.where(anc, log_decay[None, :], 0.0), axis=1)
+    decays = tl.where(anc, tl.exp(big_g[:, None] - big_g[None, :]), 0.0)
+    kk = tl.zeros((NP, NP), dtype=tl.float32)
+    qk = tl.zeros((NP, NP), dtype=tl.float32)
+    ks = tl.zeros((NP, BV), dtype=tl.float32)
+    qs = tl.zeros((NP, BV), dtype=tl.float32)
+    state = state_ptr + b.to(tl.int64) * ss_b + h * ss_h
+    for k0 in range(0, DK, BK):  # the products with k over DK, a block of BK at a time
+        dk = k0 + tl.arange(0, BK)
+        kb = tl.load(k_ptr + rows + dk[None, :], mask=live[:, None], other=0.0)
+        qb = tl.load(q_ptr + rows + dk[None, :], mask=live[:, None], other=0.0)
+        s0 = tl.load(state + dk[:, None] * DV + dv[None, :])
+        kt = tl.trans(kb)
+        kk = _dot3(kb, kt, kk, ON_GPU)
+        qk = _dot3(qb, kt, qk, ON_GPU)
+        ks = _dot3(kb, s0, ks, ON_GPU)
+        qs = _dot3(qb, s0, qs, ON_GPU)
+    v = tl.load(v_ptr + b.to(tl.int64) * sv_b + r[:, None] * sv_t + h * sv_h + dv[None, :],
+                mask=live[:, None], other=0.0)
+    scale = tl.exp(big_g)
+    w = beta[:, None] * (v - scale[:, None] * ks)
+    strict = anc & (r[:, None] != r[None, :])
+    a = tl.where(strict, beta[:, None] * decays * kk, 0.0)
+    depth = tl.sum(anc.to(tl.int32), axis=1) - 1
+    for d in range(1, tl.max(depth, axis=0) + 1):  # level d reads levels < d, all solved
+        solved = w - _dot3(a, w, tl.zeros((NP, BV), dtype=tl.float32), ON_GPU)
+        w = tl.where((depth == d)[:, None], solved, w)
+    o = _dot3(decays * qk, w, scale[:, None] * qs, ON_GPU)
+    tl.store(out_ptr + b.to(tl.int64) * so_b + r[:, None] * so_t + h * so_h + dv[None, :], o,
+             mask=live[:, None])

@@ -1,7 +1,8 @@
 """Shape checks and launches of the gated-delta kernels (``kernel.py``): ``gdn_path`` (each
-node's path replayed, no scratch) and ``gdn_walk`` (the tree walked once in depth-first order,
+node's path replayed, no scratch), ``gdn_walk`` (the tree walked once in depth-first order,
 a scratch state per branch level), with ``walk_plan`` (the walk's order and slots, on the
-device)."""
+device), and ``gdn_wy`` (every path at once in the WY form, on tensor cores), with
+``ancestor_mask``."""
 
 from __future__ import annotations
 
@@ -166,3 +167,52 @@ def gdn_chain(state, q, k, v, decay, beta, *, out: bool = True) -> torch.Tensor 
     nodes = torch.zeros((b, t, 1), dtype=torch.int32, device=q.device)  # (never replayed)
     return gdn_walk(state, q, k, v, decay, beta, nodes, out=out, commit=True, plan=plan)
 
+
+
+def ancestor_mask(nodes: torch.Tensor) -> torch.Tensor:
+    """[B, N, N] int8 of the trees ``nodes`` [B, N, P] (node n's path in row n, root first,
+    then -1): ``[b, j, i]`` is 1 when node i is on node j's path (j included). Device ops."""
+    b, n, _ = nodes.shape
+    index = torch.where(nodes >= 0, nodes.long(), n)
+    return torch.zeros(b, n, n + 1, dtype=torch.int8, device=nodes.device).scatter_(
+        2, index, 1)[..., :n].contiguous()
+
+
+WY_MAX_NODES = 128  # the largest tree ``gdn_wy`` solves (its N x N matrices live in registers)
+
+
+def gdn_wy(state, q, k, v, decay, beta, nodes, *, anc: torch.Tensor | None = None,
+           block_v: int | None = None) -> torch.Tensor:
+    """Every node's output [B, N, H, DV] of the trees ``nodes`` [B, N, P] (row n node n's own
+    path, as ``gdn_walk`` takes it) from ``state``, solved at once in the WY form: within the
+    error of a float32 recurrence, not the bits of decode steps (``gdn_path`` / ``gdn_walk``
+    give those). ``anc``: ``ancestor_mask(nodes)``, computed once for the layers that verify
+    the same trees. ``block_v``: value columns a program (default min(DV, 32))."""
+    from w12_kernels.gated_delta import kernel
+
+    b, t, h, dk, dv, _ = check_inputs(state, q, k, v, decay, beta, nodes)
+    n = nodes.shape[1]
+    if n > t:
+        _fail(f"{n} nodes in the paths but {t} nodes of inputs")
+    if n > WY_MAX_NODES:
+        _fail(f"{n} nodes: the WY kernel solves trees of at most {WY_MAX_NODES}")
+    anc = ancestor_mask(nodes) if anc is None else anc
+    if tuple(anc.shape) != (b, n, n) or anc.stride(-1) != 1:
+        _fail(f"anc {tuple(anc.shape)} must be [{b}, {n}, {n}] with a contiguous last dim")
+    bv = block_v or min(dv, 32)
+    if bv & (bv - 1) or not 16 <= bv <= dv:
+        _fail(f"block_v {bv}: a power of two in 16..{dv}")
+    result = torch.empty((b, n, h, dv), dtype=torch.float32, device=q.device)
+    kernel.gdn_wy_kernel[(b * h, dv // bv)](
+        state, q, k, v, decay, beta, anc, result,
+        state.stride(0), state.stride(1), q.stride(0), q.stride(1), q.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), decay.stride(0), decay.stride(1),
+        anc.stride(0), anc.stride(1), result.stride(0), result.stride(1), result.stride(2),
+        n, h, DK=dk, DV=dv, BV=bv, BK=min(dk, 32), NP=max(16, triton_next_pow2(n)), ON_GPU=q.is_cuda,
+        num_warps=4 if n <= 32 else 8,
+    )
+    return result
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
