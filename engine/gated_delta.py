@@ -23,7 +23,10 @@ kernel of ``w12_kernels.gated_delta`` (one path a request, stepped in place); ve
 kernel ``Transformer.gdn`` names: ``walk`` (each tree walked once, a scratch state per branch
 level; its plan is a few small launches, a fixed cost), ``path`` (each node's path replayed,
 no scratch; its cost grows with nodes x depth), or ``auto`` (the path kernel up to
-``PATH_VERIFY_NODES`` nodes, the walk above). All give the same bits. On the CPU a torch form
+``PATH_VERIFY_NODES`` nodes, the walk above). All give the same bits. ``wy`` instead solves
+every path at once in the WY form on tensor cores (``gdn_wy``): within float32 error of the
+others but not their bits, so speculative decoding with it is outside the promise of plain
+decoding's tokens bit for bit (a near tie of two logits can turn). On the CPU a torch form
 loops over path depth with one state per node while it runs. A prefill chunk runs the
 recurrence token by token: on a GPU in one kernel (the chunk walked as a chain,
 ``gdn_chain``), on the CPU in torch (a chunked, parallel form is still to come).
@@ -35,11 +38,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.w12_backend import gdn_chain, gdn_path, gdn_walk, gdn_walk_plan
+from engine.w12_backend import (
+    gdn_ancestor_mask,
+    gdn_chain,
+    gdn_path,
+    gdn_walk,
+    gdn_walk_plan,
+    gdn_wy,
+)
 from w12.errors import W12Error
 
 PATH_VERIFY_NODES = 16  # ``auto``: verify trees up to this many nodes with the path kernel
-GDN_KERNELS = ("auto", "walk", "path")
+GDN_KERNELS = ("auto", "walk", "path", "wy")
 
 
 class GatedDeltaNet(nn.Module):
@@ -106,7 +116,12 @@ class GatedDeltaNet(nn.Module):
             rec.pending = False
         else:
             v, decay, beta = v.contiguous(), decay.contiguous(), beta.contiguous()
-            if x.is_cuda and walks(step.gdn, t):
+            if x.is_cuda and step.gdn == "wy":
+                if step.gdn_plan is None:  # one mask for every layer: the same trees
+                    step.gdn_plan = gdn_ancestor_mask(nodes)
+                o = gdn_wy(rec.state[self.index], q, k, v, decay, beta, nodes,
+                           anc=step.gdn_plan)
+            elif x.is_cuda and walks(step.gdn, t):
                 if step.gdn_plan is None:  # one plan for every layer: the same trees
                     step.gdn_plan = gdn_walk_plan(nodes)
                 o = gdn_walk(rec.state[self.index], q, k, v, decay, beta, nodes,

@@ -301,15 +301,15 @@ class Step:
     attention: str
     valid: torch.Tensor | None = None  # [B] real rows of a right-padded prefill chunk
     gdn: str = "auto"  # a hybrid's GDN verify kernel on a GPU (engine.gated_delta.GDN_KERNELS)
-    gdn_plan: tuple | None = None  # the walk's plan of this forward's trees, made by the first
-    # GDN layer that walks them, reused by the others (w12_kernels.gated_delta.walk_plan)
+    gdn_plan: tuple | torch.Tensor | None = None  # the walk's plan (or WY's ancestor mask) of
+    # this forward's trees, made by the first GDN layer that verifies them, reused by the others
 
 
 class Transformer(nn.Module):
     """The decoder. Options are per instance: ``ops`` (eager or compiled elementwise
     functions), ``attention`` (``"tree"`` or ``"torch"``) and, for hybrids, ``gdn`` (the GPU
-    verify kernel of the GDN layers, ``"auto"``, ``"walk"`` or ``"path"``), set by whoever runs
-    it."""
+    verify kernel of the GDN layers, ``"auto"``, ``"walk"``, ``"path"`` or ``"wy"``), set by
+    whoever runs it."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()

@@ -8,7 +8,9 @@ bits. ``rms_norm`` / ``add_rms_norm`` (``w12_kernels.norm``) and ``tree_attentio
 each giving a row the same bits whatever else shares the call. ``view_bf16``
 (``w12_kernels.view8``) is the 8-bit view of a W12 weight, the two-level verifier's Q pass.
 ``gdn_path`` / ``gdn_walk`` (``w12_kernels.gated_delta``) step a hybrid's GDN state along
-draft-tree paths: decode, verify and commit with one kernel, so that their bits agree.
+draft-tree paths: decode, verify and commit with one kernel, so that their bits agree;
+``gdn_wy`` / ``gdn_ancestor_mask`` verify a tree in the WY form instead (float32 accuracy, not
+those bits).
 ``int8_head`` / ``int8_head_candidates`` (``w12_kernels.int8_head``) and ``linear_rows`` (a
 few output rows of a W12 product with the whole product's bits) make the certified INT8 LM
 head.
@@ -36,8 +38,9 @@ from w12_kernels.gemm import (
 from w12_kernels.norm import add_rms_norm, rms_norm
 from w12_kernels.view8 import view_bf16
 
-__all__ = ["SMALL_M_MAX", "add_rms_norm", "cat_rows", "compact_kv", "decode_weight", "gdn_path",
-           "gdn_walk", "int8_head", "int8_head_candidates", "invariant_rows", "linear_rows",
+__all__ = ["SMALL_M_MAX", "add_rms_norm", "cat_rows", "compact_kv", "decode_weight",
+           "gdn_ancestor_mask", "gdn_path", "gdn_walk", "gdn_wy", "int8_head",
+           "int8_head_candidates", "invariant_rows", "linear_rows",
            "prepare", "rms_norm", "rows_reproducible", "tensor_bytes", "tree_attention",
            "view_bf16", "w12_matmul"]
 
@@ -78,6 +81,18 @@ def gdn_chain(state, q, k, v, decay, beta):
     from w12_kernels.gated_delta import gdn_chain as chain
 
     return chain(state, q, k, v, decay, beta)
+
+
+def gdn_wy(state, q, k, v, decay, beta, nodes, *, anc=None):
+    from w12_kernels.gated_delta import gdn_wy as solve
+
+    return solve(state, q, k, v, decay, beta, nodes, anc=anc)
+
+
+def gdn_ancestor_mask(nodes):
+    from w12_kernels.gated_delta import ancestor_mask
+
+    return ancestor_mask(nodes)
 
 
 def gdn_walk_plan(nodes):

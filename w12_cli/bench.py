@@ -101,6 +101,11 @@ def _modes(ctx, param, value: str) -> tuple[str, ...]:
                    "at scale on random weights (tau forced; the speed-up is a projection).")
 @click.option("--context", default=512, show_default=True, type=click.IntRange(1),
               help="Prompt length of the random prompts of a synthetic model.")
+@click.option("--gdn", default="auto", show_default=True,
+              type=click.Choice(["auto", "walk", "path", "wy"]),
+              help="A hybrid's GDN verify kernel on a GPU: walk, path (both with decode's bits; "
+                   "auto picks by tree size) or wy (all paths at once on tensor cores, float32 "
+                   "accuracy but not decode's bits).")
 @two_level
 @int8_head
 @sampling
@@ -109,8 +114,8 @@ def _modes(ctx, param, value: str) -> tuple[str, ...]:
 @compile_ops
 @json_out
 def bench_spec_command(model, drafter, prompts_path, limit, budgets, modes, max_new_tokens,
-                       forced_accept, context, two_level, int8_head, temperature, top_p, seed,
-                       bf16, device, compile_, json_path):
+                       forced_accept, context, gdn, two_level, int8_head, temperature, top_p,
+                       seed, bf16, device, compile_, json_path):
     """Time speculative decoding of MODEL against plain decoding in the same run.
 
     Per budget: tau (tokens per verify step, bonus included), c = T_step / T_AR, tokens/s and
@@ -135,6 +140,7 @@ def bench_spec_command(model, drafter, prompts_path, limit, budgets, modes, max_
     loaded, prompts, stop_ids = load_for_bench(model, prompts_path, limit=limit, mode=mode,
                                                device=device, forced_accept=forced_accept,
                                                context=context, seed=seed)
+    loaded.model.gdn = gdn
     rows = bench_spec(loaded, prompts, drafter=drafter, budgets=budgets, modes=modes,
                       max_new_tokens=max_new_tokens, forced_accept=forced_accept,
                       sampling=Sampling(temperature, top_p, seed), stop_ids=stop_ids,

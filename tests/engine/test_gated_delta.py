@@ -148,14 +148,44 @@ def test_hybrid_presets_describe_their_layers():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("kernel", GDN_KERNELS)
+@pytest.mark.parametrize("kernel", [k for k in GDN_KERNELS if k != "wy"])
 @pytest.mark.parametrize("sampling", [Sampling(), SAMPLED], ids=["greedy", "sampled"])
 def test_speculative_equals_plain_decoding_on_a_hybrid_on_gpu(kernel, sampling):
-    """The GPU path: the path kernel for decode and commit, each verify kernel; CUDA graphs
-    both sides."""
+    """The GPU path: the path kernel for decode and commit, each verify kernel with decode's
+    bits; CUDA graphs both sides."""
     model = load_model("synthetic:tiny-hybrid", mode="w12", device="cuda").model
     model.gdn = kernel
     assert_drafters_equal_plain(model, sampling, ())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_wy_verify_is_close_to_the_walk_and_commits_the_same_state():
+    """WY verify of a tree on the GPU: logits within float32 error's reach of the walk's (not
+    their bits), and the commit that follows (a replay of the kept inputs) leaves every GDN
+    layer's state as the walk's verify does."""
+    from engine.speculative.tree import DraftTree
+    from engine.speculative.verify import target_logits
+
+    model = load_model("synthetic:tiny-hybrid", mode="w12", device="cuda").model
+    cuda = lambda rows, **kw: torch.tensor(rows, device="cuda", **kw)  # noqa: E731
+    tree = DraftTree(cuda([[9, 40, 77, 41, 42, 43, 78]]), cuda([[-1, 0, 0, 1, 3, 4, 2]]),
+                     cuda([[0, 1, 1, 2, 3, 4, 2]]), cuda([[True] * 7]))
+    paths = tree.paths()
+    out = {}
+    for kernel in ("walk", "wy"):
+        model.gdn = kernel
+        engine = Engine(model, batch=1, max_seq_len=32)
+        engine.prefill([PROMPTS[0]])
+        logits, _ = target_logits(model, engine.cache, tree, paths, Sampling(),
+                                  cuda([0]))
+        lengths = engine.cache.lengths
+        path = cuda([[0, 1, 3, 4, -1, -1, -1]])  # root, 40, 41, 42 accepted
+        engine.cache.keep(torch.where(path >= 0, path + lengths[:, None], -1), cuda([4]))
+        out[kernel] = (logits.float(), engine.cache.recurrent.state.clone())
+    model.gdn = "auto"
+    walk, wy = out["walk"], out["wy"]
+    assert ((wy[0] - walk[0]).norm() / walk[0].norm()).item() < 1e-2
+    assert torch.equal(wy[1], walk[1])
 
 
 def test_gdn_verify_kernel_choice():

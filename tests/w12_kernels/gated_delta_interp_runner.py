@@ -87,8 +87,14 @@ def check(what, b, h, dk, dv, parents, device="cpu"):
     import torch
 
     from w12_kernels.gated_delta import reference as ref
-    from w12_kernels.gated_delta.launcher import (ancestor_mask, gdn_chain, gdn_path, gdn_walk,
-                                                   gdn_wy, walk_plan)
+    from w12_kernels.gated_delta.launcher import (
+        ancestor_mask,
+        gdn_chain,
+        gdn_path,
+        gdn_walk,
+        gdn_wy,
+        walk_plan,
+    )
 
     n = len(parents)
     cpu = inputs(b, h, dk, dv, n)

@@ -23,7 +23,13 @@ Usage::
     o = gdn_wy(state, q, k, v, decay, beta, nodes)                # verify in the WY form
 """
 
-from w12_kernels.gated_delta.launcher import (ancestor_mask, gdn_chain, gdn_path, gdn_walk,
-                                               gdn_wy, walk_plan)
+from w12_kernels.gated_delta.launcher import (
+                                               ancestor_mask,
+                                               gdn_chain,
+                                               gdn_path,
+                                               gdn_walk,
+                                               gdn_wy,
+                                               walk_plan,
+)
 
 __all__ = ["ancestor_mask", "gdn_chain", "gdn_path", "gdn_walk", "gdn_wy", "walk_plan"]

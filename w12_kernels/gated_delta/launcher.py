@@ -208,11 +208,11 @@ def gdn_wy(state, q, k, v, decay, beta, nodes, *, anc: torch.Tensor | None = Non
         state.stride(0), state.stride(1), q.stride(0), q.stride(1), q.stride(2),
         v.stride(0), v.stride(1), v.stride(2), decay.stride(0), decay.stride(1),
         anc.stride(0), anc.stride(1), result.stride(0), result.stride(1), result.stride(2),
-        n, h, DK=dk, DV=dv, BV=bv, BK=min(dk, 32), NP=max(16, triton_next_pow2(n)), ON_GPU=q.is_cuda,
-        num_warps=4 if n <= 32 else 8,
+        n, h, DK=dk, DV=dv, BV=bv, BK=min(dk, 32), NP=max(16, next_pow2(n)),
+        ON_GPU=q.is_cuda, num_warps=4 if n <= 32 else 8,
     )
     return result
 
 
-def triton_next_pow2(n: int) -> int:
+def next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
