@@ -24,12 +24,12 @@ Usage::
 """
 
 from w12_kernels.gated_delta.launcher import (
-                                               ancestor_mask,
-                                               gdn_chain,
-                                               gdn_path,
-                                               gdn_walk,
-                                               gdn_wy,
-                                               walk_plan,
+    ancestor_mask,
+    gdn_chain,
+    gdn_path,
+    gdn_walk,
+    gdn_wy,
+    walk_plan,
 )
 
 __all__ = ["ancestor_mask", "gdn_chain", "gdn_path", "gdn_walk", "gdn_wy", "walk_plan"]
