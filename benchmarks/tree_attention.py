@@ -160,7 +160,6 @@ def main() -> None:
     ap.add_argument("--block-rows", type=int, help="override the config's rows per program")
     ap.add_argument("--splits", type=int, help="override the config's number of splits")
     ap.add_argument("--block-keys", type=int, help="override the config's keys per block")
-    ap.add_argument("--chunk", type=int, help="override the config's blocks per chunk")
     ap.add_argument("--warps", type=int, help="override the config's warps per program")
     ap.add_argument("--json", help="write the rows and environment here")
     args = ap.parse_args()
@@ -168,8 +167,7 @@ def main() -> None:
     def config_of(g, d):
         config = default_config(g, d)
         changes = {"block_rows": args.block_rows, "splits": args.splits,
-                   "block_keys": args.block_keys, "num_warps": args.warps,
-                   "chunk": args.chunk}
+                   "block_keys": args.block_keys, "num_warps": args.warps}
         return dataclasses.replace(config, **{k: x for k, x in changes.items() if x})
 
     env = environment()

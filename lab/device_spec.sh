@@ -182,11 +182,10 @@ int8head-sweep)  # the INT8 product's tiles (lab/int8_head_sweep.py) against the
 attention)
   TAIL=30 run 200 tree-attention $PY benchmarks/tree_attention.py --json "$OUT/tree-attention.json"
   ;;
-attention-sweep)  # the T = 1 decode regression: tree-attention configurations (chunks of
-  # blocks, splits, warps) at batch 1, 8 and 32 against the former decode kernel, trees of 16
-  # alongside (a configuration changes decode and verify bits alike; each run checks they
-  # still agree)
-  for c in "" "--chunk 2" "--chunk 4" "--chunk 8" "--splits 8" "--chunk 4 --warps 4"; do
+attention-sweep)  # the T = 1 decode regression: tree-attention configurations (splits, warps)
+  # at batch 1, 8 and 32 against the former decode kernel, trees of 16 alongside (a
+  # configuration changes decode and verify bits alike; each run checks they still agree)
+  for c in "" "--splits 8" "--splits 4" "--splits 8 --warps 4"; do
     n=$(echo "x$c" | tr -d ' -')
     TAIL=6 run ${SWEEP_LIMIT:-70} "attention-$n" $PY benchmarks/tree_attention.py \
       --models qwen3-8b qwen3-32b --contexts 512 2048 --nodes 1 16 --batches 1 8 32 --calls 10 \

@@ -172,8 +172,7 @@ interpreter_verdicts = interp_harness.verdicts_fixture(__file__, "tree_attention
 
 
 @pytest.mark.parametrize("case", [*runner.INTERP_CASES, *runner.INVARIANCE_CASES,
-                                  *runner.CHUNK_CASES, "partition_change_is_seen",
-                                  *runner.COMPACT_CASES])
+                                  "partition_change_is_seen", *runner.COMPACT_CASES])
 def test_interpreted_kernels(interpreter_verdicts, case):
     assert interpreter_verdicts[case] == "ok", interpreter_verdicts[case]
 

@@ -25,12 +25,6 @@ INVARIANCE_CASES = {
     "inv_t12_g1_deep": (1, 12, 1, 1, 16, [30], 0, 3, False),
     "inv_t5_g8_default_config": (1, 5, 8, 1, 16, [70], 0, 4, True),
 }
-# id: (B, T, Hq, Hkv, D, prefix lengths, padding nodes, seed, blocks a chunk): the interpreter
-# configuration with chunks of several blocks (partial chunks, chunks wrapping the splits)
-CHUNK_CASES = {
-    "chunk2_t1_g3_l37": (1, 1, 3, 1, 32, [37], 0, 5, 2),
-    "chunk3_t7_g4_two_rows": (2, 7, 4, 1, 32, [16, 121], 1, 6, 3),
-}
 COMPACT_CASES = {  # id: (layers, B, Hkv, S, D, paths, dst_start)
     "compact_overlap_two_rows": (3, 2, 2, 40, 16, [[0, 2, 3], [1, 4]], [10, 20]),
     "compact_count_zero": (2, 1, 1, 24, 16, [[]], [5]),
@@ -229,21 +223,6 @@ def _invariance_job(b, t, hq, hkv, d, prefixes, pad, seed, gpu_config):
     assert not bad, f"{len(bad)} nodes differ from their decode step: {bad[:5]}"
 
 
-def _chunk_job(b, t, hq, hkv, d, prefixes, pad, seed, chunk):
-    """Chunks of several blocks: within the error budget, and every node still the bits of
-    its decode step."""
-    import dataclasses
-
-    from w12_kernels.tree_attention.reference import reference_tree_attention
-
-    config = dataclasses.replace(interp_config(hq // hkv), chunk=chunk)
-    case = make_case(b, t, hq, hkv, d, prefixes, pad, seed)
-    check_budget(_interp_attend(config)(*case, out=poisoned(b, t, hq, d)),
-                 reference_tree_attention(*case))
-    bad = invariance_failures(_interp_attend(config), case)
-    assert not bad, f"{len(bad)} nodes differ from their decode step: {bad[:5]}"
-
-
 def _partition_job():
     """A decode step run with another split count gives other bits for some node: the
     invariance check sees a change of partition."""
@@ -275,7 +254,6 @@ def main() -> None:
 
     jobs = {cid: (lambda c=c: _budget_job(*c)) for cid, c in INTERP_CASES.items()}
     jobs |= {cid: (lambda c=c: _invariance_job(*c)) for cid, c in INVARIANCE_CASES.items()}
-    jobs |= {cid: (lambda c=c: _chunk_job(*c)) for cid, c in CHUNK_CASES.items()}
     jobs["partition_change_is_seen"] = _partition_job
     jobs |= {cid: (lambda c=c: _compact_job(c)) for cid, c in COMPACT_CASES.items()}
     report(jobs)

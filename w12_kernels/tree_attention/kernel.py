@@ -1,8 +1,7 @@
 """Triton kernels of tree attention: the split pass, the combine pass, and the KV compaction.
 
 Every row (one query head of one tree node) walks the absolute positions 0..p it sees in
-blocks of ``BLOCK`` positions; ``CHUNK`` consecutive blocks make a chunk, and chunk ``c``
-belongs to split ``c % SPLITS`` (so block ``j`` to split ``(j // CHUNK) % SPLITS``). A split program
+blocks of ``BLOCK`` positions; block ``j`` belongs to split ``j % SPLITS``. A split program
 runs the online softmax over its blocks in increasing order and leaves (max, sum, accumulator)
 in a float32 workspace; the combine program merges the splits of each row in split order.
 Which block a position lands in, which split owns the block and the order of every float
@@ -73,7 +72,7 @@ def tree_attention_split_kernel(
     sq_b, sq_t, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sp_b, sp_t,
     B, T, P, HKV, c,
     G: tl.constexpr, D: tl.constexpr, NODES: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK: tl.constexpr, SPLITS: tl.constexpr, CHUNK: tl.constexpr, ON_GPU: tl.constexpr,
+    BLOCK: tl.constexpr, SPLITS: tl.constexpr, ON_GPU: tl.constexpr,
 ):
     """One program per (node group, split, request x KV head); rows are node-major."""
     group = tl.program_id(0)
@@ -99,11 +98,7 @@ def tree_attention_split_kernel(
     m = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     l_sum = tl.zeros((BLOCK_R,), tl.float32)
     acc = tl.zeros((BLOCK_R, D), tl.float32)
-    # this split's chunks split, split + SPLITS, ... below the last block, in order; a block
-    # past the last (in a chunk's tail) sees no lane, so it leaves every row as it was
-    n_chunks = tl.cdiv(tl.cdiv(prefix + P, BLOCK), CHUNK)
-    for i in range(0, tl.cdiv(tl.maximum(n_chunks - split, 0), SPLITS) * CHUNK):
-        j = (split + (i // CHUNK) * SPLITS) * CHUNK + i % CHUNK
+    for j in range(split, tl.cdiv(prefix + P, BLOCK), SPLITS):
         pos = j * BLOCK + lanes
         shared = (j + 1) * BLOCK <= prefix  # every lane is a committed position
         if shared:

@@ -19,13 +19,11 @@ MAX_BLOCK_ROWS = 64
 @dataclass(frozen=True)
 class TreeAttentionConfig:
     """``block_rows`` query rows per program (nodes x G, padded to a power of two >= 16),
-    ``block_keys`` positions per key block, ``chunk`` consecutive blocks a chunk, chunk ``c``
-    in split ``c % splits``."""
+    ``block_keys`` positions per key block, block ``j`` in split ``j % splits``."""
 
     block_rows: int
     block_keys: int = 64
     splits: int = 16
-    chunk: int = 1
     num_warps: int = 4
     num_stages: int = 2
 
@@ -117,8 +115,6 @@ def launch_tree_attention(q, k_cache, v_cache, prefix_len, path_slots, scale: fl
     nodes = config.nodes(g)
     if nodes < 1:
         _fail(f"block_rows {config.block_rows} < G = {g}")
-    if config.chunk < 1 or config.splits < 1:
-        _fail(f"chunk {config.chunk} and splits {config.splits} must be at least 1")
     on_gpu = q.device.type == "cuda"
     path_slots = path_slots.contiguous()
     splits = config.splits
@@ -133,8 +129,7 @@ def launch_tree_attention(q, k_cache, v_cache, prefix_len, path_slots, scale: fl
         path_slots.stride(0), path_slots.stride(1),
         b, t, path_slots.shape[2], hkv, c,
         G=g, D=d, NODES=nodes, BLOCK_R=config.block_rows, BLOCK=config.block_keys,
-        SPLITS=splits, CHUNK=config.chunk, ON_GPU=on_gpu, num_warps=config.num_warps,
-        num_stages=config.num_stages,
+        SPLITS=splits, ON_GPU=on_gpu, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if out is None:
         out = torch.empty((b, t, hq * d), dtype=q.dtype, device=q.device)
