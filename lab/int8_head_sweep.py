@@ -1,9 +1,10 @@
 """Tiles of the INT8 head's product on the GPU: each configuration (``Int8HeadConfig``: rows
 and columns a step, warps, stages) timed against the W12 head in the same CUDA-graph rounds
 (``benchmarks/harness.time_graphs``), per head shape and row count M; the product checked
-against the default configuration's first (float32 sums in another order: within 1e-5 of the
+against the one ``config_for`` picks first (float32 sums in another order: within 1e-5 of the
 sum of magnitudes). Prints every configuration's time and bytes a second, then the best per
-(shape, M). Random weights; the product's speed does not depend on them.
+(shape, M), and the tile ``launcher.config_for`` runs at that M. Random weights; the product's
+speed does not depend on them.
 
     python lab/int8_head_sweep.py --m 1,16,64
 """
@@ -25,7 +26,12 @@ import w12  # noqa: E402
 from w12_kernels.gemm import dispatch  # noqa: E402
 from w12_kernels.gemm.layout import prepare_weight  # noqa: E402
 from w12_kernels.int8_head import quantize  # noqa: E402
-from w12_kernels.int8_head.launcher import DEFAULT, Int8HeadConfig, approx_logits  # noqa: E402
+from w12_kernels.int8_head.launcher import (  # noqa: E402
+    DEFAULT,
+    Int8HeadConfig,
+    approx_logits,
+    config_for,
+)
 
 SHAPES = ((151936, 5120), (151936, 4096))
 CONFIGS = [DEFAULT] + [Int8HeadConfig(bv, bk, warps, stages)
@@ -68,7 +74,8 @@ def main() -> None:
                       f"{cfg.num_warps} stages {cfg.num_stages}: {us:7.1f} us {tbs:5.2f} TB/s "
                       f"x{w12_us / us:.2f} of the W12 head ({w12_us:.1f} us)", flush=True)
                 best = min(best or (us, cfg), (us, cfg), key=lambda t: t[0])
-            print(f"best {v}x{k} M={m}: {best[1]} {best[0]:.1f} us, x{w12_us / best[0]:.2f}")
+            print(f"best {v}x{k} M={m}: {best[1]} {best[0]:.1f} us, x{w12_us / best[0]:.2f}; "
+                  f"config_for runs {config_for(m)}")
 
 
 def _calls(x, pw, q, scale, configs: list, copies: int = 4) -> list[list]:

@@ -23,11 +23,20 @@ class Int8HeadConfig:
     num_stages: int = 2
 
 
-DEFAULT = Int8HeadConfig()
+DEFAULT = Int8HeadConfig()  # the first tile tried; ``config_for`` is what runs
+FEW_ROWS = Int8HeadConfig(bv=64, bk=256, num_warps=4, num_stages=3)
+MANY_ROWS = Int8HeadConfig(bv=128, bk=128, num_warps=4, num_stages=3)
+
+
+def config_for(rows: int) -> Int8HeadConfig:
+    """The tile for ``rows`` hidden states, chosen by ``lab/int8_head_sweep.py`` on an H100
+    (Qwen3's 151936-row heads, K 4096 and 5120): long K steps over narrow vocabulary blocks
+    while the rows block is 16 (a decode step, small trees), wider vocabulary blocks above."""
+    return FEW_ROWS if rows <= 16 else MANY_ROWS
 
 
 def approx_logits(h: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
-                  config: Int8HeadConfig = DEFAULT) -> torch.Tensor:
+                  config: Int8HeadConfig | None = None) -> torch.Tensor:
     """``scale[v] * (h . q[v])`` [R, V] float32 for BF16 ``h`` [R, K] and INT8 ``q`` [V, K]:
     float32 sums of exact products, so within ``logit_bounds``'s allowance for a kernel. The
     Triton kernel on a GPU (or under ``TRITON_INTERPRET=1``), a float32 matmul on the CPU."""
@@ -45,6 +54,7 @@ def approx_logits(h: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     from w12_kernels.int8_head.kernel import int8_head_kernel
 
     h, q = h.contiguous(), q.contiguous()
+    config = config or config_for(r)
     out = torch.empty((r, v), dtype=torch.float32, device=h.device)
     br = _rows_block(r)
     grid = (triton_cdiv(v, config.bv), triton_cdiv(r, br))
@@ -55,7 +65,7 @@ def approx_logits(h: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     return out
 
 
-def greedy_candidates(h: torch.Tensor, head, config: Int8HeadConfig = DEFAULT
+def greedy_candidates(h: torch.Tensor, head, config: Int8HeadConfig | None = None
                       ) -> torch.Tensor:
     """[R, V] bool: the entries whose upper bound reaches the row's best lower bound (the
     greedy certification of ``reference.candidates`` on ``certify.bounds32``'s bounds), with
@@ -75,6 +85,7 @@ def greedy_candidates(h: torch.Tensor, head, config: Int8HeadConfig = DEFAULT
         raise W12Error(f"INT8 head: hidden states {h.dtype} {tuple(h.shape)} for a head of "
                        f"{tuple(head.q.shape)}")
     w = Widening.of(k)
+    config = config or config_for(r)
     h = h.contiguous()
     hn = hidden_norms(h, w).contiguous()
     hi = torch.empty((r, v), dtype=torch.float32, device=h.device)
