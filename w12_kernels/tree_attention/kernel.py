@@ -66,6 +66,28 @@ def _rows(base, stride, slot, seen, D: tl.constexpr):
                    other=0.0)
 
 
+@triton.jit
+def _online(s, m, l_sum, acc, c):
+    """The online-softmax update of one block's scores ``s``, in log2 units of the raw scores
+    (c = scale * log2 e); a hidden lane's score is -inf, a row with none visible in this block
+    is not ``seen``: (p, the scaled accumulator, new max, new sum, seen)."""
+    m_block = tl.max(s, axis=1)
+    seen = m_block > float("-inf")
+    m_new = tl.maximum(m, m_block)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2((m - m_use) * c)
+    p = tl.exp2((s - m_use[:, None]) * c)
+    return p, acc * alpha[:, None], m_new, l_sum * alpha + tl.sum(p, axis=1), seen
+
+
+@triton.jit
+def _keep(seen, m_new, l_new, acc_new, m, l_sum, acc):
+    """The new state for rows that saw a lane of the block; the others keep theirs bit for
+    bit."""
+    return (tl.where(seen, m_new, m), tl.where(seen, l_new, l_sum),
+            tl.where(seen[:, None], acc_new, acc))
+
+
 @triton.jit(do_not_specialize=["T", "P", "B", "sq_b", "sp_b", "sp_t"])
 def tree_attention_split_kernel(
     q_ptr, k_ptr, v_ptr, prefix_ptr, path_ptr, m_ptr, l_ptr, acc_ptr,
@@ -98,48 +120,38 @@ def tree_attention_split_kernel(
     m = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     l_sum = tl.zeros((BLOCK_R,), tl.float32)
     acc = tl.zeros((BLOCK_R, D), tl.float32)
-    for j in range(split, tl.cdiv(prefix + P, BLOCK), SPLITS):
+    # the split's blocks in increasing order: first those wholly inside the committed prefix
+    # (the same keys for every node: one dot serves them all; a loop without branches, which
+    # the compiler can pipeline), then those reaching past it (each node's keys through its
+    # path). Every block of either loop meets the same update (``_online``).
+    shared_end = prefix // BLOCK
+    for j in range(split, shared_end, SPLITS):
         pos = j * BLOCK + lanes
-        shared = (j + 1) * BLOCK <= prefix  # every lane is a committed position
-        if shared:
-            k = tl.load(k_base + pos[:, None].to(tl.int64) * sk_s + d[None, :])
-            v = tl.load(v_base + pos[:, None].to(tl.int64) * sv_s + d[None, :])
-            s = tl.where(row_ok[:, None], _dot_scores(q, k, ON_GPU), float("-inf"))
-        else:
-            v = tl.zeros((BLOCK, D), v_ptr.dtype.element_ty)
-            s = tl.full((BLOCK_R, BLOCK), float("-inf"), tl.float32)
-            for n in range(NODES):
-                slot, seen_n, some = _node_lanes(path_ptr, group_off + n * sp_t,
-                                                 group * NODES + n < T, pos, prefix, P)
-                if some:
-                    scores = _dot_scores(q, _rows(k_base, sk_s, slot, seen_n, D), ON_GPU)
-                    s = tl.where((row_node == n)[:, None] & seen_n[None, :], scores, s)
-
-        # the online-softmax update, in log2 units of the raw scores (c = scale * log2 e);
-        # a hidden lane's score is -inf, a row with none visible in this block is not `seen`
-        m_block = tl.max(s, axis=1)
-        seen = m_block > float("-inf")
-        m_new = tl.maximum(m, m_block)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2((m - m_use) * c)
-        p = tl.exp2((s - m_use[:, None]) * c)
-        l_new = l_sum * alpha + tl.sum(p, axis=1)
-        scaled = acc * alpha[:, None]
-
-        if shared:
-            acc_new = _dot_values(p, v, scaled, ON_GPU)
-        else:
-            acc_new = scaled
-            for n in range(NODES):
-                slot, seen_n, some = _node_lanes(path_ptr, group_off + n * sp_t,
-                                                 group * NODES + n < T, pos, prefix, P)
-                if some:
-                    summed = _dot_values(p, _rows(v_base, sv_s, slot, seen_n, D), scaled, ON_GPU)
-                    acc_new = tl.where((row_node == n)[:, None], summed, acc_new)
-        # rows without a visible lane in this block keep their state bit for bit
-        m = tl.where(seen, m_new, m)
-        l_sum = tl.where(seen, l_new, l_sum)
-        acc = tl.where(seen[:, None], acc_new, acc)
+        k = tl.load(k_base + pos[:, None].to(tl.int64) * sk_s + d[None, :])
+        v = tl.load(v_base + pos[:, None].to(tl.int64) * sv_s + d[None, :])
+        s = tl.where(row_ok[:, None], _dot_scores(q, k, ON_GPU), float("-inf"))
+        p, scaled, m_new, l_new, seen = _online(s, m, l_sum, acc, c)
+        m, l_sum, acc = _keep(seen, m_new, l_new, _dot_values(p, v, scaled, ON_GPU), m, l_sum,
+                              acc)
+    tail = split + tl.maximum(shared_end - split + SPLITS - 1, 0) // SPLITS * SPLITS
+    for j in range(tail, tl.cdiv(prefix + P, BLOCK), SPLITS):
+        pos = j * BLOCK + lanes
+        s = tl.full((BLOCK_R, BLOCK), float("-inf"), tl.float32)
+        for n in range(NODES):
+            slot, seen_n, some = _node_lanes(path_ptr, group_off + n * sp_t,
+                                             group * NODES + n < T, pos, prefix, P)
+            if some:
+                scores = _dot_scores(q, _rows(k_base, sk_s, slot, seen_n, D), ON_GPU)
+                s = tl.where((row_node == n)[:, None] & seen_n[None, :], scores, s)
+        p, scaled, m_new, l_new, seen = _online(s, m, l_sum, acc, c)
+        acc_new = scaled
+        for n in range(NODES):
+            slot, seen_n, some = _node_lanes(path_ptr, group_off + n * sp_t,
+                                             group * NODES + n < T, pos, prefix, P)
+            if some:
+                summed = _dot_values(p, _rows(v_base, sv_s, slot, seen_n, D), scaled, ON_GPU)
+                acc_new = tl.where((row_node == n)[:, None], summed, acc_new)
+        m, l_sum, acc = _keep(seen, m_new, l_new, acc_new, m, l_sum, acc)
 
     row = ((split * B + b).to(tl.int64) * T + t) * (HKV * G) + head
     tl.store(m_ptr + row, m, mask=row_in)
