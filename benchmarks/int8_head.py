@@ -9,7 +9,12 @@ For each head shape (vocabulary x hidden: Qwen3's 151936 x 5120 and 151936 x 409
 - ``int8+bounds``: that plus the certification: each row's norm, every entry's interval
   (``certify.bounds32``), the best lower bound and the candidate mask (torch ops);
 - ``fused``: the same mask from the product with the bounds in its epilogue
-  (``launcher.greedy_candidates``: one kernel, a [M, blocks] maximum, one comparison).
+  (``launcher.greedy_candidates``: one kernel, a [M, blocks] maximum, one comparison);
+- ``graph``: the whole certified greedy choice as the engine makes it on a GPU: the fused
+  candidates, then ``certified_picks`` (the candidates' 16-row tiles, ``TILES`` of them,
+  recomputed from the W12 head with its bits, the choice among them), fixed shapes, no
+  read-back. Where the candidates span more than ``TILES`` tiles ("fits" no) the engine runs
+  the exact head after it.
 
 Then, without graphs (the candidate count is read back to size the recompute), each run in
 turn, round after round (``harness.time_host``, ``REPEAT`` calls a sample):
@@ -42,8 +47,13 @@ project_on_path()
 import w12  # noqa: E402
 from w12_kernels.gemm import dispatch  # noqa: E402
 from w12_kernels.gemm.layout import prepare_weight  # noqa: E402
-from w12_kernels.gemm.rows import linear_rows  # noqa: E402
-from w12_kernels.int8_head import candidates, greedy_candidates, quantize  # noqa: E402
+from w12_kernels.gemm.rows import linear_rows, tile_escapes  # noqa: E402
+from w12_kernels.int8_head import (  # noqa: E402
+    candidates,
+    certified_picks,
+    greedy_candidates,
+    quantize,
+)
 from w12_kernels.int8_head.certify import DeviceHead, bounds32  # noqa: E402
 from w12_kernels.int8_head.launcher import approx_logits  # noqa: E402
 
@@ -57,6 +67,7 @@ def w12_head(x, pw):
 
 
 REPEAT = 4
+TILES = 256  # the engine's MAX_TILES (engine.head)
 
 
 def certify(x, dh):
@@ -111,11 +122,15 @@ def main() -> None:
                 fused = greedy_candidates(x, dh)
                 assert fused.gather(1, exact.argmax(1, keepdim=True)).all(), "fused: dropped"
                 assert torch.equal(certified(x, pw, dh), exact.argmax(1)), "certified != exact"
+                picks, needed = certified_picks(x, fused, pw, TILES, TILES * tile_escapes(pw))
+                fits = int(needed) <= TILES
+                assert not fits or torch.equal(picks, exact.argmax(1)), "graph picks != exact"
                 _check64(head, x.cpu(), exact.cpu())
                 times = time_graphs(_calls(x, pw, dh))
                 eager = _eager(x, pw, dh)
                 row = {"vocab": v, "k": k, "m": m, "margin": margin, "w12_us": times[0],
                        "int8_us": times[1], "int8_bounds_us": times[2], "fused_us": times[3],
+                       "graph_us": times[4], "graph_fits": fits,
                        "w12_eager_us": eager[0], "certified_us": eager[1],
                        "candidates_mean": float(mask.sum(1).float().mean()),
                        "recomputed_rows": int(mask.any(0).sum())}
@@ -123,7 +138,9 @@ def main() -> None:
                 print(f"{v:>7}x{k:<5} margin {margin:g} M={m:<3} W12 {times[0]:7.1f} us  INT8 "
                       f"{times[1]:7.1f} (x{times[0] / times[1]:.2f})  +bounds {times[2]:7.1f} "
                       f"(x{times[0] / times[2]:.2f})  fused {times[3]:7.1f} "
-                      f"(x{times[0] / times[3]:.2f})  | eager W12 {eager[0]:7.1f} certified "
+                      f"(x{times[0] / times[3]:.2f})  graph {times[4]:7.1f} "
+                      f"(x{times[0] / times[4]:.2f}, fits {'yes' if fits else 'no'})  | eager W12 "
+                      f"{eager[0]:7.1f} certified "
                       f"{eager[1]:7.1f} (x{eager[0] / eager[1]:.2f})  candidates "
                       f"{row['candidates_mean']:.1f}, rows {row['recomputed_rows']}", flush=True)
     write_json(a.json, rows, env)
@@ -133,7 +150,9 @@ def _calls(x, pw, dh, copies: int = 4) -> list[list]:
     return [[lambda: w12_head(x, pw)] * copies,
             [lambda: approx_logits(x, dh.q, dh.scale)] * copies,
             [lambda: certify(x, dh)] * copies,
-            [lambda: greedy_candidates(x, dh)] * copies]
+            [lambda: greedy_candidates(x, dh)] * copies,
+            [lambda: certified_picks(x, greedy_candidates(x, dh), pw, TILES,
+                                     TILES * tile_escapes(pw))] * copies]
 
 
 def _eager(x, pw, dh) -> list[float]:

@@ -40,9 +40,9 @@ from w12_kernels.view8 import view_bf16
 
 __all__ = ["SMALL_M_MAX", "add_rms_norm", "cat_rows", "compact_kv", "decode_weight",
            "gdn_ancestor_mask", "gdn_path", "gdn_walk", "gdn_wy", "int8_head",
-           "int8_head_candidates", "invariant_rows", "linear_rows",
-           "prepare", "rms_norm", "rows_reproducible", "tensor_bytes", "tree_attention",
-           "view_bf16", "w12_matmul"]
+           "int8_head_candidates", "int8_head_picks", "invariant_rows", "linear_rows",
+           "prepare", "rms_norm", "rows_reproducible", "tensor_bytes", "tile_escapes",
+           "tree_attention", "view_bf16", "w12_matmul"]
 
 
 def prepare(w: W12Tensor):
@@ -119,6 +119,23 @@ def int8_head_candidates(head, h: torch.Tensor, *, temperature: float = 0.0,
         return greedy_candidates(h, head)
     lo, hi = bounds32(head, h, approx_logits(h, head.q, head.scale))
     return candidates(lo, hi, temperature=temperature, noise=noise)
+
+
+def int8_head_picks(h: torch.Tensor, cand: torch.Tensor, packed, tiles: int, escapes: int, *,
+                    temperature: float = 0.0, noise: torch.Tensor | None = None):
+    """(picks [R], tiles needed []) of the certified choice on the device, fixed shapes
+    (``w12_kernels.int8_head.certified_picks``)."""
+    from w12_kernels.int8_head import certified_picks
+
+    return certified_picks(h, cand, packed, tiles, escapes, temperature=temperature,
+                           noise=noise)
+
+
+def tile_escapes(packed) -> int:
+    """The most escapes a 16-row tile of a packed W12 weight holds."""
+    from w12_kernels.gemm.rows import tile_escapes as most
+
+    return most(packed)
 
 
 def cat_rows(parts: list[W12Tensor]) -> W12Tensor:

@@ -202,7 +202,7 @@ def _int8_rows(exact, loaded, prompts, drafter, budgets, modes, forced_accept, m
     log(format_row(rows[0]))
     for mode in modes:
         for budget in budgets:
-            engine.head.stats = type(engine.head.stats)()
+            engine.head.reset_stats()
             row = _bench_one(engine, loaded, prompts, drafter, mode, budget, forced_accept,
                              max_new_tokens, sampling, stop_ids, t_ar, plain_tps, timer,
                              context)

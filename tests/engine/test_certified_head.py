@@ -128,11 +128,11 @@ def test_cuda_int8_head_recomputes_the_exact_heads_tokens(sampling):
     want = generate(Engine(model, batch=4, max_seq_len=128), prompts, max_new_tokens=24,
                     sampling=sampling)
     engine = Engine(model, batch=4, max_seq_len=128, head="int8")
-    engine.head.max_rows = model.args.vocab_size
+    engine.head.max_tiles = model.args.vocab_size // 16 + 1
     assert generate(engine, prompts, max_new_tokens=24, sampling=sampling) == want
     assert engine.head.stats.fallbacks == 0 and engine.head.stats.recomputed > 0
     engine = Engine(model, batch=4, max_seq_len=128, head="int8")
-    engine.head.max_rows = model.args.vocab_size
+    engine.head.max_tiles = model.args.vocab_size // 16 + 1
     runner = SpecRunner(engine, make_drafter("early-exit:2", model), budget=16, tree=True,
                         sampling=sampling)
     assert runner.graph is not None and runner.finish_graph is not None  # two graphs a step

@@ -15,7 +15,8 @@ GEMM_CASES = {  # id: (m, n, k, kw, tiles_per_program, escapes)
     "m17_n20_k64_kw3_no_escapes": (17, 20, 64, 3, 1, False),
     "m70_n33_k200_kw3_wide_block": (70, 33, 200, 3, 1, True),
 }
-CASE_IDS = [*GEMM_CASES, "batch_invariant_m1_m17", "decode_kernel_exact", "tile_subset_rows"]
+CASE_IDS = [*GEMM_CASES, "batch_invariant_m1_m17", "decode_kernel_exact", "tile_subset_rows",
+            "tile_subset_fixed"]
 
 
 def _inputs(m, n, k, escapes=True):
@@ -94,6 +95,29 @@ def _tile_subset_case():
     assert have == want and len(have) > 0
 
 
+def _tile_fixed_case():
+    """The fixed-shape gather (``rows.linear_tiles``'s: a set number of tiles, repeats
+    allowed, a set room for escapes) gives the whole product's bits at every gathered row."""
+    import torch
+
+    from w12_kernels.gemm.layout import ROW_ALIGN
+    from w12_kernels.gemm.rows import _gather_fixed, tile_escapes
+    from w12_kernels.gemm.triton import launcher as triton_path
+
+    _, _, pw, x, _ = _inputs(5, 70, 300)
+    whole = _run(x, pw, None, kw=3)
+    tiles = torch.tensor([1, 4, 0, 0])  # two tiles wanted, then padding with tile 0
+    room = len(tiles) * tile_escapes(pw)
+    sub = _gather_fixed(pw, tiles, room)
+    assert sub.esc_col.numel() == room and 0 < int(sub.esc_rowptr[-1]) <= room
+    part = triton_path.gemm(x, sub.chunks, sub.scale, sub.esc_rowptr, sub.esc_row, sub.esc_col,
+                            sub.esc_delta, None, sub.n, pw.k, kw=3, on_gpu=False)
+    rows = (tiles[:, None] * ROW_ALIGN + torch.arange(ROW_ALIGN)).reshape(-1)
+    real = rows < pw.n
+    assert torch.equal(part[:, real].view(torch.int16), whole[:, rows[real]].view(torch.int16)), \
+        "fixed gather gives other bits"
+
+
 def _decode_case():
     import torch
     from gemm_helpers import encoded, make_weight
@@ -116,6 +140,7 @@ def main() -> None:
     jobs["batch_invariant_m1_m17"] = _batch_invariance_case
     jobs["decode_kernel_exact"] = _decode_case
     jobs["tile_subset_rows"] = _tile_subset_case
+    jobs["tile_subset_fixed"] = _tile_fixed_case
     report(jobs)
 
 

@@ -161,3 +161,55 @@ def test_gpu_fused_certification_keeps_the_exact_argmax(rows):
     exact = _exact(w.cuda(), h.cuda()).cpu()
     assert mask.gather(1, exact.argmax(1, keepdim=True)).all()
     assert mask.sum(1).max() < w.shape[0] // 4
+
+
+def test_candidate_tiles_are_the_first_flagged_tiles_in_order():
+    from w12_kernels.int8_head import candidate_tiles
+
+    cand = torch.zeros(2, 100, dtype=torch.bool)
+    cand[0, 3] = cand[0, 33] = cand[1, 50] = cand[1, 99] = True  # tiles 0, 2, 3, 6
+    tiles, needed = candidate_tiles(cand, 5)
+    assert tiles.tolist() == [0, 2, 3, 6, 0] and int(needed) == 4
+    tiles, needed = candidate_tiles(cand, 2)  # too few: the first two, and the count
+    assert tiles.tolist() == [0, 2] and int(needed) == 4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [1, 20, 64])
+def test_gpu_certified_picks_are_the_exact_heads(rows):
+    """The fixed-shape certified choice (candidates' tiles recomputed, no read-back) picks the
+    exact head's argmax on every row, and, captured in a CUDA graph and replayed on other
+    hidden states, still does."""
+    import w12
+    from w12_kernels.gemm import prepare_weight, w12_linear
+    from w12_kernels.gemm.rows import linear_tiles, tile_escapes
+    from w12_kernels.int8_head import DeviceHead, certified_picks, greedy_candidates
+
+    w, h = _case(4099, 576, rows, 8, spread=2.0)
+    w[17, 5], w[4000, 100] = 1e-30, 3e30  # escapes
+    pw = prepare_weight(w12.encode(w), device="cuda")
+    head = DeviceHead.of(quantize(w), "cuda")
+    cap = 200
+    room = cap * tile_escapes(pw)
+    x = h.cuda()
+    tiles = torch.tensor([0, 250, 1, 1], device="cuda")
+    rows_of = (tiles[:, None] * 16 + torch.arange(16, device="cuda")).view(-1)
+    got = linear_tiles(x, pw, tiles, 4 * tile_escapes(pw))
+    assert torch.equal(got.view(torch.int16), w12_linear(x, pw, None)[:, rows_of].view(torch.int16))
+
+    def pick(x):
+        return certified_picks(x, greedy_candidates(x, head), pw, cap, room)
+
+    picks, needed = pick(x)
+    assert int(needed) <= cap
+    assert torch.equal(picks, w12_linear(x, pw, None).float().argmax(1))
+    static = x.clone()
+    pick(static)  # compiled before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, out_needed = pick(static)
+    _, other = _case(4099, 576, rows, 9, spread=2.0)
+    static.copy_(other.cuda())
+    graph.replay()
+    assert int(out_needed) <= cap
+    assert torch.equal(out, w12_linear(static, pw, None).float().argmax(1))

@@ -16,12 +16,16 @@ exact head. Cauchy-Schwarz assumes the worst alignment of the error with the hid
 the bound is ~sqrt(K) times the typical error: what pays is a model whose best logit stands
 clear of the rest.
 
+``picks.certified_picks`` makes the choice on the device with fixed shapes (the candidates'
+16-row tiles, a fixed number of them, recomputed from the W12 head), for CUDA graphs.
+
 ``reference.py`` holds the readable statement (float64 where it matters) that a kernel will be
 tested against.
 """
 
 from w12_kernels.int8_head.certify import DeviceHead, bounds32
 from w12_kernels.int8_head.launcher import approx_logits, greedy_candidates
+from w12_kernels.int8_head.picks import candidate_tiles, certified_picks
 from w12_kernels.int8_head.reference import (
     Int8Head,
     candidates,
@@ -30,5 +34,6 @@ from w12_kernels.int8_head.reference import (
     quantize,
 )
 
-__all__ = ["DeviceHead", "Int8Head", "approx_logits", "bounds32", "candidates",
-           "certified_choice", "greedy_candidates", "logit_bounds", "quantize"]
+__all__ = ["DeviceHead", "Int8Head", "approx_logits", "bounds32", "candidate_tiles",
+           "candidates", "certified_choice", "certified_picks", "greedy_candidates",
+           "logit_bounds", "quantize"]
