@@ -147,12 +147,12 @@ def main() -> None:
 
 
 def _calls(x, pw, dh, copies: int = 4) -> list[list]:
+    room = TILES * tile_escapes(pw)  # (read before the capture)
     return [[lambda: w12_head(x, pw)] * copies,
             [lambda: approx_logits(x, dh.q, dh.scale)] * copies,
             [lambda: certify(x, dh)] * copies,
             [lambda: greedy_candidates(x, dh)] * copies,
-            [lambda: certified_picks(x, greedy_candidates(x, dh), pw, TILES,
-                                     TILES * tile_escapes(pw))] * copies]
+            [lambda: certified_picks(x, greedy_candidates(x, dh), pw, TILES, room)] * copies]
 
 
 def _eager(x, pw, dh) -> list[float]:
