@@ -1,10 +1,11 @@
 """Triton kernel of the gated delta rule along draft-tree paths: path verify, decode, commit.
 
 One program per (node, request x value head, block of ``BV`` value columns): it loads the
-committed state's [DK, BV] tile into registers, steps it along the node's path (root first)
-with the recurrence, and writes the node's output columns; with ``STORE`` it writes the
-stepped tile back as the new state. A state's value columns are independent of each other
-(column j of the delta only reads column j), so the tiles split the work exactly.
+committed state's [DK, BV] tile into registers, steps it along the node's path (root first,
+up to the path's first -1) with the recurrence, and writes the node's output columns; with
+``STORE`` it writes the stepped tile back as the new state. A state's value columns are
+independent of each other (column j of the delta only reads column j), so the tiles split the
+work exactly.
 
 The same code serves three uses, so their bits agree: a decode step is a one-node path with
 ``STORE`` (in place), path verify is every node of a tree without it, and commit is the
@@ -55,11 +56,12 @@ def gdn_path_kernel(
     decay_base = decay_ptr + b.to(tl.int64) * sg_b + h
     beta_base = beta_ptr + b.to(tl.int64) * sg_b + h
     path = nodes_ptr + b.to(tl.int64) * sn_b + t * sn_t
-    for d in range(P):
-        n = tl.load(path + d)
-        stepped = _step(s, k_base, v_base, decay_base, beta_base, tl.maximum(n, 0), sq_t, sv_t,
-                        sg_t, dk, dv)
-        s = tl.where(n >= 0, stepped, s)
+    d = 0
+    n = tl.load(path)
+    while (n >= 0) & (d < P):  # the path's nodes, up to its first -1
+        s = _step(s, k_base, v_base, decay_base, beta_base, n, sq_t, sv_t, sg_t, dk, dv)
+        d += 1
+        n = tl.load(path + d, mask=d < P, other=-1)
     if OUT:
         q = tl.load(q_ptr + b.to(tl.int64) * sq_b + t * sq_t + h * sq_h + dk)
         o = tl.sum(s * q[:, None], axis=0)
@@ -111,11 +113,12 @@ def gdn_walk_kernel(
         s = tl.where(wanted > 0, s, s0)
         if live & (p >= 0) & (there >= CAP):  # the parent's state was not kept: replay it
             path = nodes_ptr + b.to(tl.int64) * sn_b + p * sn_t
-            for d in range(P):
-                m = tl.load(path + d)
-                stepped = _step(s, k_base, v_base, decay_base, beta_base, tl.maximum(m, 0),
-                                sq_t, sv_t, sg_t, dk, dv)
-                s = tl.where(m >= 0, stepped, s)
+            d = 0
+            m = tl.load(path)
+            while (m >= 0) & (d < P):
+                s = _step(s, k_base, v_base, decay_base, beta_base, m, sq_t, sv_t, sg_t, dk, dv)
+                d += 1
+                m = tl.load(path + d, mask=d < P, other=-1)
         s = _step(s, k_base, v_base, decay_base, beta_base, at, sq_t, sv_t, sg_t, dk, dv)
         if OUT:
             q = tl.load(q_ptr + b.to(tl.int64) * sq_b + at * sq_t + h * sq_h + dk)
