@@ -33,6 +33,7 @@ class AttentionPlan:
     slots: torch.Tensor
     prefix_len: torch.Tensor | None = None
     path_slots: torch.Tensor | None = None
+    levels: int | None = None  # a host bound on the nodes of any path (``DraftTree.levels``)
 
     @property
     def causal(self) -> bool:
@@ -58,14 +59,15 @@ class AttentionPlan:
         return cls.tree(lengths, paths.expand(lengths.shape[0], t, t))
 
     @classmethod
-    def tree(cls, lengths: torch.Tensor, paths: torch.Tensor) -> AttentionPlan:
+    def tree(cls, lengths: torch.Tensor, paths: torch.Tensor,
+             levels: int | None = None) -> AttentionPlan:
         """The nodes of a draft tree per request, node ``t`` written at slot ``lengths + t``;
         ``paths`` [B, T, P] holds each node's ancestors' node indices from the root (node 0)
-        down to itself, then -1."""
+        down to itself, then -1; ``levels``: a bound on any path's nodes, if known."""
         t = paths.shape[1]
         slots = lengths[:, None] + torch.arange(t, device=lengths.device)
         path_slots = torch.where(paths >= 0, paths + lengths[:, None, None], -1)
-        return cls(slots=slots, prefix_len=lengths, path_slots=path_slots)
+        return cls(slots=slots, prefix_len=lengths, path_slots=path_slots, levels=levels)
 
 
 def resolve_attention(attention: str, device: torch.device,

@@ -22,8 +22,9 @@ a decode step at its position would give. On a GPU a decode step and a commit ru
 kernel of ``w12_kernels.gated_delta`` (one path a request, stepped in place); verify runs the
 kernel ``Transformer.gdn`` names: ``walk`` (each tree walked once, a scratch state per branch
 level; its plan is a few small launches, a fixed cost), ``path`` (each node's path replayed,
-no scratch; its cost grows with nodes x depth), or ``auto`` (the path kernel up to
-``PATH_VERIFY_NODES`` nodes, the walk above). All give the same bits. ``wy`` instead solves
+no scratch; its cost grows with nodes x depth), or ``auto`` (the path kernel while no path
+has more than ``PATH_VERIFY_DEPTH`` nodes, by the tree's host bound ``levels`` or else its node
+count; the walk beyond). All give the same bits. ``wy`` instead solves
 every path at once in the WY form on tensor cores (``gdn_wy``): within float32 error of the
 others but not their bits, so speculative decoding with it is outside the promise of plain
 decoding's tokens bit for bit (a near tie of two logits can turn). On the CPU a torch form
@@ -48,7 +49,8 @@ from engine.w12_backend import (
 )
 from w12.errors import W12Error
 
-PATH_VERIFY_NODES = 16  # ``auto``: verify trees up to this many nodes with the path kernel
+PATH_VERIFY_DEPTH = 16  # ``auto``: the path kernel for trees whose paths have at most this
+# many nodes (its cost follows the paths' lengths, the walk's the node count)
 GDN_KERNELS = ("auto", "walk", "path", "wy")
 
 
@@ -121,7 +123,7 @@ class GatedDeltaNet(nn.Module):
                     step.gdn_plan = gdn_ancestor_mask(nodes)
                 o = gdn_wy(rec.state[self.index], q, k, v, decay, beta, nodes,
                            anc=step.gdn_plan)
-            elif x.is_cuda and walks(step.gdn, t):
+            elif x.is_cuda and walks(step.gdn, t, plan.levels):
                 if step.gdn_plan is None:  # one plan for every layer: the same trees
                     step.gdn_plan = gdn_walk_plan(nodes)
                 o = gdn_walk(rec.state[self.index], q, k, v, decay, beta, nodes,
@@ -136,11 +138,13 @@ class GatedDeltaNet(nn.Module):
         return self.wo(o.reshape(b, t, hv * dv))
 
 
-def walks(kernel: str, nodes: int) -> bool:
-    """Whether verify of ``nodes`` tree nodes runs the walk kernel under option ``kernel``."""
+def walks(kernel: str, nodes: int, levels: int | None = None) -> bool:
+    """Whether verify of ``nodes`` tree nodes, no path longer than ``levels`` nodes (None:
+    unknown), runs the walk kernel under option ``kernel``."""
     if kernel not in GDN_KERNELS:
         raise W12Error(f"GDN kernel {kernel!r}: one of {', '.join(GDN_KERNELS)}")
-    return kernel == "walk" or (kernel == "auto" and nodes > PATH_VERIFY_NODES)
+    longest = nodes if levels is None else min(levels, nodes)
+    return kernel == "walk" or (kernel == "auto" and longest > PATH_VERIFY_DEPTH)
 
 
 def advance(state, k, v, decay, beta):

@@ -267,7 +267,7 @@ class GivenTree(Drafter):
 
     def __init__(self, tree: DraftTree) -> None:
         self.tree = DraftTree(*(t.clone() for t in (tree.tokens, tree.parents, tree.depth,
-                                                      tree.valid)))
+                                                      tree.valid)), levels=tree.levels)
 
     def propose(self, roots, cache, budget, tree):
         return self.tree

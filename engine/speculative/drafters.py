@@ -160,7 +160,8 @@ def _tree_from_rows(roots: torch.Tensor, rows: list[list[tuple[int, int]]], budg
     device = roots.device
     tokens = tokens.to(device)
     tokens[:, 0] = roots
-    return DraftTree(tokens, parents.to(device), depth.to(device), valid.to(device))
+    return DraftTree(tokens, parents.to(device), depth.to(device), valid.to(device),
+                     levels=int(depth.max()) + 1)  # (host tensors: no read-back)
 
 
 class EarlyExitDrafter(Drafter):

@@ -35,6 +35,8 @@ class DraftTree:
     depth: torch.Tensor  # [B, N] int64, 0 at the root
     valid: torch.Tensor  # [B, N] bool, False for padding
     scores: torch.Tensor | None = None  # [B, N] float32 drafter log-probability of the path
+    levels: int | None = None  # a bound, known on the host, on the nodes of any path (the
+    # deepest depth + 1); None: the node count
 
     @property
     def size(self) -> int:
@@ -56,7 +58,7 @@ class DraftTree:
         if lengths is not None:
             valid = n[None, :] <= lengths[:, None]
         depth, parents = n.expand(b, d + 1), (n - 1).expand(b, d + 1)
-        return cls(tokens, parents.clone(), depth.clone(), valid)
+        return cls(tokens, parents.clone(), depth.clone(), valid, levels=d + 1)
 
     def ancestor_mask(self) -> torch.Tensor:
         """[B, N, N] boolean: ``mask[b, n, m]`` when node m is on node n's path (n included).
@@ -107,7 +109,7 @@ def best_first(root: torch.Tensor, top_tokens: torch.Tensor, top_logp: torch.Ten
         return DraftTree(root[:, None], torch.full((b, 1), -1, device=device),
                          torch.zeros(b, 1, dtype=torch.long, device=device),
                          torch.ones(b, 1, dtype=torch.bool, device=device),
-                         torch.zeros(b, 1, device=device))
+                         torch.zeros(b, 1, device=device), levels=1)
     depth = torch.cat([torch.full_like(s, d + 1, dtype=torch.long)
                        for d, s in enumerate(level_scores)], dim=1)
     scores = torch.cat(level_scores, dim=1)
@@ -142,7 +144,8 @@ def best_first(root: torch.Tensor, top_tokens: torch.Tensor, top_logp: torch.Ten
         tree_scores = torch.cat([tree_scores, torch.full((b, pad), float("-inf"),
                                                          device=device)], dim=1)
         valid = torch.cat([valid, torch.zeros(b, pad, dtype=torch.bool, device=device)], dim=1)
-    return DraftTree(tree_tokens, tree_parents, tree_depth, valid, tree_scores)
+    return DraftTree(tree_tokens, tree_parents, tree_depth, valid, tree_scores,
+                     levels=len(level_scores) + 1)
 
 
 def share_budget(tree: DraftTree, total: int, active: torch.Tensor | None = None
@@ -166,7 +169,7 @@ def share_budget(tree: DraftTree, total: int, active: torch.Tensor | None = None
     kept = torch.zeros(b * n, dtype=torch.bool, device=key.device)
     kept[key.topk(total).indices] = True
     valid = tree.valid & kept.view(b, n)
-    return DraftTree(tree.tokens, tree.parents, tree.depth, valid, tree.scores)
+    return DraftTree(tree.tokens, tree.parents, tree.depth, valid, tree.scores, tree.levels)
 
 
 def limit_rows(tree: DraftTree, widths: torch.Tensor) -> DraftTree:
@@ -183,7 +186,8 @@ def limit_rows(tree: DraftTree, widths: torch.Tensor) -> DraftTree:
         key = torch.where(tree.parents < 0, float("inf"), key)
         rank = key.argsort(dim=1, descending=True, stable=True).argsort(dim=1)
         keep = rank < widths[:, None]
-    return DraftTree(tree.tokens, tree.parents, tree.depth, tree.valid & keep, tree.scores)
+    return DraftTree(tree.tokens, tree.parents, tree.depth, tree.valid & keep, tree.scores,
+                     tree.levels)
 
 
 def best_first_reference(top_tokens: list[list[int]], top_logp: list[list[float]],

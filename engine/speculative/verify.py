@@ -83,7 +83,7 @@ def target_logits(model: Transformer, cache: KVCache, tree: DraftTree, paths: to
     written."""
     lengths = cache.lengths
     pos = lengths[:, None] + tree.depth
-    logits = model(tree.tokens, pos, cache, AttentionPlan.tree(lengths, paths))
+    logits = model(tree.tokens, pos, cache, AttentionPlan.tree(lengths, paths, tree.levels))
     b, n, vocab = logits.shape
     return logits, choose(logits.view(b * n, vocab), sampling, requests.repeat_interleave(n),
                           (pos + 1).view(-1)).view(b, n)
@@ -113,7 +113,8 @@ def verify_forward(model: Transformer, cache: KVCache, tree: DraftTree) -> Pendi
     lengths = cache.lengths
     paths = tree.paths()
     pos = lengths[:, None] + tree.depth
-    hidden = model(tree.tokens, pos, cache, AttentionPlan.tree(lengths, paths), head=False)
+    plan = AttentionPlan.tree(lengths, paths, tree.levels)
+    hidden = model(tree.tokens, pos, cache, plan, head=False)
     return Pending(tree, paths, hidden, pos)
 
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from test_speculative import assert_drafters_equal_plain
 
 from engine.attention import AttentionPlan
-from engine.gated_delta import GDN_KERNELS, PATH_VERIFY_NODES, walks
+from engine.gated_delta import GDN_KERNELS, PATH_VERIFY_DEPTH, walks
 from engine.generate import Engine, generate
 from engine.model import Step
 from engine.sampling import Sampling
@@ -189,9 +189,12 @@ def test_wy_verify_is_close_to_the_walk_and_commits_the_same_state():
 
 
 def test_gdn_verify_kernel_choice():
-    """``auto`` verifies small trees by replaying paths and larger ones by one walk; the two
-    forced choices hold at every size; an unknown name is refused."""
-    assert not walks("auto", PATH_VERIFY_NODES) and walks("auto", PATH_VERIFY_NODES + 1)
+    """``auto`` replays paths while no path is longer than ``PATH_VERIFY_DEPTH`` nodes (the
+    tree's bound where known, else its node count) and walks beyond; the two forced choices
+    hold at every size; an unknown name is refused."""
+    assert not walks("auto", PATH_VERIFY_DEPTH) and walks("auto", PATH_VERIFY_DEPTH + 1)
+    assert not walks("auto", 64, levels=8)  # a shallow 64-node tree
+    assert walks("auto", 64, levels=PATH_VERIFY_DEPTH + 1) and walks("auto", 64, levels=None)
     assert all(walks("walk", n) and not walks("path", n) for n in (2, 128))
     with pytest.raises(W12Error, match="GDN kernel 'chunked'"):
         walks("chunked", 4)

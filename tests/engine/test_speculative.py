@@ -28,6 +28,12 @@ def hand_tree() -> DraftTree:
     return DraftTree(tokens, parents, depth, torch.ones(1, 5, dtype=torch.bool))
 
 
+def test_a_chain_bounds_its_paths_by_its_length():
+    chain = DraftTree.chain(torch.tensor([1, 2]), torch.zeros(2, 6, dtype=torch.long))
+    assert chain.levels == 7 and int((chain.paths() >= 0).sum(-1).max()) == 7
+    assert hand_tree().levels is None  # built by hand: no bound known
+
+
 def test_paths_and_ancestor_mask():
     tree = hand_tree()
     assert tree.paths()[0].tolist() == [[0, -1, -1, -1, -1], [0, 1, -1, -1, -1],
@@ -53,6 +59,9 @@ def test_best_first_is_the_heap_search(seed):
                for n in range(1, budget) if tree.valid[row, n]]
         want = best_first_reference(top_tokens[row].tolist(), top_logp[row].tolist(), budget)
         assert sorted(got) == sorted(want)
+    # the host bound on a path's nodes holds, and is no looser than the drafter's depth
+    assert int(tree.depth.max()) + 1 <= tree.levels <= depth + 1
+    assert int((paths >= 0).sum(-1).max()) <= tree.levels
 
 
 def test_accept_follows_the_matching_child():
