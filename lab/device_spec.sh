@@ -28,6 +28,10 @@
 #   bash lab/device_spec.sh divergence # batch > 1: lab/spec_divergence.py (verify rows against
 #                                     # plain steps, linear by linear) and, with the demo model,
 #                                     # a sampled spec check under CUDA_LAUNCH_BLOCKING=1
+#   WHEELS=DIR bash lab/device_spec.sh sglang # SGLang 0.5.21's model class on W12 and BF16
+#                                     # (lab/sglang_decode.py): DIR holds the SGLang wheel and
+#                                     # its pure-Python dependencies for this Python, installed
+#                                     # --no-deps into a scratch folder
 #   bash lab/device_spec.sh drafter   # w12 draft train on the demo model into out/drafter-run
 #                                     # (one call: the 10-minute limit), its W12 folder, curve
 #                                     # and log copied to $OUT
@@ -37,7 +41,7 @@
 # Logs and JSON go to $OUT (default ./out). W12_CACHE must hold the demo model's GGUF for
 # "demo" (the cache layout of converters.demo_models). Each step has its own time limit.
 set -uo pipefail
-STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|determinism|hybrid|int8head|int8head-sweep|attention|attention-sweep|drafter|drafter-eval [DIR]}
+STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|determinism|hybrid|int8head|int8head-sweep|attention|attention-sweep|sglang|drafter|drafter-eval [DIR]}
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
@@ -191,6 +195,14 @@ attention-sweep)  # the T = 1 decode regression: tree-attention configurations (
       --models qwen3-8b qwen3-32b --contexts 512 2048 --nodes 1 16 --batches 1 8 32 --calls 10 \
       $c --json "$OUT/attention-$n.json"
   done
+  ;;
+sglang)  # decode steps inside SGLang's Qwen3 class, W12 against BF16 (issue: SGLang end to end)
+  SITE=${SITE:-/tmp/sglang-site}
+  $PY -m pip install -q --no-index --no-deps --target "$SITE" "${WHEELS:?WHEELS=DIR of wheels}"/*.whl \
+    > "$OUT/sglang-install.txt" 2>&1 || { tail "$OUT/sglang-install.txt"; exit 1; }
+  PYTHONPATH="$SITE:$PYTHONPATH" TAIL=8 run ${SGLANG_LIMIT:-400} sglang-decode $PY lab/sglang_decode.py \
+    --preset ${PRESET:-qwen3-8b} --batch ${BATCHES:-1,8,32} --context ${CONTEXT:-512} \
+    --json "$OUT/sglang-decode.json"
   ;;
 drafter)
   $W12 demo --quiet > "$OUT/demo.txt" 2>&1 || { tail "$OUT/demo.txt"; exit 1; }
