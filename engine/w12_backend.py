@@ -11,9 +11,9 @@ each giving a row the same bits whatever else shares the call. ``view_bf16``
 draft-tree paths: decode, verify and commit with one kernel, so that their bits agree;
 ``gdn_wy`` / ``gdn_ancestor_mask`` verify a tree in the WY form instead (float32 accuracy, not
 those bits).
-``int8_head`` / ``int8_head_candidates`` (``w12_kernels.int8_head``) and ``linear_rows`` (a
-few output rows of a W12 product with the whole product's bits) make the certified INT8 LM
-head.
+``int8_head`` / ``int8_head_candidates`` / ``int8_head_picks`` (``w12_kernels.int8_head``:
+the candidates' 16-row tiles of the W12 head recomputed with the whole product's bits) and
+``tile_escapes`` make the certified INT8 LM head.
 Keeping the kernel packages behind this module means the model code never changes when a
 kernel layout does (an import-linter contract in ``pyproject.toml`` holds the rest of the
 engine to it).
@@ -30,7 +30,6 @@ from w12_kernels.gemm import (
     SMALL_M_MAX,
     decode_weight,
     invariant_rows,
-    linear_rows,
     prepare_weight,
     rows_reproducible,
     w12_linear,
@@ -40,7 +39,7 @@ from w12_kernels.view8 import view_bf16
 
 __all__ = ["SMALL_M_MAX", "add_rms_norm", "cat_rows", "compact_kv", "decode_weight",
            "gdn_ancestor_mask", "gdn_path", "gdn_walk", "gdn_wy", "int8_head",
-           "int8_head_candidates", "int8_head_picks", "invariant_rows", "linear_rows",
+           "int8_head_candidates", "int8_head_picks", "invariant_rows",
            "prepare", "rms_norm", "rows_reproducible", "tensor_bytes", "tile_escapes",
            "tree_attention", "view_bf16", "w12_matmul"]
 
