@@ -31,6 +31,7 @@ CASES = {
     "wy_tree": ("wy", 1, 3, 32, 16, [-1, 0, 0, 1, 1, 2, 5, 6, 3, 0]),
     "wy_forest_dv64": ("wy", 2, 1, 16, 64, [-1, -1, 0, 1, 3]),
     "wy_tree_40": ("wy", 1, 2, 64, 32, random_parents(40, 5)),
+    "wy_zero_decay": ("wy-zero", 1, 2, 16, 32, [-1, 0, 1, 1, 3, 2]),  # a decay of exactly 0
 }
 
 
@@ -98,6 +99,9 @@ def check(what, b, h, dk, dv, parents, device="cpu"):
 
     n = len(parents)
     cpu = inputs(b, h, dk, dv, n)
+    if what == "wy-zero":  # node 1's gate wipes the state (a decay that underflowed)
+        cpu[4][:, 1] = 0.0
+        what = "wy"
     state, q, k, v, decay, beta = (x.to(device) for x in cpu)
     nodes = paths(parents, b).to(device)
 

@@ -189,7 +189,9 @@ def gdn_wy_kernel(
     dv = tl.program_id(1) * BV + tl.arange(0, BV)
     rows = b.to(tl.int64) * sq_b + r[:, None] * sq_t + h * sq_h
     gate = b.to(tl.int64) * sg_b + r * sg_t + h
-    log_decay = tl.log(tl.load(decay_ptr + gate, mask=live, other=1.0))
+    # a decay that underflowed to 0 would make G -inf and its differences NaN; e^-80 is 0 to
+    # float32 accuracy against any term it multiplies
+    log_decay = tl.maximum(tl.log(tl.load(decay_ptr + gate, mask=live, other=1.0)), -80.0)
     beta = tl.load(beta_ptr + gate, mask=live, other=0.0)
     anc = tl.load(anc_ptr + b.to(tl.int64) * sa_b + r[:, None] * sa_j + r[None, :],
                   mask=live[:, None] & live[None, :], other=0) != 0
