@@ -132,7 +132,7 @@ def int8_head_picks(h: torch.Tensor, cand: torch.Tensor, packed, tiles: int, esc
 
 def tile_escapes(packed) -> int:
     """The most escapes a 16-row tile of a packed W12 weight holds."""
-    from w12_kernels.gemm.rows import tile_escapes as most
+    from w12_kernels.gemm import tile_escapes as most
 
     return most(packed)
 

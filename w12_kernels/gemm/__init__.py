@@ -24,7 +24,7 @@ readable float64 reference. docs/KERNELS.md describes the kernels and the table.
 from w12_kernels.gemm.dispatch import backend, invariant_rows
 from w12_kernels.gemm.layout import DECODE_BIAS, PackedW12, decode_weight, prepare_weight
 from w12_kernels.gemm.op import w12_linear
-from w12_kernels.gemm.rows import linear_rows, rows_reproducible
+from w12_kernels.gemm.rows import linear_rows, linear_tiles, rows_reproducible, tile_escapes
 from w12_kernels.gemm.table import SMALL_M_MAX
 
 __all__ = [
@@ -35,7 +35,9 @@ __all__ = [
     "decode_weight",
     "invariant_rows",
     "linear_rows",
+    "linear_tiles",
     "prepare_weight",
     "rows_reproducible",
+    "tile_escapes",
     "w12_linear",
 ]
