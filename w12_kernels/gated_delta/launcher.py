@@ -168,7 +168,6 @@ def gdn_chain(state, q, k, v, decay, beta, *, out: bool = True) -> torch.Tensor 
     return gdn_walk(state, q, k, v, decay, beta, nodes, out=out, commit=True, plan=plan)
 
 
-
 def ancestor_mask(nodes: torch.Tensor) -> torch.Tensor:
     """[B, N, N] int8 of the trees ``nodes`` [B, N, P] (node n's path in row n, root first,
     then -1): ``[b, j, i]`` is 1 when node i is on node j's path (j included). Device ops."""
