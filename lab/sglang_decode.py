@@ -33,14 +33,13 @@ import argparse
 import json
 import sys
 import tempfile
-import types
 from pathlib import Path
 
 import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent / "benchmarks"),
-                str(HERE.parent / "tests" / "sglang_integration" / "cpu_site")]
+                str(HERE.parent / "tests" / "sglang_integration")]
 
 MODEL_TYPES = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -79,18 +78,11 @@ def write_folders(root: Path, config: dict) -> tuple[Path, Path]:
 
 
 def install_stand_ins() -> None:
-    import sglang_cpu_stubs
+    """The CPU model-class test's stand-ins (torchvision, ``vllm._custom_ops``), and SGLang's
+    fused ops on their native forward."""
+    from model_class_runner import install_stand_ins as runner_stand_ins
 
-    sglang_cpu_stubs.install()
-    vllm, ops = types.ModuleType("vllm"), types.ModuleType("vllm._custom_ops")
-
-    def rotary_embedding(*args, **kwargs):
-        raise RuntimeError("vllm._custom_ops.rotary_embedding stand-in was called")
-
-    ops.rotary_embedding = rotary_embedding
-    vllm._custom_ops = ops
-    sys.modules.setdefault("vllm", vllm)
-    sys.modules.setdefault("vllm._custom_ops", ops)
+    runner_stand_ins()
     from sglang.kernels.fused_op import BaseFusedOp
 
     BaseFusedOp._resolve_forward_method = lambda self: self.forward_native
