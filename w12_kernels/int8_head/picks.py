@@ -15,7 +15,7 @@ from w12_kernels.gemm.rows import linear_tiles
 def candidate_tiles(cand: torch.Tensor, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(the first ``tiles`` 16-row tiles holding a candidate of any row, ascending, padded
     with tile 0: int64 [tiles]; how many tiles hold one: int64 []) of ``cand`` [R, V]."""
-    r, v = cand.shape
+    v = cand.shape[1]
     count = -(-v // ROW_ALIGN)
     flags = torch.zeros(count * ROW_ALIGN, dtype=torch.bool, device=cand.device)
     flags[:v] = cand.any(dim=0)
