@@ -190,6 +190,7 @@ class W12LinearMethod(LinearMethodBase):
         self._pending: dict[object, dict[str, torch.Tensor]] = {}
         self._pieces: dict[object, shard.EscapePiece] = {}
         self._loaded: set[tuple[object, str]] = set()
+        self._device = torch.device("cpu")  # where the packed weight goes (create_weights)
 
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
                        output_partition_sizes: list[int], input_size: int, output_size: int,
@@ -200,15 +201,22 @@ class W12LinearMethod(LinearMethodBase):
         self._rows, self._cols = _layer_plan(layer, input_size_per_partition, input_size)
         n, k = sum(output_partition_sizes), input_size_per_partition
         self._shape = (n, k)
+        # SGLang builds the model under its target device; the checkpoint planes wait on the
+        # host instead, so that the GPU never holds every layer's planes and its packed weight
+        # at once: each layer's planes go to the device only to be packed
+        self._device = _device_of(torch.empty(0).device)
+        def host(make, *args, **kwargs) -> torch.Tensor:
+            return make(*args, **kwargs, device="cpu")
+
         planes = {
-            "hi": (torch.zeros(n, k, dtype=torch.uint8), {"output_dim": 0, "input_dim": 1}),
-            "lo": (torch.zeros(n, spec.lo_width(k), dtype=torch.uint8),
+            "hi": (host(torch.zeros, n, k, dtype=torch.uint8), {"output_dim": 0, "input_dim": 1}),
+            "lo": (host(torch.zeros, n, spec.lo_width(k), dtype=torch.uint8),
                    {"output_dim": 0, "input_dim": 1}),
             # rows no shard writes (padding) need a valid base exponent
-            "e0": (torch.full((n,), spec.E0_MIN, dtype=torch.uint8), {"output_dim": 0}),
-            "esc_rowptr": (torch.zeros(n + 1, dtype=torch.int64), {"output_dim": 0}),
-            "esc_col": (torch.zeros(0, dtype=torch.int32), {}),
-            "esc_val": (torch.zeros(0, dtype=torch.int16), {}),
+            "e0": (host(torch.full, (n,), spec.E0_MIN, dtype=torch.uint8), {"output_dim": 0}),
+            "esc_rowptr": (host(torch.zeros, n + 1, dtype=torch.int64), {"output_dim": 0}),
+            "esc_col": (host(torch.zeros, 0, dtype=torch.int32), {}),
+            "esc_val": (host(torch.zeros, 0, dtype=torch.int16), {}),
         }
         for part, (data, dims) in planes.items():
             param = torch.nn.Parameter(data, requires_grad=False)
@@ -247,7 +255,7 @@ class W12LinearMethod(LinearMethodBase):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         n, k = self._shape
-        device = layer.w12_hi.device
+        device = self._device
         if not self._loaded and _dummy_load():
             self._fill_dummy(layer)  # --load-format dummy: random planes, no checkpoint
         else:
@@ -275,7 +283,7 @@ class W12LinearMethod(LinearMethodBase):
         escapes, drawn per layer from its name so every rank of a layer agrees."""
         n, k = self._shape
         gen = torch.Generator().manual_seed(zlib.crc32(self.prefix.encode()))
-        device = layer.w12_hi.device
+        device = self._device
         planes = {"hi": torch.randint(0, 256, (n, k), generator=gen, dtype=torch.uint8),
                   "lo": torch.randint(0, 256, (n, spec.lo_width(k)), generator=gen,
                                       dtype=torch.uint8),
@@ -307,6 +315,13 @@ class W12LinearMethod(LinearMethodBase):
         # GEMMs do not either), so 65..128 rows take the large-M path: 0.75-0.78x of cuBLAS on
         # the H200 against 0.44-0.56x for the batch-invariant passes (run 265, docs/PERF.md)
         return w12_linear(x, layer.w12_weight, bias, invariant_rows=SMALL_M_MAX)
+
+
+def _device_of(device: torch.device) -> torch.device:
+    """``device`` with its index (the current CUDA device for a bare ``cuda``)."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _layer_plan(layer: torch.nn.Module, k_local: int,

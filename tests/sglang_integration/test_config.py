@@ -181,3 +181,20 @@ def test_reports_corrupt_planes_with_the_layer_name():
     layer.w12_e0.data[2] = 0  # below the format's smallest base exponent
     with pytest.raises(W12Error, match="m.proj: .*base exponent outside"):
         layer.quant_method.process_weights_after_loading(layer)
+
+
+def test_checkpoint_planes_wait_on_the_host_while_loading():
+    """SGLang builds models under its target device; the W12 checkpoint planes of every layer
+    stay on the host until that layer is packed (before: every layer's planes sat on the GPU
+    until post-processing, next to the packed weights made so far)."""
+    with torch.device("meta"):
+        layer = _column(_config(["m.proj"]))
+    for part in ("hi", "lo", "e0", "esc_rowptr", "esc_col", "esc_val"):
+        assert getattr(layer, f"w12_{part}").device == torch.device("cpu"), part
+    assert layer.quant_method._device == torch.device("meta")  # the packed weight's device
+    layer = _column(_config(["m.proj"]))
+    encoded = w12.encode(weight((6, 8), seed=8))
+    _load_all(layer, encoded)
+    layer.quant_method.process_weights_after_loading(layer)
+    assert layer.w12_weight.chunks.device == torch.device("cpu")
+    assert layer.w12_hi.numel() == 0  # the checkpoint planes are freed once packed
