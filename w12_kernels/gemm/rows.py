@@ -53,21 +53,11 @@ def tile_subset(w: PackedW12, tiles: torch.Tensor) -> TileSubset:
 
 
 def _gather(w: PackedW12, tiles: torch.Tensor) -> TileSubset:
-    """``tile_subset`` without the check of the indices (``linear_rows`` checked its rows)."""
-    rows = (tiles[:, None] * ROW_ALIGN + torch.arange(ROW_ALIGN, device=w.device)).reshape(-1)
-    start = w.esc_rowptr.long()[rows]
-    per_row = w.esc_rowptr.long()[rows + 1] - start
-    rowptr = torch.zeros(rows.numel() + 1, dtype=torch.int32, device=w.device)
-    rowptr[1:] = per_row.cumsum(0).to(torch.int32)
-    total = int(rowptr[-1])
-    # escape j of the subset: the (j - first of its row)-th escape of its source row
-    new_row = torch.repeat_interleave(torch.arange(rows.numel(), device=w.device), per_row,
-                                      output_size=total)
-    src = start[new_row] + torch.arange(total, device=w.device) - rowptr.long()[new_row]
-    return TileSubset(n=rows.numel(), chunks=w.chunks[tiles].contiguous(),
-                      scale=w.scale[rows].contiguous(), esc_rowptr=rowptr,
-                      esc_row=new_row.to(torch.int32), esc_col=w.esc_col[src].contiguous(),
-                      esc_delta=w.esc_delta[src].contiguous())
+    """``tile_subset`` without the check of the indices (``linear_rows`` checked its rows):
+    room for exactly the tiles' escapes (one read of their count)."""
+    ptr = w.esc_rowptr.long()
+    total = int((ptr[(tiles + 1) * ROW_ALIGN] - ptr[tiles * ROW_ALIGN]).sum())
+    return _gather_fixed(w, tiles, total)
 
 
 def tile_escapes(w: PackedW12) -> int:
