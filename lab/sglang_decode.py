@@ -21,7 +21,10 @@ What stands in for SGLang's compiled parts, the same in both modes, and nothing 
 - SGLang's fused ops (norms, activations, RoPE: ``BaseFusedOp``) run their native torch
   forward, as they do on a CPU (their CUDA forwards call compiled kernel packages);
 - ``vllm._custom_ops`` is an import-only module whose ``rotary_embedding`` raises;
-  ``torchvision`` is a placeholder where none is installed.
+  ``torchvision`` is a placeholder where none is installed;
+- SGLang's compiled CUDA packages (``COMPILED``: ``sgl_kernel``, ``flashinfer``, ...), which
+  its modules import on a CUDA machine, are import-only placeholders where they are missing:
+  every name imports, and a run that calls one stops with its name.
 
 Needs SGLang 0.5.21's Python modules (``pip install --no-deps sglang==0.5.21`` and
 ``tests/sglang_integration/requirements.txt``) and this repository on the path.
@@ -30,9 +33,12 @@ Needs SGLang 0.5.21's Python modules (``pip install --no-deps sglang==0.5.21`` a
 from __future__ import annotations
 
 import argparse
+import importlib.abc
+import importlib.machinery
 import json
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 import torch
@@ -77,12 +83,62 @@ def write_folders(root: Path, config: dict) -> tuple[Path, Path]:
     return folders[0], folders[1]
 
 
+# SGLang's compiled CUDA packages (CUDA builds with their own dependencies: not installed)
+COMPILED = ("sgl_kernel", "flashinfer", "deep_gemm", "tvm_ffi", "cuda_tile", "quack",
+            "tilelang", "humming", "tokenspeed_mla", "sgl_deep_ep", "deep_ep")
+
+
+class _PlaceholderType(type):
+    """A name from a compiled package, as a class (modules subclass some): its attributes are
+    placeholders too; calling it raises, so a run that reached a compiled kernel stops and
+    names it."""
+
+    def __getattr__(cls, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _placeholder(f"{cls._name}.{attr}")
+
+    def __call__(cls, *args, **kwargs):
+        raise RuntimeError(f"{cls._name}: SGLang's compiled package is not installed here")
+
+
+def _placeholder(name: str) -> type:
+    return _PlaceholderType(name.rsplit(".", 1)[-1], (), {"_name": name})
+
+
+class _Missing(types.ModuleType):
+    """An import-only stand-in of a compiled package (``from pkg.sub import name`` succeeds)."""
+
+    __path__: list[str] = []  # a package: its submodules import too
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _placeholder(f"{self.__name__}.{attr}")
+
+
+class _CompiledStandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] in COMPILED:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return _Missing(spec.name)
+
+    def exec_module(self, module):
+        pass
+
+
 def install_stand_ins() -> None:
-    """The CPU model-class test's stand-ins (torchvision, ``vllm._custom_ops``), and SGLang's
-    fused ops on their native forward."""
+    """The CPU model-class test's stand-ins (torchvision, ``vllm._custom_ops``), import-only
+    stand-ins of SGLang's compiled CUDA packages (``COMPILED``) where they are missing, and
+    SGLang's fused ops on their native forward."""
     from model_class_runner import install_stand_ins as runner_stand_ins
 
     runner_stand_ins()
+    if not any(isinstance(f, _CompiledStandIns) for f in sys.meta_path):
+        sys.meta_path.append(_CompiledStandIns())  # after the real finders: installed wins
     from sglang.kernels.fused_op import BaseFusedOp
 
     BaseFusedOp._resolve_forward_method = lambda self: self.forward_native
