@@ -205,18 +205,17 @@ class W12LinearMethod(LinearMethodBase):
         # host instead, so that the GPU never holds every layer's planes and its packed weight
         # at once: each layer's planes go to the device only to be packed
         self._device = _device_of(torch.empty(0).device)
-        def host(make, *args, **kwargs) -> torch.Tensor:
-            return make(*args, **kwargs, device="cpu")
-
+        host = {"device": "cpu"}
         planes = {
-            "hi": (host(torch.zeros, n, k, dtype=torch.uint8), {"output_dim": 0, "input_dim": 1}),
-            "lo": (host(torch.zeros, n, spec.lo_width(k), dtype=torch.uint8),
+            "hi": (torch.zeros(n, k, dtype=torch.uint8, **host),
+                   {"output_dim": 0, "input_dim": 1}),
+            "lo": (torch.zeros(n, spec.lo_width(k), dtype=torch.uint8, **host),
                    {"output_dim": 0, "input_dim": 1}),
             # rows no shard writes (padding) need a valid base exponent
-            "e0": (host(torch.full, (n,), spec.E0_MIN, dtype=torch.uint8), {"output_dim": 0}),
-            "esc_rowptr": (host(torch.zeros, n + 1, dtype=torch.int64), {"output_dim": 0}),
-            "esc_col": (host(torch.zeros, 0, dtype=torch.int32), {}),
-            "esc_val": (host(torch.zeros, 0, dtype=torch.int16), {}),
+            "e0": (torch.full((n,), spec.E0_MIN, dtype=torch.uint8, **host), {"output_dim": 0}),
+            "esc_rowptr": (torch.zeros(n + 1, dtype=torch.int64, **host), {"output_dim": 0}),
+            "esc_col": (torch.zeros(0, dtype=torch.int32, **host), {}),
+            "esc_val": (torch.zeros(0, dtype=torch.int16, **host), {}),
         }
         for part, (data, dims) in planes.items():
             param = torch.nn.Parameter(data, requires_grad=False)

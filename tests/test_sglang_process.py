@@ -20,15 +20,17 @@ SGLANG_TESTS = Path(__file__).resolve().parent / "sglang_integration"
 def test_sglang_plugin_tests_in_their_own_process():
     env = dict(os.environ)
     env.pop("PYTEST_ADDOPTS", None)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-rs", "-p",
-                           "no:cacheprovider", str(SGLANG_TESTS)], capture_output=True, text=True, env=env,
+    command = [sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-rs", "-p",
+               "no:cacheprovider", str(SGLANG_TESTS)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env,
                           cwd=SGLANG_TESTS.parent.parent)
-    report = done.stdout + done.stderr
-    tail = "\n".join(report.strip().splitlines()[-40:])
-    summary = re.findall(r"(\d+) (passed|failed|error|errors|skipped)", report.splitlines()[-1]
-                         if report.strip() else "")
-    counts = {word: int(n) for n, word in summary}
+    tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-40:])
+    summaries = [line for line in done.stdout.splitlines()
+                 if re.search(r"\d+ (passed|failed|errors?)\b", line)]
+    counts = {word: int(n) for n, word in
+              re.findall(r"(\d+) (passed|failed|errors?|skipped)", summaries[-1] if summaries
+                         else "")}
     assert done.returncode == 0, f"SGLang's tests failed (exit {done.returncode}):\n{tail}"
     assert counts.get("passed", 0) > 0, f"SGLang's tests ran nothing:\n{tail}"
     assert not counts.get("skipped"), f"SGLang's tests skipped some (they must run):\n{tail}"
-    print(report.strip().splitlines()[-1])
+    print(summaries[-1])
