@@ -29,9 +29,11 @@
 #                                     # plain steps, linear by linear) and, with the demo model,
 #                                     # a sampled spec check under CUDA_LAUNCH_BLOCKING=1
 #   WHEELS=DIR bash lab/device_spec.sh sglang # SGLang 0.5.21's model class on W12 and BF16
-#                                     # (lab/sglang_decode.py): DIR holds the SGLang wheel and
-#                                     # its pure-Python dependencies for this Python, installed
-#                                     # --no-deps into a scratch folder
+#                                     # (lab/sglang_decode.py): DIR holds the SGLang wheel and,
+#                                     # for this Python, the packages of
+#                                     # tests/sglang_integration/requirements.txt the machine
+#                                     # lacks (with their dependencies), installed --no-deps
+#                                     # into a scratch folder
 #   bash lab/device_spec.sh drafter   # w12 draft train on the demo model into out/drafter-run
 #                                     # (one call: the 10-minute limit), its W12 folder, curve
 #                                     # and log copied to $OUT
