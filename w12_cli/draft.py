@@ -27,7 +27,9 @@ def draft_group() -> None:
               help="Length of the target's responses.")
 @click.option("--steps", default=3000, show_default=True, type=click.IntRange(1))
 @click.option("--minutes", default=None, type=click.FloatRange(0, min_open=True),
-              help="Stop the optimisation after this long whatever --steps says.")
+              help="Fit the step count to this many minutes of optimisation (timed over "
+                   "the first steps, at most --steps); the count is printed, and --steps with "
+                   "it repeats the run.")
 @click.option("--batch", default=16, show_default=True, type=click.IntRange(1),
               help="Sequences per step.")
 @click.option("--anchors", default=32, show_default=True, type=click.IntRange(1),

@@ -49,7 +49,7 @@ class TrainOptions:
     block_size: int = 16
     taps: int = 5
     steps: int = 3000
-    minutes: float | None = None  # a wall-clock cap on the optimisation loop
+    minutes: float | None = None  # the optimisation's time: --steps fitted to it (``_fit``)
     batch: int = 16  # sequences per step
     anchors: int = 32  # blocks per sequence
     lr: float = 6e-4
@@ -72,6 +72,7 @@ class TrainLog:
     generate_seconds: float = 0.0
     train_seconds: float = 0.0
     steps_run: int = 0
+    fitted_steps: int | None = None  # the step count --minutes chose (``--steps`` repeats it)
     loss: list[float] = field(default_factory=list)
     accuracy: list[float] = field(default_factory=list)  # top-1 agreement, every position
     first_accuracy: list[float] = field(default_factory=list)  # at block position 1
@@ -247,14 +248,24 @@ def train_drafter(target: Transformer, data: list[Sequence], options: TrainOptio
     head = head.detach().to(torch.bfloat16 if cuda else torch.float32).clone()
     optimizer = torch.optim.AdamW(net.parameters(), lr=options.lr, betas=(0.9, 0.95),
                                   weight_decay=options.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(options))
+    factor = _Schedule(options)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     gen = torch.Generator().manual_seed(options.seed)
     order: list[int] = []
     began = time.perf_counter()
-    for step in range(options.steps):
-        if options.minutes is not None and time.perf_counter() - began > 60 * options.minutes:
-            log.stopped_by_time = True
-            break
+    probe_from, probe_to = _probe(options)
+    stamps: dict[int, float] = {}
+    step = 0
+    while step < factor.total:
+        if options.minutes is not None:
+            stamps[step] = time.perf_counter()
+            if step == probe_to:
+                factor.total = log.fitted_steps = _fit(options, stamps, began, probe_from)
+                if step >= factor.total:
+                    break
+            if stamps[step] - began > 60 * options.minutes:  # slower than the probe said
+                log.stopped_by_time = True
+                break
         if len(order) < options.batch:
             order += torch.randperm(len(data), generator=gen).tolist()
         indices, order = order[:options.batch], order[options.batch:]
@@ -269,21 +280,42 @@ def train_drafter(target: Transformer, data: list[Sequence], options: TrainOptio
         log.loss.append(stats["loss"])
         log.accuracy.append(stats["accuracy"])
         log.first_accuracy.append(stats["first_accuracy"])
-        log.steps_run = step + 1
+        log.steps_run = step = step + 1
         if progress is not None:
             progress(stats)
     log.train_seconds = time.perf_counter() - began
     return net.eval()
 
 
-def _lr_factor(options: TrainOptions) -> Callable[[int], float]:
-    def factor(step: int) -> float:
-        if step < options.warmup:
-            return (step + 1) / options.warmup
-        done = (step - options.warmup) / max(1, options.steps - options.warmup)
+class _Schedule:
+    """The learning-rate factor: linear warm-up, then cosine decay to 0.1 at step ``total``
+    (``--steps``, or the count ``--minutes`` fits before the warm-up ends)."""
+
+    def __init__(self, options: TrainOptions) -> None:
+        self.warmup, self.total = options.warmup, options.steps
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        done = (step - self.warmup) / max(1, self.total - self.warmup)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
 
-    return factor
+
+def _probe(options: TrainOptions) -> tuple[int, int]:
+    """The steps timed to fit ``--minutes``: from the 5th (past the first steps' one-off
+    costs) to the 25th, but ending inside the warm-up, whose factors do not depend on the step
+    count: a run with ``--steps`` set to the fitted count then repeats this one exactly."""
+    end = max(1, min(25, options.warmup, options.steps))
+    return min(5, end // 2), end
+
+
+def _fit(options: TrainOptions, stamps: dict[int, float], began: float, probe_from: int) -> int:
+    """The step count that ends the optimisation within 95% of ``--minutes`` at the probe's
+    pace (at most ``--steps``); the rest is room for jitter before the hard stop."""
+    now = max(stamps)
+    per_step = (stamps[now] - stamps[probe_from]) / max(1, now - probe_from)
+    left = 0.95 * 60 * options.minutes - (stamps[now] - began)
+    return max(now, min(options.steps, now + int(left / max(per_step, 1e-9))))
 
 
 # ----------------------------------------------------------------------------- output
@@ -410,6 +442,8 @@ def train(target_spec: str, out: Path, options: TrainOptions, *, prompts: str = 
     log.sequences, log.data_tokens = len(data), sum(len(s.tokens) - s.prompt_len for s in data)
     with tqdm(total=options.steps, desc="train", unit="step", disable=not progress) as bar:
         def step(stats: dict) -> None:
+            if log.fitted_steps is not None:
+                bar.total = log.fitted_steps
             bar.set_postfix(loss=f"{stats['loss']:.3f}", top1=f"{stats['first_accuracy']:.2f}",
                             refresh=False)
             bar.update()
@@ -419,8 +453,11 @@ def train(target_spec: str, out: Path, options: TrainOptions, *, prompts: str = 
     folder = save_drafter(net, out, extra={"target": loaded.name, **log.options})
     plot_losses(log, out / "loss.png")
     write_log(log, out / "train_log.json")
+    if log.fitted_steps is not None:
+        echo(f"--minutes {options.minutes:g} fitted {log.fitted_steps} steps; --steps "
+             f"{log.fitted_steps} without --minutes repeats this run")
     if log.stopped_by_time:
-        echo(f"warning: stopped by --minutes after {log.steps_run} of {options.steps} steps "
-             "(a rerun may stop elsewhere)")
+        echo(f"warning: the steps slowed down: stopped by --minutes after {log.steps_run} "
+             f"steps (a rerun may stop elsewhere)")
     echo(f"drafter: {folder} (BF16 copy in {out / 'bf16'}); loss curve {out / 'loss.png'}")
     return log

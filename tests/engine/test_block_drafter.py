@@ -395,3 +395,23 @@ def test_cli_drafter_option_takes_demo_and_folders(tmp_path):
     result = CliRunner().invoke(main, ["spec", "check", str(tmp_path), "--prompts", "humaneval",
                                        "--drafter", str(tmp_path / "absent")])
     assert result.exit_code == 2 and "a drafter is ngram, early-exit:K" in result.output
+
+
+def test_minutes_fits_the_steps_and_steps_repeat_the_run(target):
+    """--minutes fits the step count inside the warm-up and decays over it; --steps with the
+    fitted count (no --minutes) repeats the run loss for loss."""
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 160, (6,), generator=gen).tolist() for _ in range(4)]
+    base = dict(layers=1, block_size=BLOCK, taps=2, batch=4, anchors=4, warmup=8,
+                max_new_tokens=12, gen_batch=4)
+    data = generate_responses(target, prompts, options=TrainOptions(**base),
+                              stop_ids=frozenset())
+    fitted = TrainLog(options={}, target="tiny")
+    train_drafter(target, data, TrainOptions(**base, steps=100_000, minutes=0.02), log=fitted)
+    assert fitted.fitted_steps is not None and 8 <= fitted.fitted_steps < 100_000
+    # all fitted steps ran, unless a step stalled past the 5% room (a loaded machine)
+    assert fitted.steps_run == fitted.fitted_steps or fitted.stopped_by_time
+    again = TrainLog(options={}, target="tiny")
+    train_drafter(target, data, TrainOptions(**base, steps=fitted.fitted_steps), log=again)
+    assert again.fitted_steps is None and again.steps_run == fitted.fitted_steps
+    assert again.loss[:fitted.steps_run] == fitted.loss
