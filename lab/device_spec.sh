@@ -35,8 +35,9 @@
 #                                     # lacks (with their dependencies), installed --no-deps
 #                                     # into a scratch folder
 #   bash lab/device_spec.sh drafter   # w12 draft train on the demo model into out/drafter-run
-#                                     # (one call: the 10-minute limit), its W12 folder, curve
-#                                     # and log copied to $OUT
+#                                     # (one call: the 10-minute limit; TRAIN_FLAGS, by default
+#                                     # --minutes 6: steps fitted to 6 minutes of optimisation),
+#                                     # its W12 folder, curve and log copied to $OUT
 #   bash lab/device_spec.sh drafter-eval [DIR] # the drafter in DIR (default out/drafter-run/w12) on
 #                                     # HumanEval: spec check (tau, exactness; chain 16 and tree
 #                                     # 64, greedy and sampled), then bench spec
@@ -214,7 +215,7 @@ drafter)
   # the whole command, data generation included, is what the 10-minute limit is about
   began=$(date +%s)
   timeout ${TRAIN_LIMIT:-590} $W12 draft train "$MODEL" --out "$RUN" --device cuda \
-    ${TRAIN_FLAGS:-} > "$OUT/draft-train.txt" 2>&1
+    ${TRAIN_FLAGS:---minutes 6} > "$OUT/draft-train.txt" 2>&1
   rc=$?
   echo "draft train exited $rc after $(( $(date +%s) - began )) s" | tee -a "$OUT/draft-train.txt"
   tr '\r' '\n' < "$OUT/draft-train.txt" | grep -v '^$' | tail -${TAIL:-6}
