@@ -254,16 +254,18 @@ def train_drafter(target: Transformer, data: list[Sequence], options: TrainOptio
     order: list[int] = []
     began = time.perf_counter()
     probe_from, probe_to = _probe(options)
-    stamps: dict[int, float] = {}
     step = 0
     while step < factor.total:
         if options.minutes is not None:
-            stamps[step] = time.perf_counter()
+            now = time.perf_counter()
+            if step == probe_from:
+                probe_began = now
             if step == probe_to:
-                factor.total = log.fitted_steps = _fit(options, stamps, began, probe_from)
+                per_step = (now - probe_began) / (probe_to - probe_from)
+                factor.total = log.fitted_steps = _fit(options, step, now - began, per_step)
                 if step >= factor.total:
                     break
-            if stamps[step] - began > 60 * options.minutes:  # slower than the probe said
+            if now - began > 60 * options.minutes:  # slower than the probe said
                 log.stopped_by_time = True
                 break
         if len(order) < options.batch:
@@ -309,13 +311,11 @@ def _probe(options: TrainOptions) -> tuple[int, int]:
     return min(5, end // 2), end
 
 
-def _fit(options: TrainOptions, stamps: dict[int, float], began: float, probe_from: int) -> int:
+def _fit(options: TrainOptions, step: int, elapsed: float, per_step: float) -> int:
     """The step count that ends the optimisation within 95% of ``--minutes`` at the probe's
     pace (at most ``--steps``); the rest is room for jitter before the hard stop."""
-    now = max(stamps)
-    per_step = (stamps[now] - stamps[probe_from]) / max(1, now - probe_from)
-    left = 0.95 * 60 * options.minutes - (stamps[now] - began)
-    return max(now, min(options.steps, now + int(left / max(per_step, 1e-9))))
+    left = 0.95 * 60 * options.minutes - elapsed
+    return max(step, min(options.steps, step + int(left / max(per_step, 1e-9))))
 
 
 # ----------------------------------------------------------------------------- output
