@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from engine.model import Linear, ModelArgs, Transformer
-from engine.w12_backend import cat_rows, prepare, tensor_bytes, view_bf16
+from engine.w12_backend import cat_rows, prepare, prepare_view, tensor_bytes, view_bf16
 from w12.errors import W12Error
 from w12.jsonio import read_json_object
 from w12.tensor import W12Tensor, encode
@@ -192,8 +192,9 @@ def load_model(
     dtype: torch.dtype = torch.bfloat16, seed: int = 0, w12_lm_head: bool = True,
 ) -> LoadedModel:
     """Build the model named by ``spec`` with its linears in ``mode`` ("bf16", "w12" or
-    "view8": the 8-bit view of the W12 weights, the two-level verifier's Q pass, held as the
-    BF16 tensors of its values).
+    "view8": the 8-bit view of the W12 weights, the two-level verifier's Q pass: on a GPU its
+    high planes, one byte a weight, run by the view GEMM; on the CPU the BF16 tensors of its
+    values).
 
     ``mode=None`` runs a W12 folder as W12 and anything else as BF16. In W12 mode the LM head
     runs in W12 too (a tied one gets its own W12 copy of the embedding) unless
@@ -225,7 +226,7 @@ def estimate_weight_bytes(args: ModelArgs, mode: str) -> int:
     if not args.tie_embeddings:
         linear += args.vocab_size * args.dim
     other = sum(math.prod(s) for s in shapes.values()) - linear
-    return int(other * 2 + linear * (1.5 if mode == "w12" else 2))
+    return int(other * 2 + linear * {"w12": 1.5, "view8": 1.0}.get(mode, 2))
 
 
 def check_fits(args: ModelArgs, mode: str, device: torch.device) -> None:
@@ -311,7 +312,7 @@ class _Loader:
         # embedding (three quarters of the table again in memory): every GEMM of the model is
         # then batch-invariant, which speculative decoding's exactness needs.
         if self.mode == "view8":
-            model.lm_head.weight = view_bf16(self.to_w12(weight)).to(self.dtype)
+            self.view(model.lm_head, [weight])
         elif self.mode == "w12" and (isinstance(weight, W12Tensor) or self.w12_lm_head):
             model.lm_head.packed = prepare(self.to_w12(weight))
         elif weight is embed:
@@ -346,13 +347,21 @@ class _Loader:
             return value.to(self.device)
         return encode(value.to(device=self.device, dtype=torch.bfloat16))
 
+    def view(self, module: Linear, parts: list) -> None:
+        """The 8-bit view of the weights ``parts`` (stacked by rows) into ``module``: packed for
+        the view GEMM on a GPU with BF16 activations, else as tensors of its values."""
+        if self.device.type == "cuda" and self.dtype == torch.bfloat16:
+            module.packed = prepare_view(cat_rows([self.to_w12(part) for part in parts]))
+        else:
+            views = [view_bf16(self.to_w12(part)) for part in parts]
+            module.weight = torch.cat(views).to(self.dtype)
+
     def linear(self, module: Linear, prefixes: list[str], bias: bool) -> None:
         parts = [self.read(p + ".weight") for p in prefixes]
         if self.mode == "w12":
             module.packed = prepare(cat_rows([self.to_w12(part) for part in parts]))
         elif self.mode == "view8":
-            views = [view_bf16(self.to_w12(part)) for part in parts]
-            module.weight = torch.cat(views).to(self.dtype)
+            self.view(module, parts)
         else:
             module.weight = torch.cat([self.dense(part) for part in parts])
         if bias:

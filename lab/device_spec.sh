@@ -23,6 +23,9 @@
 #                                     # c(N) of the hybrid-27b preset (W12, BF16), plain decode
 #   bash lab/device_spec.sh int8head  # the certified INT8 head's GPU test and benchmark
 #   bash lab/device_spec.sh int8head-sweep # the INT8 product's tile configurations
+#   bash lab/device_spec.sh view8     # the 8-bit view GEMM: GPU tests (kernel, two-level on the
+#                                     # GPU), then benchmarks/view8.py against the exact W12 GEMM
+#   bash lab/device_spec.sh view8-sweep # its configuration grid at a few shapes and row counts
 #   bash lab/device_spec.sh attention # the tree-attention benchmark
 #   bash lab/device_spec.sh attention-sweep # its configurations at batch 1/8/32 (decode regression)
 #   bash lab/device_spec.sh divergence # batch > 1: lab/spec_divergence.py (verify rows against
@@ -44,7 +47,7 @@
 # Logs and JSON go to $OUT (default ./out). W12_CACHE must hold the demo model's GGUF for
 # "demo" (the cache layout of converters.demo_models). Each step has its own time limit.
 set -uo pipefail
-STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|determinism|hybrid|int8head|int8head-sweep|attention|attention-sweep|sglang|drafter|drafter-eval [DIR]}
+STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|determinism|hybrid|int8head|int8head-sweep|view8|view8-sweep|attention|attention-sweep|sglang|drafter|drafter-eval [DIR]}
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
@@ -185,6 +188,17 @@ int8head)  # the certified INT8 head: its GPU test, then its product against the
   ;;
 int8head-sweep)  # the INT8 product's tiles (lab/int8_head_sweep.py) against the W12 head
   TAIL=12 run ${SWEEP_LIMIT:-300} int8-head-sweep $PY lab/int8_head_sweep.py --m ${M_LIST:-1,16,64}
+  ;;
+view8)  # the 8-bit view GEMM: GPU tests, then its benchmark against the exact W12 GEMM
+  TAIL=4 run 200 tests-view8 $PY -m pytest -q -p no:cacheprovider -k "gpu" \
+    tests/w12_kernels/test_view8.py tests/engine/test_two_level.py
+  TAIL=14 run ${BENCH_LIMIT:-300} view8 $PY benchmarks/view8.py --models ${MODELS:-qwen3_8b,qwen3_32b} \
+    --m ${M_LIST:-1,4,16,32,64,128} --json "$OUT/view8.json"
+  ;;
+view8-sweep)  # the view GEMM's configuration grid (benchmarks/view8.py --sweep)
+  TAIL=12 run ${SWEEP_LIMIT:-400} view8-sweep $PY benchmarks/view8.py \
+    --shapes ${SHAPES:-4096x4096,24576x4096} --m ${M_LIST:-1,16,32} --sweep \
+    --json "$OUT/view8-sweep.json"
   ;;
 attention)
   TAIL=30 run 200 tree-attention $PY benchmarks/tree_attention.py --json "$OUT/tree-attention.json"

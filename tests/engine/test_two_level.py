@@ -121,3 +121,26 @@ def test_cli_refuses_two_level_with_forced_acceptance():
                                        "early-exit:1", "--forced-accept", "2", "--two-level",
                                        "3", "--device", "cpu"])
     assert result.exit_code == 2 and "--forced-accept fixes" in result.output
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("sampling", [Sampling(), SAMPLED], ids=["greedy", "sampled"])
+def test_two_level_on_the_gpu_runs_the_view_gemm(tiny_folder, sampling):
+    """On a GPU the view model's linears are packed views (one byte a weight, the view GEMM),
+    and two-level verification over a W12 target still gives plain decoding's tokens."""
+    from engine.model import Linear
+    from w12_kernels.view8 import PackedView8
+
+    folder = tiny_folder("qwen3")
+    target = load_model(folder, mode="w12", device="cuda").model
+    view = load_model(folder, mode="view8", device="cuda").model
+    linears = [m for m in view.modules() if isinstance(m, Linear)]
+    assert linears and all(isinstance(m.packed, PackedView8) for m in linears)
+    plain = generate(Engine(target, batch=3, max_seq_len=96), PROMPTS, max_new_tokens=24,
+                     sampling=sampling)
+    engine = Engine(target, batch=3, max_seq_len=96)
+    runner = SpecRunner(engine, make_drafter("ngram", target), budget=9, tree=True,
+                        sampling=sampling, two_level=TwoLevel(view, 4))
+    out, _ = speculative_generate(engine, runner.drafter, PROMPTS, max_new_tokens=24, budget=9,
+                                  tree=True, sampling=sampling, runner=runner)
+    assert out == plain

@@ -11,6 +11,10 @@ view value is a BF16 number, so a BF16 GEMM over the view weights computes the v
 ``row_error_norms`` gives each output channel's ``||W_n - V_n||_2``, which bounds how far the
 view's dot product can be from the exact one (Cauchy-Schwarz: ``|h.W_n - h.V_n| <= ||h|| *
 ||W_n - V_n||``). ``reference.py`` holds the float64 statement of both.
+
+``prepare_view`` packs the view for its GEMM (``packed.py``: the high plane as the format stores
+it, one byte per weight) and ``view8_linear`` multiplies by it: Triton kernels on a GPU
+(``kernels.py``, ``launcher.py``), the BF16 view and ``torch.nn.functional.linear`` on the CPU.
 """
 
 from __future__ import annotations
@@ -18,22 +22,18 @@ from __future__ import annotations
 import torch
 
 from w12.tensor import W12Tensor
-
-MIDPOINT_NIBBLE = 8  # the low mantissa nibble the view assumes for every in-window weight
+from w12_kernels.view8.op import view8_linear
+from w12_kernels.view8.packed import (
+    MIDPOINT_NIBBLE,
+    PackedView8,
+    prepare_view,
+    view_bits_of,
+)
 
 
 def view_bits(w: W12Tensor) -> torch.Tensor:
     """The view's BF16 bit patterns [N, K] as int16, on ``w``'s device."""
-    h = w.hi.to(torch.int32)
-    sign, offset, top = h >> 7, (h >> 3) & 15, h & 7
-    exponent = w.e0.to(torch.int32)[:, None] + offset
-    bits = sign << 15 | exponent << 7 | top << 4 | MIDPOINT_NIBBLE
-    n = w.shape[0]
-    if w.num_escapes:
-        rows = torch.repeat_interleave(torch.arange(n, device=w.device),
-                                       w.esc_rowptr[1:] - w.esc_rowptr[:-1])
-        bits[rows, w.esc_col.long()] = w.esc_val.to(torch.int32) & 0xFFFF
-    return (bits - ((bits >> 15) << 16)).to(torch.int16)
+    return view_bits_of(w.hi, w.e0, w.esc_rowptr, w.esc_col, w.esc_val)
 
 
 def view_bf16(w: W12Tensor) -> torch.Tensor:
@@ -52,4 +52,5 @@ def row_error_norms(w: W12Tensor, exact: torch.Tensor | None = None) -> torch.Te
     return torch.nextafter(norms.float(), torch.tensor(float("inf"), device=norms.device))
 
 
-__all__ = ["MIDPOINT_NIBBLE", "row_error_norms", "view_bf16", "view_bits"]
+__all__ = ["MIDPOINT_NIBBLE", "PackedView8", "prepare_view", "row_error_norms", "view8_linear",
+           "view_bf16", "view_bits"]
