@@ -27,6 +27,7 @@
 #                                     # GPU), then benchmarks/view8.py against the exact W12 GEMM
 #   bash lab/device_spec.sh view8-sweep # its configuration grid at a few shapes and row counts
 #   bash lab/device_spec.sh attention # the tree-attention benchmark
+#   bash lab/device_spec.sh two-gpus  # (two GPUs) every kernel family on cuda:1 with cuda:0 current
 #   bash lab/device_spec.sh attention-sweep # its configurations at batch 1/8/32 (decode regression)
 #   bash lab/device_spec.sh divergence # batch > 1: lab/spec_divergence.py (verify rows against
 #                                     # plain steps, linear by linear) and, with the demo model,
@@ -47,7 +48,7 @@
 # Logs and JSON go to $OUT (default ./out). W12_CACHE must hold the demo model's GGUF for
 # "demo" (the cache layout of converters.demo_models). Each step has its own time limit.
 set -uo pipefail
-STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|determinism|hybrid|int8head|int8head-sweep|view8|view8-sweep|attention|attention-sweep|sglang|drafter|drafter-eval [DIR]}
+STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|determinism|hybrid|int8head|int8head-sweep|view8|view8-sweep|two-gpus|attention|attention-sweep|sglang|drafter|drafter-eval [DIR]}
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
@@ -199,6 +200,10 @@ view8-sweep)  # the view GEMM's configuration grid (benchmarks/view8.py --sweep)
   TAIL=12 run ${SWEEP_LIMIT:-400} view8-sweep $PY benchmarks/view8.py \
     --shapes ${SHAPES:-4096x4096,24576x4096} --m ${M_LIST:-1,16,32} --sweep \
     --json "$OUT/view8-sweep.json"
+  ;;
+two-gpus)  # kernels on the GPU of their tensors, not the current one
+  TAIL=4 run 300 tests-two-gpus $PY -m pytest -q -p no:cacheprovider \
+    tests/w12_kernels/test_other_device.py tests/w12_kernels/test_gemm_cuda.py -k "other"
   ;;
 attention)
   TAIL=30 run 200 tree-attention $PY benchmarks/tree_attention.py --json "$OUT/tree-attention.json"

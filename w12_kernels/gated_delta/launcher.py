@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from w12_kernels.device import launches_on_its_tensors
+
 
 def _fail(msg: str) -> None:
     raise ValueError(f"gdn_path: {msg}")
@@ -43,6 +45,7 @@ def check_inputs(state, q, k, v, decay, beta, nodes) -> tuple[int, int, int, int
     return b, t, h, dk, dv, nodes.shape[2]
 
 
+@launches_on_its_tensors
 def gdn_path(state, q, k, v, decay, beta, nodes, *, out: bool = True, store: bool = False,
              new_state: torch.Tensor | None = None) -> torch.Tensor | None:
     """Each row of ``nodes`` [B, N, P] (indices into the T nodes' inputs, root first, then -1)
@@ -107,6 +110,7 @@ def walk_plan(nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 WALK_SLOTS = 8  # scratch states a request and head keeps by default (``gdn_walk``)
 
 
+@launches_on_its_tensors
 def gdn_walk(state, q, k, v, decay, beta, nodes, *, out: bool = True, commit: bool = False,
              slots: int = WALK_SLOTS, snapshots: torch.Tensor | None = None,
              plan: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -180,6 +184,7 @@ def ancestor_mask(nodes: torch.Tensor) -> torch.Tensor:
 WY_MAX_NODES = 128  # the largest tree ``gdn_wy`` solves (its N x N matrices live in registers)
 
 
+@launches_on_its_tensors
 def gdn_wy(state, q, k, v, decay, beta, nodes, *, anc: torch.Tensor | None = None,
            block_v: int | None = None) -> torch.Tensor:
     """Every node's output [B, N, H, DV] of the trees ``nodes`` [B, N, P] (row n node n's own

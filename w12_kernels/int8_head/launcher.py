@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from w12.errors import W12Error
+from w12_kernels.device import launches_on_its_tensors
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ def config_for(rows: int) -> Int8HeadConfig:
     return FEW_ROWS if rows <= 16 else MANY_ROWS
 
 
+@launches_on_its_tensors
 def approx_logits(h: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
                   config: Int8HeadConfig | None = None) -> torch.Tensor:
     """``scale[v] * (h . q[v])`` [R, V] float32 for BF16 ``h`` [R, K] and INT8 ``q`` [V, K]:
@@ -65,6 +67,7 @@ def approx_logits(h: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     return out
 
 
+@launches_on_its_tensors
 def greedy_candidates(h: torch.Tensor, head, config: Int8HeadConfig | None = None
                       ) -> torch.Tensor:
     """[R, V] bool: the entries whose upper bound reaches the row's best lower bound (the

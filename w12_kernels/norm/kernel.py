@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from w12_kernels.device import launches_on_its_tensors
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, D, eps,
@@ -26,6 +28,7 @@ def _rms_norm_kernel(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, D, eps,
     tl.store(out_ptr + row * D + cols, out, mask=live)
 
 
+@launches_on_its_tensors
 def rms_norm_rows(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float,
                   *, kernel=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + y or x, its RMSNorm times ``weight``) over the last dim; rows of any count.

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from w12_kernels.device import launches_on_its_tensors
+
 MAX_BLOCK_ROWS = 64
 
 
@@ -104,6 +106,7 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     return result if out is None else out.copy_(result)
 
 
+@launches_on_its_tensors
 def launch_tree_attention(q, k_cache, v_cache, prefix_len, path_slots, scale: float,
                           config: TreeAttentionConfig, out: torch.Tensor | None = None
                           ) -> torch.Tensor:
@@ -179,6 +182,7 @@ def compact_kv(k_all: torch.Tensor, v_all: torch.Tensor, src_slots: torch.Tensor
     compact_kv_cpu(k_all, v_all, src_slots, dst_start, count)
 
 
+@launches_on_its_tensors
 def launch_compact_kv(k_all, v_all, src_slots, dst_start, count, rows: int = 16) -> None:
     from w12_kernels.tree_attention import kernel
 

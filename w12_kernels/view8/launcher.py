@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from w12.errors import W12Error
+from w12_kernels.device import launches_on_its_tensors
 from w12_kernels.view8.packed import PackedView8
 
 MAX_SPLIT = 8
@@ -68,6 +69,7 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@launches_on_its_tensors
 def gemm(x: torch.Tensor, w: PackedView8, bias: torch.Tensor | None = None, *,
          config: View8Config | None = None, on_gpu: bool = True, kernels=None) -> torch.Tensor:
     """``x @ V^T (+ bias)`` for BF16 ``x [M, K]`` (unit column stride), as BF16 ``[M, N]``."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from w12.errors import W12Error
+from w12_kernels.device import launches_on_its_tensors
 
 SMALL_BLOCK_M = 16  # activation rows per program up to SMALL_M_MAX rows (tl.dot's minimum)
 LARGE_BLOCK_M = 64
@@ -61,6 +62,7 @@ def _rows_and_output(x: torch.Tensor, out: torch.Tensor | None, n: int, k: int,
     return x, out
 
 
+@launches_on_its_tensors
 def gemm(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor, esc_rowptr: torch.Tensor,
          esc_row: torch.Tensor, esc_col: torch.Tensor, esc_delta: torch.Tensor,
          bias: torch.Tensor | None, n: int, k: int, *, kw: int, on_gpu: bool = True,
@@ -98,6 +100,7 @@ def gemm(x: torch.Tensor, chunks: torch.Tensor, scale: torch.Tensor, esc_rowptr:
     return out
 
 
+@launches_on_its_tensors
 def decode(chunks: torch.Tensor, scale: torch.Tensor, esc_row: torch.Tensor,
            esc_col: torch.Tensor, esc_val: torch.Tensor, n: int, k: int, *,
            on_gpu: bool = True, kernels=None, tiles_per_program: int = 1) -> torch.Tensor:
