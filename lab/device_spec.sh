@@ -37,7 +37,8 @@
 #                                     # for this Python, the packages of
 #                                     # tests/sglang_integration/requirements.txt the machine
 #                                     # lacks (with their dependencies), installed --no-deps
-#                                     # into a scratch folder
+#                                     # into a scratch folder; TP=2 (two GPUs) PRESET=qwen3-32b
+#                                     # BATCHES=1,32: tensor parallel, one process a GPU, NCCL
 #   bash lab/device_spec.sh drafter   # w12 draft train on the demo model into out/drafter-run
 #                                     # (one call: the 10-minute limit; TRAIN_FLAGS, by default
 #                                     # --minutes 6: steps fitted to 6 minutes of optimisation),
@@ -224,7 +225,7 @@ sglang)  # decode steps inside SGLang's Qwen3 class, W12 against BF16 (issue: SG
     > "$OUT/sglang-install.txt" 2>&1 || { tail "$OUT/sglang-install.txt"; exit 1; }
   PYTHONPATH="$SITE:$PYTHONPATH" TAIL=8 run ${SGLANG_LIMIT:-400} sglang-decode $PY lab/sglang_decode.py \
     --preset ${PRESET:-qwen3-8b} --batch ${BATCHES:-1,8,32} --context ${CONTEXT:-512} \
-    --json "$OUT/sglang-decode.json"
+    --tp ${TP:-1} --json "$OUT/sglang-decode.json"
   ;;
 drafter)
   $W12 demo --quiet > "$OUT/demo.txt" 2>&1 || { tail "$OUT/demo.txt"; exit 1; }

@@ -1,16 +1,19 @@
 """Decode steps inside SGLang's own model class, W12 against BF16 in one run.
 
-    python lab/sglang_decode.py --preset qwen3-8b --batch 1,8,32 --context 512 [--json OUT]
+    python lab/sglang_decode.py --preset qwen3-8b --batch 1,8,32 --context 512 [--tp 2] [--json OUT]
 
 SGLang's model class for the preset's architecture (``Qwen3ForCausalLM`` for the Qwen3
 presets, ``LlamaForCausalLM`` for Llama-shaped ones) is built twice by SGLang's real loader
-with ``--load-format dummy``, at TP 1: once plain (random BF16 weights) and once on a config
+with ``--load-format dummy``, at TP 1 or, with ``--tp N``, in N processes of one rank each
+(one GPU each, NCCL; gloo on a CPU): once plain (random BF16 weights) and once on a config
 whose ``quantization_config`` names every linear and the LM head as W12, so that the plugin
 gives those layers random W12 planes. A decode step is one forward of B tokens in DECODE mode
 through the whole model (embedding, decoder layers, RoPE, norms, LM head and
 ``LogitsProcessor``). On a GPU each (mode, batch) step is captured in a CUDA graph and the two
 modes' graphs are replayed in turn (``benchmarks/harness.time_graphs``); the ratio is BF16 time
-over W12 time. On a CPU (``--device cpu``: a smoke run of a tiny preset) the steps run eagerly
+over W12 time (rank 0's, under TP: every rank replays the same steps, whose all-reduces keep
+them in step). SGLang's custom all-reduce is a compiled kernel: it is turned off, so TP steps
+all-reduce through NCCL. On a CPU (``--device cpu``: a smoke run of a tiny preset) the steps run eagerly
 and only their finiteness is checked.
 
 What stands in for SGLang's compiled parts, the same in both modes, and nothing else:
@@ -185,6 +188,30 @@ def build(folder: Path, device: str):
     return loader.load_model(model_config=config, device_config=DeviceConfig(device))
 
 
+def spawn_ranks(tp: int) -> int:
+    """This script once per rank (``--rank``), all on one free port; rank 0's output is shown,
+    another rank's only when it fails. Returns the worst exit status."""
+    import socket
+    import subprocess
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, __file__, *sys.argv[1:], "--port", str(port)]
+    procs = [subprocess.Popen([*command, "--rank", str(r)],
+                              stdout=None if r == 0 else subprocess.PIPE,
+                              stderr=None if r == 0 else subprocess.STDOUT, text=True)
+             for r in range(tp)]
+    status = 0
+    for r, proc in enumerate(procs):
+        out, _ = proc.communicate()
+        if proc.returncode:
+            status = max(status, proc.returncode)
+            if out:
+                print(f"--- rank {r} exited {proc.returncode}:\n{out[-3000:]}", file=sys.stderr)
+    return status
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="qwen3-8b")
@@ -192,8 +219,18 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--calls", type=int, default=10, help="steps per captured graph")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tp", type=int, default=1,
+                        help="tensor-parallel ranks: one process (and GPU) each")
+    parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=29517, help=argparse.SUPPRESS)
     parser.add_argument("--json")
     a = parser.parse_args()
+    if a.tp < 1:
+        raise SystemExit(f"--tp {a.tp}: needs at least one rank")
+    if a.tp > 1 and a.rank is None:
+        raise SystemExit(spawn_ranks(a.tp))
+    rank = a.rank or 0
+    torch.manual_seed(0)  # every rank draws the same token ids
     install_stand_ins()
     from sglang.srt.distributed import init_distributed_environment, initialize_model_parallel
     from sglang.srt.layers.logits_processor import LogitsMetadata
@@ -206,29 +243,37 @@ def main() -> None:
 
     register()
     device = torch.device(a.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
     config = hf_config(a.preset)
     root = Path(tempfile.mkdtemp(prefix="w12-sglang-decode-"))
     bf16_dir, w12_dir = write_folders(root, config)
-    args = ServerArgs(model_path=str(bf16_dir), device=a.device, tp_size=1, load_format="dummy")
+    args = ServerArgs(model_path=str(bf16_dir), device=device.type, tp_size=a.tp,
+                      load_format="dummy", disable_custom_all_reduce=True)
     set_global_server_args_for_scheduler(args)
-    publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0))
+    publish(args, role="scheduler", ranks=SpawnRanks(world_rank=rank))
+    from sglang.srt.distributed import parallel_state
+
+    parallel_state.set_custom_all_reduce(False)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    init_distributed_environment(backend=backend, world_size=1, rank=0, local_rank=0,
-                                 distributed_init_method="tcp://127.0.0.1:29517")
-    initialize_model_parallel(backend=backend)
-    models = {"bf16": build(bf16_dir, a.device), "w12": build(w12_dir, a.device)}
+    init_distributed_environment(backend=backend, world_size=a.tp, rank=rank, local_rank=rank,
+                                 distributed_init_method=f"tcp://127.0.0.1:{a.port}")
+    initialize_model_parallel(backend=backend)  # the widths publish() set (tp_size)
+    models = {"bf16": build(bf16_dir, device.type), "w12": build(w12_dir, device.type)}
     methods = {name: type(m.model.layers[0].mlp.down_proj.quant_method).__name__
                for name, m in models.items()}
     if methods != {"bf16": "UnquantizedLinearMethod", "w12": "W12LinearMethod"}:
         raise SystemExit(f"unexpected linear methods: {methods}")
     rows = []
-    env = {"device": str(device), "preset": a.preset, "context": a.context}
+    env = {"device": str(device), "preset": a.preset, "context": a.context, "tp": a.tp}
+    say = print if rank == 0 else (lambda *args, **kwargs: None)
     if device.type == "cuda":
         from harness import environment
 
         env.update(environment())
-    print(f"# {env.get('gpu', a.device)}  {a.preset} (SGLang's {config['architectures'][0]}), "
-          f"context {a.context}, TP 1, dummy weights")
+    say(f"# {env.get('gpu', a.device)}  {a.preset} (SGLang's {config['architectures'][0]}), "
+        f"context {a.context}, TP {a.tp}, dummy weights")
     for b in map(int, a.batch.split(",")):
         attention = CachedSDPA(b, a.context, device)
         set_forward_context(ForwardContext(attn_backend=attention))
@@ -247,7 +292,7 @@ def main() -> None:
                     raise SystemExit(f"{name} at batch {b}: logits {tuple(out.shape)}, "
                                      f"finite {bool(torch.isfinite(out).all())}")
             if device.type != "cuda":
-                print(f"batch {b:>3}: both steps ran, logits finite {tuple(outs['w12'].shape)}")
+                say(f"batch {b:>3}: both steps ran, logits finite {tuple(outs['w12'].shape)}")
                 continue
             from harness import time_graphs
 
@@ -256,9 +301,9 @@ def main() -> None:
         row = {"batch": b, "bf16_ms": bf16_us / 1e3, "w12_ms": w12_us / 1e3,
                "speedup": bf16_us / w12_us}
         rows.append(row)
-        print(f"batch {b:>3}: BF16 {row['bf16_ms']:7.3f} ms  W12 {row['w12_ms']:7.3f} ms  "
-              f"W12 / BF16 speed x{row['speedup']:.3f}", flush=True)
-    if a.json:
+        say(f"batch {b:>3}: BF16 {row['bf16_ms']:7.3f} ms  W12 {row['w12_ms']:7.3f} ms  "
+            f"W12 / BF16 speed x{row['speedup']:.3f}", flush=True)
+    if a.json and rank == 0:
         Path(a.json).write_text(json.dumps({"environment": env, "methods": methods,
                                             "rows": rows}, indent=2) + "\n")
 
