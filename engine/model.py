@@ -26,7 +26,7 @@ from torch import nn
 from engine.attention import AttentionPlan, attend
 from engine.cache import KVCache
 from engine.ops import OpSet
-from engine.w12_backend import w12_matmul
+from engine.w12_backend import dense_linear, w12_matmul
 from w12.errors import W12Error
 
 ARCHITECTURES = {
@@ -230,7 +230,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
-            return F.linear(x, self.weight, self.bias)
+            return dense_linear(x, self.weight, self.bias)
         y = w12_matmul(x.reshape(-1, x.shape[-1]), self.packed, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
 

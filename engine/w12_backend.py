@@ -3,9 +3,11 @@
 ``prepare`` turns a ``W12Tensor`` (already on the model's device) into whatever packed object
 ``w12_kernels.gemm`` runs on; ``w12_matmul`` computes ``x @ W.T + b`` with it;
 ``invariant_rows(SMALL_M_MAX)`` marks calls (prefill) whose rows need not match other calls'
-bits. ``rms_norm`` / ``add_rms_norm`` (``w12_kernels.norm``) and ``tree_attention`` /
-``compact_kv`` (``w12_kernels.tree_attention``) are the row norms and the draft-tree attention,
-each giving a row the same bits whatever else shares the call. ``view_bf16``
+bits. ``dense_linear`` is a BF16 linear whose rows' bits do not depend on the row count on the
+CPU either (``w12_kernels.cpu_linear``). ``rms_norm`` / ``add_rms_norm``
+(``w12_kernels.norm``) and ``tree_attention`` / ``compact_kv`` (``w12_kernels.tree_attention``)
+are the row norms and the draft-tree attention, each giving a row the same bits whatever else
+shares the call. ``view_bf16``
 (``w12_kernels.view8``) is the 8-bit view of a W12 weight, the two-level verifier's Q pass;
 ``prepare_view`` packs it for the view GEMM, which ``w12_matmul`` runs on such a weight.
 ``gdn_path`` / ``gdn_walk`` (``w12_kernels.gated_delta``) step a hybrid's GDN state along
@@ -27,6 +29,7 @@ import dataclasses
 import torch
 
 from w12.tensor import W12Tensor
+from w12_kernels.cpu_linear import linear as dense_linear
 from w12_kernels.gemm import (
     SMALL_M_MAX,
     decode_weight,
@@ -39,6 +42,7 @@ from w12_kernels.norm import add_rms_norm, rms_norm
 from w12_kernels.view8 import PackedView8, prepare_view, view8_linear, view_bf16
 
 __all__ = ["SMALL_M_MAX", "add_rms_norm", "cat_rows", "compact_kv", "decode_weight",
+           "dense_linear",
            "gdn_ancestor_mask", "gdn_path", "gdn_walk", "gdn_wy", "int8_head",
            "int8_head_candidates", "int8_head_picks", "invariant_rows", "prepare",
            "prepare_view", "rms_norm", "rows_reproducible", "tensor_bytes", "tile_escapes",

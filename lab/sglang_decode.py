@@ -13,8 +13,8 @@ through the whole model (embedding, decoder layers, RoPE, norms, LM head and
 modes' graphs are replayed in turn (``benchmarks/harness.time_graphs``); the ratio is BF16 time
 over W12 time (rank 0's, under TP: every rank replays the same steps, whose all-reduces keep
 them in step). SGLang's custom all-reduce is a compiled kernel: it is turned off, so TP steps
-all-reduce through NCCL. On a CPU (``--device cpu``: a smoke run of a tiny preset) the steps run eagerly
-and only their finiteness is checked.
+all-reduce through NCCL. On a CPU (``--device cpu``: a smoke run of a tiny preset) the steps
+run eagerly and only their finiteness is checked.
 
 What stands in for SGLang's compiled parts, the same in both modes, and nothing else:
 

@@ -3,8 +3,9 @@
 The op takes the packed weight's tensors as arguments so that ``torch.compile`` and CUDA-graph
 capture see every buffer the kernels touch; its fake implementation only allocates the output.
 On a CUDA device the op runs the GPU kernels (``dispatch``: CUDA C through CuPy, or Triton);
-on the CPU it decodes the weight (numba) and calls ``torch.nn.functional.linear``, which gives
-exactly what BF16 torch gives on the decoded weight. ``w12_linear`` goes through the op only
+on the CPU it decodes the weight (numba) and calls ``torch.nn.functional.linear`` (through
+``cpu_linear``, so that one row gets the bits it gets among several), which gives exactly what
+BF16 torch gives on the decoded weight. ``w12_linear`` goes through the op only
 where something traces it (``torch.compile``, fake tensors) and calls its body directly
 otherwise, for the dispatcher's host time (docs/notebook/engine.md, prefill).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from w12.errors import W12Error
+from w12_kernels import cpu_linear
 from w12_kernels.gemm.layout import PackedW12, decode_packed
 
 
@@ -47,7 +49,7 @@ def _linear_impl(
         weight = decode_packed_cpu(chunks, e0, esc_rowptr, esc_col, esc_val, n, k)
     else:
         weight = decode_packed(chunks, e0, esc_rowptr, esc_col, esc_val, n, k)
-    return torch.nn.functional.linear(x, weight, bias)
+    return cpu_linear.linear(x, weight, bias)
 
 
 _linear_op = torch.library.custom_op("w12::linear", mutates_args=())(_linear_impl)

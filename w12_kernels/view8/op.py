@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from w12.errors import W12Error
+from w12_kernels import cpu_linear
 from w12_kernels.view8.packed import PackedView8
 
 
@@ -21,7 +22,7 @@ def _impl(x: torch.Tensor, hi: torch.Tensor, scale: torch.Tensor, e0: torch.Tens
         from w12_kernels.view8.launcher import gemm
 
         return gemm(x, w, bias)
-    return torch.nn.functional.linear(x, w.bits().view(torch.bfloat16), bias)
+    return cpu_linear.linear(x, w.bits().view(torch.bfloat16), bias)
 
 
 _op = torch.library.custom_op("w12::view8_linear", mutates_args=())(_impl)
