@@ -52,8 +52,9 @@ class SpecRunner:
     On a GPU the iteration is captured once in a CUDA graph (the drafter's work too when it is
     device-only; a host drafter's tree is copied into the graph's input buffers), so a step
     costs one replay. The verdict tensors are the graph's outputs: read them before the next
-    step. With ``two_level`` each step is two-level verification (``two_level.py``), run
-    eagerly: its re-draft depends on the Q pass's path. With the engine's certified INT8 head
+    step. With ``two_level`` each step is two-level verification (``two_level.py``): one graph
+    too when the drafter works on the device (its re-draft from the Q pass's path needs no
+    host), eagerly with a host drafter or the INT8 head. With the engine's certified INT8 head
     (``engine.head``), whose candidate recompute is sized on the host, the step is two graphs
     with the head's picks between them: the draft and the forward pass to the head's input,
     then acceptance and commit.
@@ -67,7 +68,7 @@ class SpecRunner:
             raise W12Error(f"node budget {budget}: must be at least 1")
         self.engine, self.drafter, self.budget, self.tree = engine, drafter, budget, tree
         self.sampling, self.forced_accept = sampling, forced_accept
-        self.two_level, self.q_verdict = two_level, None
+        self.two_level, self.q_verdict, self.q_out = two_level, None, None
         # a node budget shared by all requests: ``budget`` nodes at most per request, this
         # many over the batch (``tree.share_budget``)
         self.shared_total = shared_total
@@ -89,8 +90,8 @@ class SpecRunner:
         if engine.head is not None:  # the head's picks between the two graphs of a step
             self.picks_in = torch.zeros(engine.batch, budget, dtype=torch.long, device=device)
         drafter.bind(engine.cache)
-        if two_level is None and (cuda_graph if cuda_graph is not None
-                                  else device.type == "cuda"):
+        graphable = two_level is None or (drafter.on_device and engine.head is None)
+        if graphable and (cuda_graph if cuda_graph is not None else device.type == "cuda"):
             self._capture()
 
     def _propose(self, roots: torch.Tensor) -> DraftTree:
@@ -108,6 +109,11 @@ class SpecRunner:
         return self._propose(self.roots) if self.drafter.on_device else self.tree_in
 
     def _body(self) -> Verdict:
+        if self.two_level is not None:  # (the Q verdict goes to ``q_out``)
+            verdict, self.q_out = two_level_step(
+                self.engine.model, self.engine.cache, self.drafter, self.roots, self.two_level,
+                self.budget, self.tree, self.sampling, self.requests, self.engine.head)
+            return verdict
         return verify(self.engine.model, self.engine.cache, self._draft(), self.sampling,
                       self.requests, self.forced_accept, self.engine.head)
 
@@ -154,19 +160,17 @@ class SpecRunner:
     @torch.inference_mode()
     def step(self, roots: torch.Tensor) -> Verdict:
         """Draft from ``roots`` [B] (each request's last committed token), verify, commit."""
-        if self.two_level is not None:
-            verdict, self.q_verdict = two_level_step(
-                self.engine.model, self.engine.cache, self.drafter, roots, self.two_level,
-                self.budget, self.tree, self.sampling, self.requests, self.engine.head)
-            return verdict
         self.roots.copy_(roots)
-        if not self.drafter.on_device:
+        if self.two_level is None and not self.drafter.on_device:
             draft = self._propose(roots)
             for name in ("tokens", "parents", "depth", "valid"):
                 getattr(self.tree_in, name).copy_(getattr(draft, name))
         if self.graph is None:
-            return self._body()
+            verdict = self._body()
+            self.q_verdict = self.q_out
+            return verdict
         self.graph.replay()
+        self.q_verdict = self.q_out
         if self.finish_graph is not None:
             self._picks()
             self.finish_graph.replay()

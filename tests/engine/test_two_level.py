@@ -124,10 +124,12 @@ def test_cli_refuses_two_level_with_forced_acceptance():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("drafter", ["ngram", "early-exit:1"])
 @pytest.mark.parametrize("sampling", [Sampling(), SAMPLED], ids=["greedy", "sampled"])
-def test_two_level_on_the_gpu_runs_the_view_gemm(tiny_folder, sampling):
+def test_two_level_on_the_gpu_runs_the_view_gemm(tiny_folder, sampling, drafter):
     """On a GPU the view model's linears are packed views (one byte a weight, the view GEMM),
-    and two-level verification over a W12 target still gives plain decoding's tokens."""
+    and two-level verification over a W12 target still gives plain decoding's tokens: eagerly
+    with a host drafter (ngram), as one CUDA graph a step with a device drafter (early exit)."""
     from engine.model import Linear
     from w12_kernels.view8 import PackedView8
 
@@ -139,8 +141,10 @@ def test_two_level_on_the_gpu_runs_the_view_gemm(tiny_folder, sampling):
     plain = generate(Engine(target, batch=3, max_seq_len=96), PROMPTS, max_new_tokens=24,
                      sampling=sampling)
     engine = Engine(target, batch=3, max_seq_len=96)
-    runner = SpecRunner(engine, make_drafter("ngram", target), budget=9, tree=True,
+    runner = SpecRunner(engine, make_drafter(drafter, target), budget=9, tree=True,
                         sampling=sampling, two_level=TwoLevel(view, 4))
-    out, _ = speculative_generate(engine, runner.drafter, PROMPTS, max_new_tokens=24, budget=9,
-                                  tree=True, sampling=sampling, runner=runner)
+    assert (runner.graph is not None) == runner.drafter.on_device
+    out, stats = speculative_generate(engine, runner.drafter, PROMPTS, max_new_tokens=24,
+                                      budget=9, tree=True, sampling=sampling, runner=runner)
     assert out == plain
+    assert len(stats.q_committed) == len(stats.committed)
