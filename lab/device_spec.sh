@@ -26,6 +26,8 @@
 #   bash lab/device_spec.sh view8     # the 8-bit view GEMM: GPU tests (kernel, two-level on the
 #                                     # GPU), then benchmarks/view8.py against the exact W12 GEMM
 #   bash lab/device_spec.sh view8-sweep # its configuration grid at a few shapes and row counts
+#   bash lab/device_spec.sh tlv       # the demo model: bench spec with and without two-level
+#                                     # verification (early exit: one graph a step; ngram: eager)
 #   bash lab/device_spec.sh attention # the tree-attention benchmark
 #   bash lab/device_spec.sh two-gpus  # (two GPUs) every kernel family on cuda:1 with cuda:0 current
 #   bash lab/device_spec.sh attention-sweep # its configurations at batch 1/8/32 (decode regression)
@@ -49,7 +51,7 @@
 # Logs and JSON go to $OUT (default ./out). W12_CACHE must hold the demo model's GGUF for
 # "demo" (the cache layout of converters.demo_models). Each step has its own time limit.
 set -uo pipefail
-STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|determinism|hybrid|int8head|int8head-sweep|view8|view8-sweep|two-gpus|attention|attention-sweep|sglang|drafter|drafter-eval [DIR]}
+STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|determinism|hybrid|int8head|int8head-sweep|view8|view8-sweep|tlv|two-gpus|attention|attention-sweep|sglang|drafter|drafter-eval [DIR]}
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
@@ -201,6 +203,15 @@ view8-sweep)  # the view GEMM's configuration grid (benchmarks/view8.py --sweep)
   TAIL=12 run ${SWEEP_LIMIT:-400} view8-sweep $PY benchmarks/view8.py \
     --shapes ${SHAPES:-4096x4096,24576x4096} --m ${M_LIST:-1,16,32} --sweep \
     --json "$OUT/view8-sweep.json"
+  ;;
+tlv)  # two-level verification against one exact pass, same run (issue: TLV and the INT8 head)
+  $W12 demo --quiet > "$OUT/demo.txt" 2>&1 || { tail "$OUT/demo.txt"; exit 1; }
+  MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 | head -1)
+  for d in "${EARLY_BENCH:-early-exit:20}" ngram; do
+    TAIL=16 run ${BENCH_LIMIT:-200} "bench-tlv-${d%%:*}" $W12 bench spec "$MODEL" --drafter "$d" \
+      --prompts "${PROMPTS:-humaneval}" --limit 12 --budgets 1,16,32 --two-level ${Q:-8} \
+      --max-new-tokens 128 --json "$OUT/bench-tlv-${d%%:*}.json"
+  done
   ;;
 two-gpus)  # kernels on the GPU of their tensors, not the current one
   TAIL=4 run 300 tests-two-gpus $PY -m pytest -q -p no:cacheprovider \
