@@ -19,8 +19,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("w12_cli", "spec_tuning", "engine", "sglang_integration", "converters",
             "w12_kernels", "w12")
-# what engine.w12_backend may import
-KERNEL_FAMILIES = ("gated_delta", "gemm", "int8_head", "norm", "tree_attention", "view8")
+# what engine.w12_backend may import (the kernel families and the CPU linear)
+KERNEL_FAMILIES = ("cpu_linear", "gated_delta", "gemm", "int8_head", "norm", "tree_attention",
+                   "view8")
 
 
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
