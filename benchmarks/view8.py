@@ -9,7 +9,8 @@ row prints µs, the view's speed-up over the exact GEMM and over cuBLAS, its byt
 achieved TB/s, and its relative error against the float64 product of the view (over cuBLAS's
 against the exact weights: the view's GEMM adds no error of its own beyond float32 sums). The
 last lines are geometric means per M. ``--sweep`` tries every configuration of a small grid at
-each (shape, M) and prints the best, to tune ``view8.launcher.config_for``.
+each (shape, M), the CUDA-core kernel's too at M <= 4, and prints the best, to tune
+``view8.launcher.config_for``.
 
     python benchmarks/view8.py --models qwen3_8b,qwen3_32b --m 1,8,32 --json out.json
 """
@@ -32,7 +33,7 @@ from w12_kernels.view8.launcher import View8Config, config_for, gemm  # noqa: E4
 
 M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128)
 SWEEP = dict(block_n=(32, 64, 128), block_k=(128, 256), split=(1, 2, 4, 8), warps=(4,),
-             stages=(3, 4))
+             stages=(3,))
 
 
 class ViewLayer(Layer):
@@ -70,10 +71,18 @@ def view_error(layer: ViewLayer, x: torch.Tensor, config: View8Config | None) ->
     return float(err / err_bf16)
 
 
+GEMV_SWEEP = dict(block_n=(16, 32, 64), block_k=(128, 256, 512), split=(1, 2, 4, 8),
+                  warps=(4,), stages=(3,))
+
+
 def sweep_configs(m: int):
     block_m = min(128, max(16, 1 << max(m - 1, 0).bit_length()))
     for bn, bk, split, warps, stages in itertools.product(*SWEEP.values()):
         yield View8Config(bn, block_m, bk, split, warps, stages)
+    if m <= 4:  # the CUDA-core kernel, all rows in one program
+        rows = 1 << max(m - 1, 0).bit_length()
+        for bn, bk, split, warps, stages in itertools.product(*GEMV_SWEEP.values()):
+            yield View8Config(bn, rows, bk, split, warps, stages, gemv=True)
 
 
 def best_config(layer: ViewLayer, x: torch.Tensor) -> tuple[View8Config, float]:

@@ -139,6 +139,26 @@ def test_interpreted_kernel(interpreter_verdicts, case):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("m", [1, 3])
+def test_gpu_view8_gemv(m):
+    """The CUDA-core kernel on the GPU, one and several K splits: within the GEMM error budget
+    of the float64 product of the view."""
+    from gemm_helpers import assert_within_budget, make_weight
+
+    from w12_kernels.view8.launcher import View8Config, gemm
+    from w12_kernels.view8.reference import reference_view
+
+    t = make_weight(300, 1536, seed=m)
+    w = encode(t)
+    x = torch.randn(m, 1536, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    p = prepare_view(w, device="cuda")
+    rows = 1 if m == 1 else 4
+    for split in (1, 4):
+        out = gemm(x.cuda(), p, config=View8Config(32, rows, 256, split, gemv=True))
+        assert_within_budget(out.cpu(), x, view_bf16(w), x.double() @ reference_view(w).T)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("m", [1, 7, 16, 32, 64, 100, 128])
 def test_gpu_view8_gemm(m):
     """On the GPU, at the launcher's own configuration for each row count: within the GEMM

@@ -3,7 +3,8 @@ one JSON line: case id -> "ok" or the failure. ``test_view8.py`` starts it."""
 
 from __future__ import annotations
 
-# id: (m, n, k, bias, config (block_n, block_m, block_k, split) or None for the launcher's own)
+# id: (m, n, k, bias, config (block_n, block_m, block_k, split[, warps, stages, gemv]) or None for
+# the launcher's own)
 CASES = {
     "m1_n37_k200": (1, 37, 200, False, None),
     "m20_n131_k300_bias": (20, 131, 300, True, None),
@@ -11,6 +12,9 @@ CASES = {
     "m5_n64_k1100_split_4_uneven": (5, 64, 1100, True, (32, 16, 64, 4)),
     "m3_n40_k2048_split_8": (3, 40, 2048, False, (16, 16, 128, 8)),
     "m17_n50_k96_one_block": (17, 50, 96, False, (64, 32, 256, 1)),
+    "gemv_m1_n37_k200": (1, 37, 200, True, (16, 1, 64, 1, 4, 3, True)),
+    "gemv_m3_n64_k1100_rows_2_split_4": (3, 64, 1100, True, (32, 2, 64, 4, 4, 3, True)),
+    "gemv_m4_n131_k300_rows_4": (4, 131, 300, False, (16, 4, 128, 1, 4, 3, True)),
 }
 
 

@@ -5,9 +5,11 @@ activation rows). It walks its split's columns ``BLOCK_K`` at a time: a [BLOCK_N
 of the high plane (``packed.py``), decoded to BF16 with three integer operations per byte, times
 the activations' [BLOCK_K, BLOCK_M] block, summed in float32. With one split the program runs
 the epilogue itself; with several it stores its float32 partial product and
-``view8_reduce_kernel`` adds the splits in order 0..SPLIT-1 and runs the epilogue. The epilogue is
-the exact GEMM's (``w12_kernels.gemm.triton.kernels.store_output``): row scales, escape
-corrections in list order, bias, BF16 rounding.
+``view8_reduce_kernel`` adds the splits in order 0..SPLIT-1 and runs the epilogue.
+``view8_gemv_kernel`` is the same for 1, 2 or 4 rows a program on the CUDA cores (float32
+products summed along K), which may suit a decode step better; the launcher's configuration
+picks one. The epilogue is the exact GEMM's (``w12_kernels.gemm.triton.kernels.store_output``):
+row scales, escape corrections in list order, bias, BF16 rounding.
 
 The sums are deterministic (no atomics; fixed split order) but their order depends on the
 launch configuration, which the launcher picks from M: a row's bits may change with the number
@@ -70,6 +72,48 @@ def view8_gemm_kernel(
         for i in range(0, K_ITERS):  # surplus steps read nothing: every column is masked
             acc = _k_step(acc, k0 + i * BLOCK_K, kend, hi_ptr, rows, stride_h, N, x_ptr, ms,
                           stride_xm, M, BLOCK_K, ON_GPU)
+    if SPLIT == 1:
+        store_output(acc, rows, ms, M, N, x_ptr, stride_xm, scale_ptr, rowptr_ptr, esc_col_ptr,
+                     esc_delta_ptr, bias_ptr, out_ptr, stride_om, HAS_BIAS, ESC_ITERS, ON_GPU)
+    else:
+        ptrs = part_ptr + (split * M + ms[None, :]).to(tl.int64) * N + rows[:, None]
+        tl.store(ptrs, acc, mask=(ms[None, :] < M) & (rows[:, None] < N))
+
+
+@triton.jit
+def _gemv_step(acc, kk, kend, hi_ptr, rows, stride_h, N, x_ptr, ms, stride_xm, M,
+               BLOCK_K: tl.constexpr):
+    cols = kk + tl.arange(0, BLOCK_K)
+    w = _view_block(hi_ptr, rows, cols, stride_h, N, kend).to(tl.float32)
+    x = tl.load(x_ptr + ms[:, None].to(tl.int64) * stride_xm + cols[None, :],
+                mask=(ms[:, None] < M) & (cols[None, :] < kend), other=0.0).to(tl.float32)
+    return acc + tl.sum(w[:, None, :] * x[None, :, :], axis=2)
+
+
+@triton.jit(do_not_specialize=["M"])
+def view8_gemv_kernel(
+    x_ptr, hi_ptr, part_ptr, scale_ptr, rowptr_ptr, esc_col_ptr, esc_delta_ptr, bias_ptr, out_ptr,
+    M, N, K, k_split, stride_xm, stride_h, stride_om,
+    BLOCK_N: tl.constexpr, M_ROWS: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ON_GPU: tl.constexpr, K_ITERS: tl.constexpr,
+    ESC_ITERS: tl.constexpr,
+):
+    """``view8_gemm_kernel`` for a few rows (``M_ROWS`` a program, 1, 2 or 4) without tensor
+    cores: float32 products of the decoded block and the rows, summed along K."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(1)
+    ms = tl.program_id(2) * M_ROWS + tl.arange(0, M_ROWS)
+    k0 = split * k_split
+    kend = tl.minimum(k0 + k_split, K)
+    acc = tl.zeros((BLOCK_N, M_ROWS), dtype=tl.float32)
+    if ON_GPU:
+        for kk in range(k0, kend, BLOCK_K):
+            acc = _gemv_step(acc, kk, kend, hi_ptr, rows, stride_h, N, x_ptr, ms, stride_xm, M,
+                             BLOCK_K)
+    else:
+        for i in range(0, K_ITERS):
+            acc = _gemv_step(acc, k0 + i * BLOCK_K, kend, hi_ptr, rows, stride_h, N, x_ptr, ms,
+                             stride_xm, M, BLOCK_K)
     if SPLIT == 1:
         store_output(acc, rows, ms, M, N, x_ptr, stride_xm, scale_ptr, rowptr_ptr, esc_col_ptr,
                      esc_delta_ptr, bias_ptr, out_ptr, stride_om, HAS_BIAS, ESC_ITERS, ON_GPU)

@@ -27,12 +27,16 @@ PROGRAMS_PER_SM = 2
 
 @dataclass(frozen=True)
 class View8Config:
+    """Blocks, K split and launch of one call. ``gemv``: the CUDA-core kernel, whose
+    ``block_m`` (1, 2 or 4) is the rows a program takes."""
+
     block_n: int
     block_m: int
     block_k: int
     split: int
     warps: int = 4
     stages: int = 3
+    gemv: bool = False
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -78,8 +82,10 @@ def gemm(x: torch.Tensor, w: PackedView8, bias: torch.Tensor | None = None, *,
     if m == 0 or n == 0:
         return out
     c = config or config_for(m, n, k, _sms(x.device))
-    if c.block_k < 16 or c.split < 1 or min(c.block_n, c.block_m) < 16:
-        raise W12Error(f"view8 gemm: blocks must be at least 16 and split at least 1, got {c}")
+    if c.block_k < 16 or c.split < 1 or c.block_n < 16 or (
+            c.block_m not in (1, 2, 4) if c.gemv else c.block_m < 16):
+        raise W12Error(f"view8 gemm: blocks must be at least 16 (block_m 1, 2 or 4 rows with "
+                       f"gemv) and split at least 1, got {c}")
     k_split = _cdiv(_cdiv(k, c.split), c.block_k) * c.block_k
     split = _cdiv(k, k_split) if k else 1  # no empty split
     part = (torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1
@@ -90,16 +96,19 @@ def gemm(x: torch.Tensor, w: PackedView8, bias: torch.Tensor | None = None, *,
     jit = _kernels(kernels)
     bias_arg = bias if bias is not None else w.scale
     launch = {"num_warps": c.warps, "num_stages": c.stages} if on_gpu else {}
-    jit.view8_gemm_kernel[(_cdiv(n, c.block_n), split, _cdiv(m, c.block_m))](
+    kernel, rows = ((jit.view8_gemv_kernel, {"M_ROWS": c.block_m}) if c.gemv
+                    else (jit.view8_gemm_kernel, {"BLOCK_M": c.block_m}))
+    kernel[(_cdiv(n, c.block_n), split, _cdiv(m, c.block_m))](
         x, w.hi, part, w.scale, w.esc_rowptr, w.esc_col, w.esc_delta, bias_arg, out,
         m, n, k, k_split, x.stride(0), w.hi.stride(0), out.stride(0),
-        BLOCK_N=c.block_n, BLOCK_M=c.block_m, BLOCK_K=c.block_k, SPLIT=split,
-        HAS_BIAS=bias is not None, ON_GPU=on_gpu, K_ITERS=0 if on_gpu else k_split // c.block_k,
-        ESC_ITERS=esc_iters, **launch)
+        BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT=split, HAS_BIAS=bias is not None,
+        ON_GPU=on_gpu, K_ITERS=0 if on_gpu else k_split // c.block_k, ESC_ITERS=esc_iters,
+        **rows, **launch)
     if split > 1:
-        jit.view8_reduce_kernel[(_cdiv(n, c.block_n), _cdiv(m, c.block_m))](
+        block_m = max(16, c.block_m)
+        jit.view8_reduce_kernel[(_cdiv(n, c.block_n), _cdiv(m, block_m))](
             part, x, w.scale, w.esc_rowptr, w.esc_col, w.esc_delta, bias_arg, out,
             m, n, x.stride(0), out.stride(0),
-            BLOCK_N=c.block_n, BLOCK_M=c.block_m, SPLIT=split, HAS_BIAS=bias is not None,
+            BLOCK_N=c.block_n, BLOCK_M=block_m, SPLIT=split, HAS_BIAS=bias is not None,
             ON_GPU=on_gpu, ESC_ITERS=esc_iters, **launch)
     return out
