@@ -7,9 +7,9 @@ bits. ``dense_linear`` is a BF16 linear whose rows' bits do not depend on the ro
 CPU either (``w12_kernels.cpu_linear``). ``rms_norm`` / ``add_rms_norm``
 (``w12_kernels.norm``) and ``tree_attention`` / ``compact_kv`` (``w12_kernels.tree_attention``)
 are the row norms and the draft-tree attention, each giving a row the same bits whatever else
-shares the call. ``view_bf16``
-(``w12_kernels.view8``) is the 8-bit view of a W12 weight, the two-level verifier's Q pass;
-``prepare_view`` packs it for the view GEMM, which ``w12_matmul`` runs on such a weight.
+shares the call. ``view_bf16`` (``w12_kernels.view8``) is the 8-bit view of a W12 weight, the
+two-level verifier's Q pass; ``prepare_view`` packs it for the view GEMM, which ``w12_matmul``
+runs on such a weight.
 ``gdn_path`` / ``gdn_walk`` (``w12_kernels.gated_delta``) step a hybrid's GDN state along
 draft-tree paths: decode, verify and commit with one kernel, so that their bits agree;
 ``gdn_wy`` / ``gdn_ancestor_mask`` verify a tree in the WY form instead (float32 accuracy, not
@@ -42,8 +42,7 @@ from w12_kernels.norm import add_rms_norm, rms_norm
 from w12_kernels.view8 import PackedView8, prepare_view, view8_linear, view_bf16
 
 __all__ = ["SMALL_M_MAX", "add_rms_norm", "cat_rows", "compact_kv", "decode_weight",
-           "dense_linear",
-           "gdn_ancestor_mask", "gdn_path", "gdn_walk", "gdn_wy", "int8_head",
+           "dense_linear", "gdn_ancestor_mask", "gdn_path", "gdn_walk", "gdn_wy", "int8_head",
            "int8_head_candidates", "int8_head_picks", "invariant_rows", "prepare",
            "prepare_view", "rms_norm", "rows_reproducible", "tensor_bytes", "tile_escapes",
            "tree_attention", "view_bf16", "w12_matmul"]

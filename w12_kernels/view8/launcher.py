@@ -6,8 +6,9 @@ rows rounded up to a power of two (16 to 128, so that up to 128 rows read the we
 ``BLOCK_N`` rows, so a narrow block at many rows turns the GEMM into an activation stream from
 L2), and the fewest splits (a power of two, at most ``MAX_SPLIT``, each at least ``MIN_SPLIT_K``
 columns) that give every multiprocessor ``PROGRAMS_PER_SM`` programs. A split costs a float32
-partial product of M x N written and read back, which at 32 rows and N = K is already an eighth
-of the weight's bytes per split, so splitting stops as soon as the machine is full.
+partial product of M x N written and read back, 8 M / K of the weight's bytes (1/16 at 32 rows
+and K = 4096), so splitting stops as soon as the machine is full. ``benchmarks/view8.py
+--sweep`` times the alternatives, the CUDA-core kernel (``gemv``) among them.
 """
 
 from __future__ import annotations
