@@ -34,6 +34,7 @@ from engine.generate import GREEDY, Engine
 from engine.sampling import Sampling
 from engine.speculative.decode import SpecRunner
 from engine.speculative.drafters import Drafter
+from engine.speculative.two_level import TwoLevel
 from w12.errors import W12Error
 
 
@@ -71,12 +72,14 @@ class Server:
     ``shared_total``: at most that many nodes over all rows, the best across requests
     (``tree.share_budget``; a drafter with scores). ``widths`` (e.g. (8, 12, 16), the largest
     being ``budget``): per-request draft sizes chosen from each request's recent acceptance
-    (``_width``)."""
+    (``_width``). ``two_level``: every step is two-level verification (``two_level.py``), each
+    request with its own tree (neither of the two options before)."""
 
     def __init__(self, engine: Engine, *, sampling: Sampling = GREEDY,
                  stop_ids: frozenset[int] = frozenset(), drafter: Drafter | None = None,
                  budget: int = 16, tree: bool = True, shared_total: int | None = None,
-                 widths: tuple[int, ...] | None = None, admission: int | None = None) -> None:
+                 widths: tuple[int, ...] | None = None, admission: int | None = None,
+                 two_level: TwoLevel | None = None) -> None:
         if admission is not None and admission < 1:
             raise W12Error(f"admission {admission}: the prompt tokens admitted between two "
                            "steps must be at least 1")
@@ -96,10 +99,14 @@ class Server:
             raise W12Error(f"per-request widths {widths}: need a drafter, each at least 1 and "
                            f"the largest equal to the budget {budget}")
         self.ema = [0.0] * engine.batch  # recent tokens committed per step, per row
+        if two_level is not None and (drafter is None or shared_total is not None
+                                      or self.widths is not None):
+            raise W12Error("two-level verification needs a drafter and drafts each request's "
+                           "own tree: no shared node budget, no per-request widths")
         if drafter is not None:
             self.runner = SpecRunner(engine, drafter, budget=budget, tree=tree,
                                      sampling=sampling, shared_total=shared_total,
-                                     per_row=self.widths is not None)
+                                     per_row=self.widths is not None, two_level=two_level)
             self.runner.requests.zero_()
             self.runner.active.zero_()
         engine.cache.lengths.zero_()

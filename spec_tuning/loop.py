@@ -29,8 +29,9 @@ rounds, the final and a text report; ``save`` writes them as JSON, text and a PN
 Requests are served by ``engine.serving.Server`` (its continuous batching; batch 1 for one
 request at a time), greedy, each for exactly ``tokens`` new tokens (no stop token), so every
 run of one configuration does the same work. Each option is applied where its registry target
-says (``applicable``); those the server cannot take yet (two-level verification) are left out
-of the proposals (``supported``).
+says (``applicable``); those the server cannot take are left out of the proposals
+(``supported``). Two-level verification's Q pass runs on the 8-bit view of the deployment's
+model, loaded once (weights mode ``view8``).
 """
 
 from __future__ import annotations
@@ -72,8 +73,7 @@ def applicable(mechanism: registry.Mechanism) -> bool:
 
 
 def supported() -> frozenset[str]:
-    """The registry options the loop applies (two-level verification: not by the server
-    yet)."""
+    """The registry options the loop applies."""
     return frozenset(name for name, m in registry.REGISTRY.items() if applicable(m))
 
 ROW_LIMIT = 128  # verify rows a step (requests x nodes) that keep every GEMM's row bits
@@ -193,6 +193,10 @@ class Systems:
                     if value != m.stock:
                         raise W12Error(f"option {name}: the loop cannot apply {m.target}")
                     continue
+                if name == "two_level" and value is not None:  # the Q pass's model
+                    from engine.speculative.two_level import TwoLevel
+
+                    value = TwoLevel(self.loaded("view8").model, value)
                 (engine_args if where == ENGINE else server_args)[param] = value
             if model.device.type != "cuda":
                 engine_args.pop("cuda_graph", None)  # (no graphs on a CPU)
@@ -226,7 +230,9 @@ class Systems:
         return TimedRunner(lambda requests: self.serve(config, requests)[0], sync=sync)
 
     def system(self, config: dict):
-        """The configuration as a system token forcing drives through its own verify path."""
+        """The configuration as a system token forcing drives through its own verify path
+        (with two-level verification, the exact pass's: it decides every token, the Q pass
+        only chooses which ones it verifies)."""
         from spec_tuning.engine_adapter import System, SystemSpec
 
         path = f"{'tree' if config['tree'] else 'chain'}:{config['budget']}"

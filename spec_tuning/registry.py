@@ -59,11 +59,13 @@ REGISTRY: dict[str, Mechanism] = {m.name: m for m in (
               "engine.weights.load_model:mode", 2.0,
               help="W12 weights: 12 of 16 bits read per weight, the same outputs only where "
                    "the W12 folder decodes to the BF16 checkpoint"),
-    Mechanism("two_level", (None, 4, 8, 16), None, "kernels",
-              "engine.speculative.bench.bench_spec:two_level", 2.0,
+    Mechanism("two_level", (None, 4, 8), None, "kernels",
+              "engine.serving.Server:two_level", 2.0, modes=("single",),
               requires={"weights": "w12"},
-              help="an 8-bit Q pass over the W12 hi byte picks this many nodes, one exact "
-                   "pass verifies them"),
+              help="an 8-bit Q pass over the W12 hi byte checks a tree of this many nodes, "
+                   "the drafter drafts again from its path, one exact pass verifies the "
+                   "budget's nodes (below the budget; single requests: it lost under batching "
+                   "in the reference system)"),
     Mechanism("cuda_graph", (True, False), True, "overhead",
               "engine.generate.Engine:cuda_graph", 0.5, devices=("cuda",),
               help="the verify step replayed as one CUDA graph"),
@@ -115,6 +117,10 @@ def check_config(config: dict, mode: str = "single") -> dict:
             for need, want in m.requires.items():
                 if full.get(need) != want:
                     raise W12Error(f"option {name}={value!r} needs {need}={want!r}")
+    q = full.get("two_level")
+    if q is not None and q >= full["budget"]:
+        raise W12Error(f"option two_level={q}: the Q tree must be smaller than the budget "
+                       f"{full['budget']}")
     return full
 
 

@@ -227,6 +227,29 @@ def test_admission_caps_prefill_between_steps_and_stays_exact(w12_model):
         Server(Engine(w12_model, batch=1, max_seq_len=SEQ), admission=0)
 
 
+@pytest.mark.parametrize("drafter", ["ngram", "early-exit:1"])
+def test_two_level_verification_serves_exactly(tiny_llama_folder, w12_model, drafter):
+    """Continuous batching with two-level verification (the Q pass on the 8-bit view): every
+    request still gets its own plain decoding, sampled; a shared budget or per-request widths
+    beside it are refused."""
+    from engine.speculative.two_level import TwoLevel
+
+    view = load_model(tiny_llama_folder, mode="view8").model
+    engine = Engine(w12_model, batch=3, max_seq_len=SEQ)
+    server = Server(engine, sampling=SAMPLED, drafter=make_drafter(drafter, w12_model),
+                    budget=6, tree=True, two_level=TwoLevel(view, 3))
+    ids = [server.submit(p, max_new_tokens=n, arrival=a) for p, n, a in REQUESTS]
+    out, stats = server.run()
+    for request_id, (prompt, new, _) in zip(ids, REQUESTS, strict=True):
+        assert out[request_id] == plain_alone(w12_model, prompt, new, request_id, SAMPLED)
+    assert server.runner.two_level is not None and stats.steps > 0
+    for extra in ({"shared_total": 12}, {"widths": (3, 6)}):
+        with pytest.raises(W12Error, match="two-level verification needs"):
+            Server(Engine(w12_model, batch=3, max_seq_len=SEQ), budget=6,
+                   drafter=make_drafter("ngram", w12_model), two_level=TwoLevel(view, 3),
+                   **extra)
+
+
 def test_limit_rows_keeps_each_requests_best_nodes():
     from engine.speculative.tree import limit_rows
 

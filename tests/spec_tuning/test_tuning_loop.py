@@ -43,6 +43,22 @@ def test_token_forcing_rejects_a_faster_mechanism_that_changes_outputs(tmp_path)
     assert clean.evidence["forcing"]["accepted"]
 
 
+def test_two_level_verification_is_a_loop_option(tmp_path):
+    """The loop applies two-level verification (its Q pass on the view of the deployment's
+    model) and judges it: lossless, so token forcing passes it and a faster verdict promotes
+    it."""
+    from spec_tuning.loop import supported
+
+    assert "two_level" in supported()
+    tuner = _tuner(tmp_path, compare=_faster, forcing_prompts=6)
+    current = registry.check_config({"weights": "w12"})
+    trial = tuner.judge(current, "two_level", 4)
+    assert trial.verdict == "promoted", trial.reason
+    assert trial.evidence["forcing"]["accepted"]
+    server = tuner.systems._server({**current, "two_level": 4})
+    assert server.runner.two_level.q_budget == 4
+
+
 def test_the_controller_rejects_a_lossless_but_slower_mechanism(tmp_path):
     """128 chain nodes a step where 16 accept as much: every step reads 8x the rows; the
     paired runs (the real controller) see it slower and keep the current configuration."""

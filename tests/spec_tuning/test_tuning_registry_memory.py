@@ -29,6 +29,10 @@ def test_configs_are_checked_against_domains_modes_and_requirements():
     with pytest.raises(W12Error, match="needs weights='w12'"):
         registry.check_config({"two_level": 8})
     assert registry.check_config({"two_level": 8, "weights": "w12"})["two_level"] == 8
+    with pytest.raises(W12Error, match="smaller than the budget 8"):
+        registry.check_config({"two_level": 8, "weights": "w12", "budget": 8})
+    with pytest.raises(W12Error, match="single serving, not batch"):
+        registry.check_config({"two_level": 4, "weights": "w12"}, "batch")
     with pytest.raises(W12Error, match="no option 'lm_head'"):
         registry.check_config({"lm_head": "int8"})
 
