@@ -28,6 +28,9 @@
 #   bash lab/device_spec.sh view8-sweep # its configuration grid at a few shapes and row counts
 #   bash lab/device_spec.sh tlv       # the demo model: bench spec with and without two-level
 #                                     # verification (early exit: one graph a step; ngram: eager)
+#   bash lab/device_spec.sh tlv-scale # c(N) with and without two-level verification on the
+#                                     # Qwen3-8B preset (and 32B where the view fits: an H200),
+#                                     # forced acceptance
 #   bash lab/device_spec.sh attention # the tree-attention benchmark
 #   bash lab/device_spec.sh two-gpus  # (two GPUs) every kernel family on cuda:1 with cuda:0 current
 #   bash lab/device_spec.sh attention-sweep # its configurations at batch 1/8/32 (decode regression)
@@ -51,7 +54,7 @@
 # Logs and JSON go to $OUT (default ./out). W12_CACHE must hold the demo model's GGUF for
 # "demo" (the cache layout of converters.demo_models). Each step has its own time limit.
 set -uo pipefail
-STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|determinism|hybrid|int8head|int8head-sweep|view8|view8-sweep|tlv|two-gpus|attention|attention-sweep|sglang|drafter|drafter-eval [DIR]}
+STAGE=${1:?usage: bash lab/device_spec.sh tests|house OLD|decode OLD|demo|scale|exactness|serve|forcing|determinism|hybrid|int8head|int8head-sweep|view8|view8-sweep|tlv|tlv-scale|two-gpus|attention|attention-sweep|sglang|drafter|drafter-eval [DIR]}
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
@@ -211,6 +214,13 @@ tlv)  # two-level verification against one exact pass, same run (issue: TLV and 
     TAIL=16 run ${BENCH_LIMIT:-200} "bench-tlv-${d%%:*}" $W12 bench spec "$MODEL" --drafter "$d" \
       --prompts "${PROMPTS:-humaneval}" --limit 12 --budgets 1,16,32 --two-level ${Q:-8} \
       --max-new-tokens 128 --json "$OUT/bench-tlv-${d%%:*}.json"
+  done
+  ;;
+tlv-scale)  # two-level verification's c(N) at scale: both passes forced to accept K
+  for preset in ${PRESETS:-qwen3-8b qwen3-32b}; do
+    TAIL=14 run ${SCALE_LIMIT:-200} "bench-tlv-$preset" $W12 bench spec "synthetic:$preset" --w12 \
+      --drafter early-exit:4 --forced-accept ${K:-3} --budgets 1,16,32 --modes chain,tree \
+      --two-level ${Q:-8} --context 512 --max-new-tokens 8 --json "$OUT/bench-tlv-$preset.json"
   done
   ;;
 two-gpus)  # kernels on the GPU of their tensors, not the current one

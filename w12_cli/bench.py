@@ -121,9 +121,10 @@ def bench_spec_command(model, drafter, prompts_path, limit, budgets, modes, max_
     Per budget: tau (tokens per verify step, bonus included), c = T_step / T_AR, tokens/s and
     the speed-up over plain decoding. MODEL is a folder, or synthetic:PRESET with
     --forced-accept (c(N) at real sizes; tau / c is then a projection). With --two-level Q
-    (a W12 folder) every budget above Q is also timed with two-level verification, as rows of
-    its own; with --int8-head plain decoding and every budget again with the certified INT8
-    LM head (rows "+int8", with their candidates per token).
+    every budget above Q is also timed with two-level verification, as rows of its own (with
+    --forced-accept K both of its passes accept K); with --int8-head plain decoding and every
+    budget again with the certified INT8 LM head (rows "+int8", with their candidates per
+    token).
     """
     from engine.sampling import Sampling
     from engine.speculative.bench import as_dicts, bench_spec, load_for_bench, summary
@@ -133,9 +134,6 @@ def bench_spec_command(model, drafter, prompts_path, limit, budgets, modes, max_
                                "drafter folder)")
     if max(budgets) > 128:
         raise click.BadParameter(f"{max(budgets)} nodes: at most 128", param_hint="--budgets")
-    if two_level is not None and forced_accept is not None:
-        raise click.BadParameter("two-level verification times two passes; --forced-accept "
-                                 "fixes what one pass accepts", param_hint="--two-level")
     mode = None if bf16 is None else ("bf16" if bf16 else "w12")
     loaded, prompts, stop_ids = load_for_bench(model, prompts_path, limit=limit, mode=mode,
                                                device=device, forced_accept=forced_accept,
@@ -145,7 +143,7 @@ def bench_spec_command(model, drafter, prompts_path, limit, budgets, modes, max_
                       max_new_tokens=max_new_tokens, forced_accept=forced_accept,
                       sampling=Sampling(temperature, top_p, seed), stop_ids=stop_ids,
                       compile=compile_default(compile_, device), two_level=two_level,
-                      int8_head=int8_head, log=click.echo)
+                      int8_head=int8_head, log=click.echo, seed=seed)
     for line in summary(rows):
         click.echo(line)
     if json_path is not None:

@@ -104,19 +104,19 @@ def bench_spec(
     modes: tuple[str, ...] = ("chain", "tree"), max_new_tokens: int = 128,
     forced_accept: int | None = None, sampling: Sampling = GREEDY,
     stop_ids: frozenset[int] = frozenset(), compile: bool = False,
-    two_level: int | None = None, int8_head: bool = False, log=print,
+    two_level: int | None = None, int8_head: bool = False, log=print, seed: int = 0,
 ) -> list[SpecRow]:
     """Plain decoding, then every (mode, budget), on one engine of batch 1; with
     ``two_level`` Q, every (mode, budget > Q) again with two-level verification (the Q pass on
-    the 8-bit view of the W12 folder's weights); with ``int8_head``, plain decoding and every
-    (mode, budget) again on an engine whose certified INT8 head picks (``_int8_rows``). Every
-    c is over the same T_AR (the exact head's plain step)."""
+    the 8-bit view of the model's weights; a synthetic preset's drawn with ``seed``, as the
+    model's were; with ``forced_accept`` both passes accept that many, ``two_level_step``);
+    with ``int8_head``, plain decoding and every (mode, budget) again on an engine whose
+    certified INT8 head picks (``_int8_rows``). Every c is over the same T_AR (the exact
+    head's plain step)."""
     if not prompts:
         raise W12Error("bench spec: no prompts")
     if max(budgets) < 1 or min(budgets) < 1:
         raise W12Error(f"node budgets {budgets}: each must be at least 1")
-    if two_level is not None and forced_accept is not None:
-        raise W12Error("bench spec: two-level verification cannot run with forced acceptance")
     model, device = loaded.model, loaded.model.device
     longest = max(map(len, prompts))
     engine = Engine(model, batch=1, max_seq_len=longest + max_new_tokens + max(budgets) + 1,
@@ -151,7 +151,7 @@ def bench_spec(
                            compile, log)
     if two_level is None:
         return rows
-    setting = TwoLevel(_view_model(loaded), two_level)
+    setting = TwoLevel(_view_model(loaded, seed), two_level)
     for mode in modes:
         for budget in (b for b in budgets if b > two_level):
             rows.append(_bench_one(engine, loaded, prompts, drafter, mode, budget,
@@ -212,13 +212,12 @@ def _int8_rows(exact, loaded, prompts, drafter, budgets, modes, forced_accept, m
     return rows
 
 
-def _view_model(loaded: LoadedModel):
+def _view_model(loaded: LoadedModel, seed: int = 0):
     """The Q pass's model: the 8-bit view of the folder's weights in W12 (encoded on load
-    from a BF16 folder)."""
-    if loaded.folder is None:
-        raise W12Error(f"{loaded.name}: two-level verification needs a model folder")
-    return load_model(loaded.folder, mode="view8", device=loaded.model.device,
-                      dtype=loaded.model.dtype).model
+    from a BF16 folder), or of a synthetic preset's random weights drawn with ``seed``."""
+    spec = loaded.folder if loaded.folder is not None else loaded.name
+    return load_model(spec, mode="view8", device=loaded.model.device, dtype=loaded.model.dtype,
+                      seed=seed).model
 
 
 def _bench_one(engine, loaded, prompts, drafter_name, mode, budget, forced_accept,

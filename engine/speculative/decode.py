@@ -78,9 +78,6 @@ class SpecRunner:
         self.per_row = per_row
         self.widths = torch.full((engine.batch,), budget, dtype=torch.long,
                                  device=engine.model.device)
-        if two_level is not None and forced_accept is not None:
-            raise W12Error("forced acceptance times one verify pass; two-level verification "
-                           "has two")
         device = engine.model.device
         self.requests = torch.arange(engine.batch, device=device)
         self.roots = torch.zeros(engine.batch, dtype=torch.long, device=device)
@@ -112,7 +109,8 @@ class SpecRunner:
         if self.two_level is not None:  # (the Q verdict goes to ``q_out``)
             verdict, self.q_out = two_level_step(
                 self.engine.model, self.engine.cache, self.drafter, self.roots, self.two_level,
-                self.budget, self.tree, self.sampling, self.requests, self.engine.head)
+                self.budget, self.tree, self.sampling, self.requests, self.engine.head,
+                self.forced_accept)
             return verdict
         return verify(self.engine.model, self.engine.cache, self._draft(), self.sampling,
                       self.requests, self.forced_accept, self.engine.head)

@@ -29,7 +29,7 @@ from engine.model import Transformer
 from engine.sampling import Sampling
 from engine.speculative.drafters import Drafter
 from engine.speculative.tree import DraftTree
-from engine.speculative.verify import Verdict, accept, target_picks, verify
+from engine.speculative.verify import Verdict, accept, forced_picks, target_picks, verify
 from w12.errors import W12Error
 
 
@@ -53,23 +53,39 @@ def graft(t1: DraftTree, last: torch.Tensor, t2: DraftTree) -> DraftTree:
 
 
 def q_pass(view_model: Transformer, cache: KVCache, tree: DraftTree, sampling: Sampling,
-           requests: torch.Tensor) -> Verdict:
-    """The view model's verdict on ``tree`` (nothing committed, the cache's lengths kept)."""
+           requests: torch.Tensor, forced_accept: int | None = None) -> Verdict:
+    """The view model's verdict on ``tree`` (nothing committed, the cache's lengths kept).
+    ``forced_accept``: its path is the first ``forced_accept`` nodes of the tree's first-child
+    chain whatever the view model picks (timing, as ``verify``'s)."""
     paths = tree.paths()
-    return accept(tree, target_picks(view_model, cache, tree, paths, sampling, requests), paths)
+    picks = target_picks(view_model, cache, tree, paths, sampling, requests)
+    if forced_accept is None:
+        return accept(tree, picks, paths)
+    verdict = accept(tree, forced_picks(tree, forced_accept), paths)
+    # a forced walk has no bonus (-1): the view model's own pick at its end, which the
+    # re-draft takes as its root
+    bonus = picks.gather(1, verdict.path.gather(1, verdict.accepted[:, None]))
+    steps = torch.arange(tree.size, device=picks.device)
+    verdict.emitted = torch.where(steps == verdict.accepted[:, None], bonus, verdict.emitted)
+    return verdict
 
 
 def two_level_step(model: Transformer, cache: KVCache, drafter: Drafter, roots: torch.Tensor,
                    setting: TwoLevel, budget: int, tree: bool, sampling: Sampling,
-                   requests: torch.Tensor, head=None) -> tuple[Verdict, Verdict]:
+                   requests: torch.Tensor, head=None, forced_accept: int | None = None
+                   ) -> tuple[Verdict, Verdict]:
     """One two-level step: (the exact verdict, committed as ``verify`` does; the Q verdict).
-    ``head``: the exact pass's certified INT8 head (``verify``)."""
+    ``head``: the exact pass's certified INT8 head (``verify``). ``forced_accept`` K (timing
+    on random weights): the Q path is K nodes of T1's first-child chain where T1 is that deep,
+    and the exact pass accepts K along the combined tree's first-child chain (the Q path, then
+    T2 where T1's chain ends): every pass and the re-draft run at their real sizes."""
     if not 1 <= setting.q_budget < budget:
         raise W12Error(f"two-level verification: the Q tree's budget {setting.q_budget} must "
                        f"be at least 1 and below the step's budget {budget}")
     t1 = drafter.propose(roots, cache, setting.q_budget, tree)
-    q = q_pass(setting.view_model, cache, t1, sampling, requests)
+    q = q_pass(setting.view_model, cache, t1, sampling, requests, forced_accept)
     counts = q.accepted + 1  # the Q path's drafted tokens and its bonus
     last = q.path.gather(1, q.accepted[:, None])[:, 0]
     t2 = drafter.propose_after(roots, q.emitted, counts, cache, budget - t1.size, tree, q.path)
-    return verify(model, cache, graft(t1, last, t2), sampling, requests, head=head), q
+    return verify(model, cache, graft(t1, last, t2), sampling, requests, forced_accept,
+                  head=head), q

@@ -88,14 +88,11 @@ def test_bad_two_level_settings_are_refused(tiny_folder):
     with pytest.raises(W12Error, match="Q tree's budget 4 must be at least 1 and below"):
         speculative_generate(engine, drafter, [[1, 2, 3]], max_new_tokens=4, budget=4,
                              runner=runner)
-    with pytest.raises(W12Error, match="two-level verification has two"):
-        SpecRunner(engine, drafter, budget=4, tree=False, forced_accept=2,
-                   two_level=TwoLevel(target, 2))
 
 
 def test_bench_spec_times_two_level_rows_of_their_own(tiny_folder):
     """``bench spec --two-level Q``: every budget above Q again with two-level verification,
-    labelled apart, with the Q path's tau; refused with forced acceptance."""
+    labelled apart, with the Q path's tau."""
     from engine.speculative.bench import bench_spec, summary
 
     loaded = load_model(tiny_folder("qwen3"), mode="bf16", dtype=torch.float32)
@@ -107,20 +104,40 @@ def test_bench_spec_times_two_level_rows_of_their_own(tiny_folder):
     assert tlv.two_level == 3 and tlv.q_tau >= 1.0 and tlv.tau >= 1.0 and tlv.c > 0
     assert all(r.q_tau is None for r in rows[:-1])
     assert any(line.startswith("chain+Q3: ") for line in summary(rows))
-    with pytest.raises(W12Error, match="forced acceptance"):
-        bench_spec(loaded, PROMPTS[:1], drafter="ngram", budgets=[6], modes=("chain",),
-                   forced_accept=2, two_level=3, log=lambda line: None)
 
 
-def test_cli_refuses_two_level_with_forced_acceptance():
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_forced_two_level_steps_commit_what_they_are_told(tiny_folder, mode):
+    """With forced acceptance K (timing on random weights) the Q path takes K nodes where the
+    Q tree is that deep, and the exact pass commits K + 1 tokens a step."""
+    target, folder = models(tiny_folder)
+    view = load_model(folder, mode="view8", dtype=torch.float32).model
+    engine = Engine(target, batch=1, max_seq_len=96)
+    drafter = make_drafter("early-exit:1", target)
+    prompt = PROMPTS[0]
+    root = engine.prefill([prompt]).argmax(-1)
+    drafter.start([prompt], root.tolist())
+    runner = SpecRunner(engine, drafter, budget=9, tree=mode == "tree", forced_accept=2,
+                        two_level=TwoLevel(view, 4))
+    for _ in range(3):  # timed steps, each from the same committed state
+        engine.cache.rollback([len(prompt)])
+        verdict = runner.step(root)
+        assert verdict.accepted.tolist() == [2] and runner.q_verdict.accepted.tolist() == [2]
+        assert int(engine.cache.lengths[0]) == len(prompt) + 3
+
+
+def test_cli_times_two_level_on_a_synthetic_preset_with_forced_acceptance():
     from click.testing import CliRunner
 
     from w12_cli import main
 
     result = CliRunner().invoke(main, ["bench", "spec", "synthetic:tiny-qwen3", "--drafter",
                                        "early-exit:1", "--forced-accept", "2", "--two-level",
-                                       "3", "--device", "cpu"])
-    assert result.exit_code == 2 and "--forced-accept fixes" in result.output
+                                       "3", "--budgets", "1,6", "--modes", "chain", "--w12",
+                                       "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert any(line.startswith("chain+Q3 ") and "tau  3.000" in line
+               for line in result.output.splitlines()), result.output
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
