@@ -13,8 +13,8 @@ entry = ('    Mechanism("test_noop", (0, 1), 0, "acceptance", "engine.serving.Se
          ' 1.0,\n              help="a test fixture: a server argument that changes nothing"),\n')
 registry.write_text(text.replace("\n)}\n", "\n" + entry + ")}\n", 1))
 serving = Path("engine/serving.py")
-old = "admission: int | None = None) -> None:"
+old = "two_level: TwoLevel | None = None) -> None:"  # the last argument of Server
 assert old in serving.read_text()
 serving.write_text(serving.read_text().replace(
-    old, "admission: int | None = None, test_noop: int = 0) -> None:", 1))
+    old, "two_level: TwoLevel | None = None, test_noop: int = 0) -> None:", 1))
 print("added test_noop")
