@@ -6,9 +6,9 @@ of the high plane (``packed.py``), decoded to BF16 with three integer operations
 the activations' [BLOCK_K, BLOCK_M] block, summed in float32. With one split the program runs
 the epilogue itself; with several it stores its float32 partial product and
 ``view8_reduce_kernel`` adds the splits in order 0..SPLIT-1 and runs the epilogue.
-``view8_gemv_kernel`` is the same for 1, 2 or 4 rows a program on the CUDA cores (float32
+With ``GEMV`` the same kernel takes 1, 2 or 4 rows a program on the CUDA cores (float32
 products summed along K), which may suit a decode step better; the launcher's configuration
-picks one. The epilogue is the exact GEMM's (``w12_kernels.gemm.triton.kernels.store_output``):
+picks it. The epilogue is the exact GEMM's (``w12_kernels.gemm.triton.kernels.store_output``):
 row scales, escape corrections in list order, bias, BF16 rounding.
 
 The sums are deterministic (no atomics; fixed split order) but their order depends on the
@@ -39,12 +39,20 @@ def _view_block(hi_ptr, rows, cols, stride_h, N, kend):
 
 @triton.jit
 def _k_step(acc, kk, kend, hi_ptr, rows, stride_h, N, x_ptr, ms, stride_xm, M,
-            BLOCK_K: tl.constexpr, ON_GPU: tl.constexpr):
+            BLOCK_K: tl.constexpr, GEMV: tl.constexpr, ON_GPU: tl.constexpr):
+    """acc[BLOCK_N, BLOCK_M] += the decoded block times the activations' block: on tensor
+    cores, or (``GEMV``) as float32 products summed along K on the CUDA cores."""
     cols = kk + tl.arange(0, BLOCK_K)
     w = _view_block(hi_ptr, rows, cols, stride_h, N, kend)
-    xt = tl.load(x_ptr + ms[None, :].to(tl.int64) * stride_xm + cols[:, None],
-                 mask=(ms[None, :] < M) & (cols[:, None] < kend), other=0.0)
-    return _mma(w, xt, acc, ON_GPU)
+    if GEMV:
+        x = tl.load(x_ptr + ms[:, None].to(tl.int64) * stride_xm + cols[None, :],
+                    mask=(ms[:, None] < M) & (cols[None, :] < kend), other=0.0).to(tl.float32)
+        acc = acc + tl.sum(w.to(tl.float32)[:, None, :] * x[None, :, :], axis=2)
+    else:
+        xt = tl.load(x_ptr + ms[None, :].to(tl.int64) * stride_xm + cols[:, None],
+                     mask=(ms[None, :] < M) & (cols[:, None] < kend), other=0.0)
+        acc = _mma(w, xt, acc, ON_GPU)
+    return acc
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -52,12 +60,12 @@ def view8_gemm_kernel(
     x_ptr, hi_ptr, part_ptr, scale_ptr, rowptr_ptr, esc_col_ptr, esc_delta_ptr, bias_ptr, out_ptr,
     M, N, K, k_split, stride_xm, stride_h, stride_om,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-    HAS_BIAS: tl.constexpr, ON_GPU: tl.constexpr, K_ITERS: tl.constexpr,
+    GEMV: tl.constexpr, HAS_BIAS: tl.constexpr, ON_GPU: tl.constexpr, K_ITERS: tl.constexpr,
     ESC_ITERS: tl.constexpr,
 ):
     """out[M, N] = x[M, K] @ V^T (+ bias), or with SPLIT > 1 the float32 partial products
     part[SPLIT, M, N] of the splits (module docstring). ``k_split``: columns of a split, a
-    multiple of BLOCK_K."""
+    multiple of BLOCK_K. ``GEMV``: CUDA cores, ``BLOCK_M`` 1, 2 or 4."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
     ms = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -67,53 +75,11 @@ def view8_gemm_kernel(
     if ON_GPU:
         for kk in range(k0, kend, BLOCK_K):
             acc = _k_step(acc, kk, kend, hi_ptr, rows, stride_h, N, x_ptr, ms, stride_xm, M,
-                          BLOCK_K, ON_GPU)
+                          BLOCK_K, GEMV, ON_GPU)
     else:
         for i in range(0, K_ITERS):  # surplus steps read nothing: every column is masked
             acc = _k_step(acc, k0 + i * BLOCK_K, kend, hi_ptr, rows, stride_h, N, x_ptr, ms,
-                          stride_xm, M, BLOCK_K, ON_GPU)
-    if SPLIT == 1:
-        store_output(acc, rows, ms, M, N, x_ptr, stride_xm, scale_ptr, rowptr_ptr, esc_col_ptr,
-                     esc_delta_ptr, bias_ptr, out_ptr, stride_om, HAS_BIAS, ESC_ITERS, ON_GPU)
-    else:
-        ptrs = part_ptr + (split * M + ms[None, :]).to(tl.int64) * N + rows[:, None]
-        tl.store(ptrs, acc, mask=(ms[None, :] < M) & (rows[:, None] < N))
-
-
-@triton.jit
-def _gemv_step(acc, kk, kend, hi_ptr, rows, stride_h, N, x_ptr, ms, stride_xm, M,
-               BLOCK_K: tl.constexpr):
-    cols = kk + tl.arange(0, BLOCK_K)
-    w = _view_block(hi_ptr, rows, cols, stride_h, N, kend).to(tl.float32)
-    x = tl.load(x_ptr + ms[:, None].to(tl.int64) * stride_xm + cols[None, :],
-                mask=(ms[:, None] < M) & (cols[None, :] < kend), other=0.0).to(tl.float32)
-    return acc + tl.sum(w[:, None, :] * x[None, :, :], axis=2)
-
-
-@triton.jit(do_not_specialize=["M"])
-def view8_gemv_kernel(
-    x_ptr, hi_ptr, part_ptr, scale_ptr, rowptr_ptr, esc_col_ptr, esc_delta_ptr, bias_ptr, out_ptr,
-    M, N, K, k_split, stride_xm, stride_h, stride_om,
-    BLOCK_N: tl.constexpr, M_ROWS: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-    HAS_BIAS: tl.constexpr, ON_GPU: tl.constexpr, K_ITERS: tl.constexpr,
-    ESC_ITERS: tl.constexpr,
-):
-    """``view8_gemm_kernel`` for a few rows (``M_ROWS`` a program, 1, 2 or 4) without tensor
-    cores: float32 products of the decoded block and the rows, summed along K."""
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    split = tl.program_id(1)
-    ms = tl.program_id(2) * M_ROWS + tl.arange(0, M_ROWS)
-    k0 = split * k_split
-    kend = tl.minimum(k0 + k_split, K)
-    acc = tl.zeros((BLOCK_N, M_ROWS), dtype=tl.float32)
-    if ON_GPU:
-        for kk in range(k0, kend, BLOCK_K):
-            acc = _gemv_step(acc, kk, kend, hi_ptr, rows, stride_h, N, x_ptr, ms, stride_xm, M,
-                             BLOCK_K)
-    else:
-        for i in range(0, K_ITERS):
-            acc = _gemv_step(acc, k0 + i * BLOCK_K, kend, hi_ptr, rows, stride_h, N, x_ptr, ms,
-                             stride_xm, M, BLOCK_K)
+                          stride_xm, M, BLOCK_K, GEMV, ON_GPU)
     if SPLIT == 1:
         store_output(acc, rows, ms, M, N, x_ptr, stride_xm, scale_ptr, rowptr_ptr, esc_col_ptr,
                      esc_delta_ptr, bias_ptr, out_ptr, stride_om, HAS_BIAS, ESC_ITERS, ON_GPU)

@@ -28,8 +28,8 @@ PROGRAMS_PER_SM = 2
 
 @dataclass(frozen=True)
 class View8Config:
-    """Blocks, K split and launch of one call. ``gemv``: the CUDA-core kernel, whose
-    ``block_m`` (1, 2 or 4) is the rows a program takes."""
+    """Blocks, K split and launch of one call. ``gemv``: the CUDA-core path, whose ``block_m``
+    (1, 2 or 4) is the rows a program takes."""
 
     block_n: int
     block_m: int
@@ -97,14 +97,12 @@ def gemm(x: torch.Tensor, w: PackedView8, bias: torch.Tensor | None = None, *,
     jit = _kernels(kernels)
     bias_arg = bias if bias is not None else w.scale
     launch = {"num_warps": c.warps, "num_stages": c.stages} if on_gpu else {}
-    kernel, rows = ((jit.view8_gemv_kernel, {"M_ROWS": c.block_m}) if c.gemv
-                    else (jit.view8_gemm_kernel, {"BLOCK_M": c.block_m}))
-    kernel[(_cdiv(n, c.block_n), split, _cdiv(m, c.block_m))](
+    jit.view8_gemm_kernel[(_cdiv(n, c.block_n), split, _cdiv(m, c.block_m))](
         x, w.hi, part, w.scale, w.esc_rowptr, w.esc_col, w.esc_delta, bias_arg, out,
         m, n, k, k_split, x.stride(0), w.hi.stride(0), out.stride(0),
-        BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT=split, HAS_BIAS=bias is not None,
-        ON_GPU=on_gpu, K_ITERS=0 if on_gpu else k_split // c.block_k, ESC_ITERS=esc_iters,
-        **rows, **launch)
+        BLOCK_N=c.block_n, BLOCK_M=c.block_m, BLOCK_K=c.block_k, SPLIT=split, GEMV=c.gemv,
+        HAS_BIAS=bias is not None, ON_GPU=on_gpu, K_ITERS=0 if on_gpu else k_split // c.block_k,
+        ESC_ITERS=esc_iters, **launch)
     if split > 1:
         block_m = max(16, c.block_m)
         jit.view8_reduce_kernel[(_cdiv(n, c.block_n), _cdiv(m, block_m))](
