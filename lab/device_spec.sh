@@ -50,7 +50,8 @@
 #                                     # its W12 folder, curve and log copied to $OUT
 #   bash lab/device_spec.sh drafter-eval [DIR] # the drafter in DIR (default out/drafter-run/w12) on
 #                                     # HumanEval: spec check (tau, exactness; chain 16 and tree
-#                                     # 64, greedy and sampled), then bench spec
+#                                     # 64, greedy and sampled: SAMPLED_LIMIT=N prompts),
+#                                     # then bench spec (BENCH_PROMPTS, default 32)
 # Logs and JSON go to $OUT (default ./out). W12_CACHE must hold the demo model's GGUF for
 # "demo" (the cache layout of converters.demo_models). Each step has its own time limit.
 set -uo pipefail
@@ -269,7 +270,8 @@ drafter-eval)
   DRAFT=${2:-${DRAFT_RUN:-out/drafter-run}/w12}
   MODEL=$(ls -d "${W12_CACHE:-$HOME/.cache/w12}"/models/*-w12 | head -1)
   PROMPTS=${PROMPTS:-humaneval}
-  for s in "greedy:--temperature 0" "sampled:--temperature 0.7 --top-p 0.95 --seed 1"; do
+  for s in "greedy:--temperature 0" \
+           "sampled:--temperature 0.7 --top-p 0.95 --seed 1 ${SAMPLED_LIMIT:+--limit $SAMPLED_LIMIT}"; do
     name=${s%%:*}; flags=${s#*:}
     TAIL=2 run ${CHECK_LIMIT:-150} "check-block-chain-$name" $W12 spec check "$MODEL" --drafter "$DRAFT" \
       --chain --budget 16 --batch 8 --prompts "$PROMPTS" --max-new-tokens 256 $flags --quiet
