@@ -215,12 +215,19 @@ def block_loss(net: BlockDrafterModel, target: Transformer, head: torch.Tensor,
     return loss, {"loss": loss.item(), "accuracy": accuracy, "first_accuracy": first}
 
 
+PAD_TO = 64  # batches padded to a multiple of this length: a handful of shapes, not hundreds
+
+
 def sample_batch(data: list[Sequence], indices: list[int], anchors: int, gen: torch.Generator,
                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded tokens, lengths and ``anchors`` random anchors per sequence (in its
-    response, each with at least one position after it)."""
+    """Tokens right-padded to a multiple of ``PAD_TO`` (a few shapes instead of one per length:
+    on a GPU new shapes cost fresh allocations, and a pace still climbing when ``_probe``
+    times it makes ``--minutes`` fit too few steps), lengths,
+    and ``anchors`` random anchors per sequence (in its response, each with at least one
+    position after it; the padding is never seen: a block sees the context before its
+    anchor)."""
     rows = [data[i] for i in indices]
-    longest = max(len(r.tokens) for r in rows)
+    longest = -(-max(len(r.tokens) for r in rows) // PAD_TO) * PAD_TO
     tokens = torch.zeros(len(rows), longest, dtype=torch.long)
     for i, r in enumerate(rows):
         tokens[i, :len(r.tokens)] = torch.tensor(r.tokens)
@@ -304,11 +311,11 @@ class _Schedule:
 
 
 def _probe(options: TrainOptions) -> tuple[int, int]:
-    """The steps timed to fit ``--minutes``: from the 5th (past the first steps' one-off
-    costs) to the 25th, but ending inside the warm-up, whose factors do not depend on the step
+    """The steps timed to fit ``--minutes``: the second half of the first 100 (past the first
+    steps' one-off costs), ending inside the warm-up, whose factors do not depend on the step
     count: a run with ``--steps`` set to the fitted count then repeats this one exactly."""
-    end = max(1, min(25, options.warmup, options.steps))
-    return min(5, end // 2), end
+    end = max(1, min(100, options.warmup, options.steps))
+    return end // 2, end
 
 
 def _fit(options: TrainOptions, step: int, elapsed: float, per_step: float) -> int:

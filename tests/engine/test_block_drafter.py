@@ -24,12 +24,15 @@ from engine.speculative.block_drafter import (
 )
 from engine.speculative.decode import SpecRunner
 from engine.speculative.train_drafter import (
+    PAD_TO,
     Sequence,
     TrainLog,
     TrainOptions,
+    block_loss,
     block_visibility,
     generate_responses,
     init_from_target,
+    sample_batch,
     save_drafter,
     target_states,
     train_drafter,
@@ -164,6 +167,24 @@ def test_training_masks_match_a_loop():
             for k in range(6 + 6):
                 want = (k < anchors[b, owner]) if k < 6 else ((k - 6) // 3 == owner)
                 assert got[b, q, k].item() == bool(want), (b, q, k)
+
+
+def test_padding_a_batch_changes_no_loss(target):
+    """Batches are padded to a multiple of PAD_TO: the padding is never seen, so the loss and
+    agreement of a batch do not depend on how far it is padded."""
+    net = random_net(target, layers=1)
+    head = target.lm_head.weight if target.lm_head.weight is not None else target.embed
+    seqs = [Sequence(list(range(3, 17)), 4), Sequence([9, 8, 7, 6, 5, 4, 3, 30, 31], 3)]
+    tokens, lengths, anchors = sample_batch(seqs, [0, 1], 3, torch.Generator().manual_seed(2),
+                                            torch.device("cpu"))
+    assert tokens.shape[1] % PAD_TO == 0 and lengths.tolist() == [14, 9]
+    wider = torch.cat([tokens, torch.zeros(2, PAD_TO, dtype=tokens.dtype)], dim=1)
+    narrow = tokens[:, :14]
+    got = [block_loss(net, target, head.float(), t, lengths, anchors, 7.0)
+           for t in (narrow, tokens, wider)]
+    for loss, stats in got[1:]:
+        torch.testing.assert_close(loss, got[0][0], rtol=1e-5, atol=1e-6)
+        assert stats["accuracy"] == got[0][1]["accuracy"]
 
 
 def test_taps_and_context_follow_the_committed_length(target):
