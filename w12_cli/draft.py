@@ -22,13 +22,15 @@ def draft_group() -> None:
 @click.option("--prompts", default="stdlib", show_default=True,
               help="'stdlib' (Python's standard library functions turned into instructions) "
                    "or a JSONL file of {\"prompt\": ...} lines; HumanEval is refused.")
-@click.option("--num-prompts", default=3072, show_default=True, type=click.IntRange(1))
+@click.option("--num-prompts", default=3072, show_default=True, type=click.IntRange(1),
+              help="Prompts to answer; 'stdlib' gives one a documented function, then each "
+                   "function's other two instruction kinds (about 12,000 in all).")
 @click.option("--max-new-tokens", default=256, show_default=True, type=click.IntRange(2),
               help="Length of the target's responses.")
 @click.option("--steps", default=3000, show_default=True, type=click.IntRange(1))
 @click.option("--minutes", default=None, type=click.FloatRange(0, min_open=True),
               help="Fit the step count to this many minutes of optimisation (timed over "
-                   "the first steps, at most --steps); the count is printed, and --steps with "
+                   "steps 50-100, at most --steps); the count is printed, and --steps with "
                    "it repeats the run.")
 @click.option("--batch", default=16, show_default=True, type=click.IntRange(1),
               help="Sequences per step.")

@@ -2,7 +2,8 @@
 
 The source files of the standard library ship with every Python. Each public function with a
 docstring becomes one of three instructions: complete the function from its signature and
-docstring, write it from a description, or explain its source. The files are read and parsed
+docstring, write it from a description, or explain its source (all three where more prompts
+are asked for than there are functions). The files are read and parsed
 (``ast``), never imported, in a seeded order, so the same seed on the same Python gives the
 same prompts. HumanEval is not used: it is the evaluation set.
 """
@@ -61,13 +62,19 @@ def _instruction(kind: int, name: str, signature: str, doc: str, source: str) ->
 
 
 def stdlib_prompts(count: int, *, seed: int = 0, root: Path | None = None) -> list[str]:
-    """Up to ``count`` instructions from the standard library's documented functions."""
+    """Up to ``count`` instructions from the standard library's documented functions: one
+    instruction a function, the kinds in turn; past the number of functions, each function's
+    other two kinds (so the first prompts do not depend on ``count``)."""
     files = stdlib_files(root)
     random.Random(seed).shuffle(files)
-    prompts: list[str] = []
+    functions: list[tuple[str, str, str, str]] = []
     for path in files:
-        for name, signature, doc, source in _functions(path):
-            prompts.append(_instruction(len(prompts) % 3, name, signature, doc, source))
+        functions += _functions(path)
+        if len(functions) >= count:
+            break
+    prompts = [_instruction(i % 3, *f) for i, f in enumerate(functions)]
+    for shift in (1, 2):
         if len(prompts) >= count:
             break
+        prompts += [_instruction((i + shift) % 3, *f) for i, f in enumerate(functions)]
     return prompts[:count]
