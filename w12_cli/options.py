@@ -71,14 +71,18 @@ quiet = click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 
 
 def _drafter_name(ctx, param, value: str | None) -> str | None:
-    """``ngram``, ``early-exit:K``, ``random``, ``demo`` or a block drafter's folder (the layer
-    count and the drafter's fit are checked against the model later)."""
+    """``ngram``, ``early-exit:K``, ``random``, ``demo`` or a block drafter's folder, or one of
+    the last four ``+ngram`` (the layer count and the drafter's fit are checked against the
+    model later)."""
+    if value is not None and value.endswith("+ngram") and value != "ngram+ngram":
+        _drafter_name(ctx, param, value[:-len("+ngram")])
+        return value
     if value is None or value in ("ngram", "random", "demo") or Path(value).is_dir():
         return value
     layers = value.partition(":")[2] if value.startswith("early-exit:") else ""
     if not layers.isdigit() or int(layers) < 1:
         raise click.BadParameter(f"{value!r}: a drafter is ngram, early-exit:K (K >= 1 layers), "
-                                 "random, demo or the folder of a block drafter")
+                                 "random, demo or the folder of a block drafter, or NAME+ngram")
     return value
 
 
@@ -86,7 +90,9 @@ drafter = click.option("--drafter", callback=_drafter_name, default=None,
                        help="Speculative decoding with this drafter: ngram (prompt lookup), "
                             "early-exit:K (the model's first K layers), random (full random "
                             "drafts, for timing with --forced-accept), demo (the block drafter "
-                            "shipped for the demo model) or a block drafter's folder.")
+                            "shipped for the demo model) or a block drafter's folder; "
+                            "NAME+ngram grafts prompt lookup's continuation onto drafter "
+                            "NAME's tree.")
 budget = click.option("--budget", "--tree-budget", "budget", default=16, show_default=True,
                       type=click.IntRange(1, 128),
                       help="Nodes per verify step, the root included (a chain drafts budget - "

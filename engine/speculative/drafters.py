@@ -14,10 +14,11 @@ when new prompts start (``start``). Two need no training:
   slots the verify step overwrites next, so the committed prefix of its K layers is the
   target's own and needs no catching up.
 
-The trained one, the block drafter, lives in ``block_drafter.py``. ``RandomDrafter`` is for
-timing only: pseudo-random tokens filling the whole budget every step, so that verify with
-forced acceptance (``bench spec --forced-accept``) checks full trees on models whose drafts
-mean nothing (synthetic weights, hybrids where early exit is refused).
+The trained one, the block drafter, lives in ``block_drafter.py``. ``LookupGraft``
+(``NAME+ngram``) grafts prompt lookup's continuation onto a device drafter's tree.
+``RandomDrafter`` is for timing only: pseudo-random tokens filling the whole budget every step,
+so that verify with forced acceptance (``bench spec --forced-accept``) checks full trees on
+models whose drafts mean nothing (synthetic weights, hybrids where early exit is refused).
 
 ``make_drafter("ngram" | "early-exit:K" | "random" | "demo" | FOLDER, model)`` builds one from
 its command-line name (``demo``: the block drafter shipped for the demo model; a folder: a block
@@ -36,7 +37,8 @@ from engine.model import Transformer
 from engine.speculative.tree import DraftTree, best_first
 from w12.errors import W12Error
 
-DRAFTER_NAMES = ("ngram", "early-exit:K", "random", "demo", "a block drafter folder")
+DRAFTER_NAMES = ("ngram", "early-exit:K", "random", "demo", "a block drafter folder",
+                 "any of the last three + ngram")
 TREE_TOP_K = 8  # candidates per position for best-first trees
 MAX_TREE_DEPTH = 16  # deepest level a best-first tree explores
 
@@ -142,6 +144,94 @@ class NgramDrafter(Drafter):
                     children[(parent, token)] = len(nodes)
                 parent = children[(parent, token)]
         return nodes
+
+
+class LookupGraft(Drafter):
+    """``NAME+ngram``: a device drafter's tree with prompt lookup's continuation grafted on,
+    under the one budget. A tree takes the lookup's continuation first (at most ``share`` of
+    the drafted nodes), then the drafter's nodes best score first, a node only after its
+    parent, a (parent, token) pair once; a chain is the lookup's continuation where the
+    history has a match, else the drafter's chain. Acceptance does not depend on who drafted
+    a node, so the outputs stay plain decoding's; the merge reads the tree on the host, so the
+    step is not captured with the verify (as with ``ngram``)."""
+
+    def __init__(self, main: Drafter, *, share: float = 0.5) -> None:
+        if not main.on_device:
+            raise W12Error(f"drafter {main.name}+ngram: prompt lookup grafts onto a device "
+                           "drafter (early-exit:K, demo or a block drafter folder)")
+        self.main, self.lookup, self.share = main, NgramDrafter(), share
+        self.name = f"{main.name}+ngram"
+
+    def bind(self, cache: KVCache) -> None:
+        self.main.bind(cache)
+        self.lookup.bind(cache)
+
+    def start(self, prompts: list[list[int]], first: list[int]) -> None:
+        self.main.start(prompts, first)
+        self.lookup.start(prompts, first)
+
+    def admit(self, row: int, prompt: list[int], first: int) -> None:
+        self.main.admit(row, prompt, first)
+        self.lookup.admit(row, prompt, first)
+
+    def observe(self, committed: list[list[int]]) -> None:
+        self.main.observe(committed)
+        self.lookup.observe(committed)
+
+    def propose(self, roots, cache, budget, tree):
+        drafted = self.main.propose(roots, cache, budget, tree)
+        tokens, parents, valid = (t.cpu() for t in (drafted.tokens, drafted.parents,
+                                                    drafted.valid))
+        scores = None if drafted.scores is None else drafted.scores.float().cpu()
+        depth = drafted.depth.cpu()
+        cap = int((budget - 1) * self.share) if tree else budget - 1
+        rows = []
+        for b, seq in enumerate(self.lookup.history):
+            found = self.lookup.continuations(seq, cap, 1) if cap > 0 else []
+            if not tree:
+                chain = found[0] if found else tokens[b, 1:][valid[b, 1:]].tolist()
+                rows.append([(t, i) for i, t in enumerate(chain)])
+                continue
+            rows.append(_graft(found[0] if found else [], tokens[b], parents[b], valid[b],
+                               depth[b], None if scores is None else scores[b], budget))
+        return _tree_from_rows(roots, rows, budget)
+
+
+def _graft(chain: list[int], tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor,
+           depth: torch.Tensor, scores: torch.Tensor | None, budget: int
+           ) -> list[tuple[int, int]]:
+    """(token, parent) nodes of one request: ``chain`` from the root, then the tree's valid
+    nodes best score first (shallower first on ties, so a parent precedes its children;
+    the tree's order without scores), each once per (parent, token), ``budget - 1`` at most."""
+    nodes: list[tuple[int, int]] = []
+    index: dict[tuple[int, int], int] = {}
+
+    def add(token: int, parent: int) -> int | None:
+        if (parent, token) not in index:
+            if len(nodes) == budget - 1:
+                return None
+            nodes.append((token, parent))
+            index[(parent, token)] = len(nodes)
+        return index[(parent, token)]
+
+    at: int | None = 0
+    for token in chain:
+        at = add(token, at)
+        if at is None:
+            break
+    order = [n for n in range(1, tokens.shape[0]) if valid[n]]
+    if scores is not None:
+        order.sort(key=lambda n: (-float(scores[n]), int(depth[n])))
+    where = {0: 0}  # the tree's node -> its node here
+    for n in order:
+        parent = where.get(int(parents[n]))
+        if parent is None:
+            continue
+        node = add(int(tokens[n]), parent)
+        if node is None:
+            break
+        where[n] = node
+    return nodes
 
 
 def _tree_from_rows(roots: torch.Tensor, rows: list[list[tuple[int, int]]], budget: int
@@ -263,7 +353,9 @@ class RandomDrafter(Drafter):
 
 def make_drafter(name: str, model: Transformer) -> Drafter:
     """A drafter from its command-line name: ``ngram``, ``early-exit:K``, ``demo`` or the folder
-    of a block drafter."""
+    of a block drafter; ``NAME+ngram`` grafts prompt lookup onto drafter NAME."""
+    if name.endswith("+ngram"):
+        return LookupGraft(make_drafter(name[:-len("+ngram")], model))
     if name == "ngram":
         return NgramDrafter()
     if name == "random":

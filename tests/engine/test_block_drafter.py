@@ -413,6 +413,12 @@ def test_cli_drafter_option_takes_demo_and_folders(tmp_path):
 
     assert _drafter_name(None, None, "demo") == "demo"
     assert _drafter_name(None, None, str(tmp_path)) == str(tmp_path)
+    assert _drafter_name(None, None, "early-exit:2+ngram") == "early-exit:2+ngram"
+    assert _drafter_name(None, None, f"{tmp_path}+ngram") == f"{tmp_path}+ngram"
+    for bad in ("ngram+ngram", "early-exit:x+ngram"):
+        result = CliRunner().invoke(main, ["spec", "check", str(tmp_path), "--prompts",
+                                           "humaneval", "--drafter", bad])
+        assert result.exit_code == 2 and "a drafter is ngram, early-exit:K" in result.output
     result = CliRunner().invoke(main, ["spec", "check", str(tmp_path), "--prompts", "humaneval",
                                        "--drafter", str(tmp_path / "absent")])
     assert result.exit_code == 2 and "a drafter is ngram, early-exit:K" in result.output

@@ -11,6 +11,7 @@ from engine.generate import Engine, generate
 from engine.sampling import Sampling
 from engine.speculative import Drafter, DraftTree, best_first, make_drafter, speculative_generate
 from engine.speculative import verify as verify_module
+from engine.speculative.drafters import _graft
 from engine.speculative.tree import best_first_reference
 from engine.speculative.verify import accept
 from engine.weights import load_model
@@ -62,6 +63,29 @@ def test_best_first_is_the_heap_search(seed):
     # the host bound on a path's nodes holds, and is no looser than the drafter's depth
     assert int(tree.depth.max()) + 1 <= tree.levels <= depth + 1
     assert int((paths >= 0).sum(-1).max()) <= tree.levels
+
+
+def test_graft_puts_the_lookup_chain_first_then_the_best_nodes_once():
+    # tree: root -> 7 (-0.1) -> 8 (-0.3) ; root -> 9 (-0.2) ; 7 -> 5 (-2.0); one padding node
+    tokens = torch.tensor([1, 7, 9, 8, 5, 0])
+    parents = torch.tensor([-1, 0, 0, 1, 1, 0])
+    depth = torch.tensor([0, 1, 1, 2, 2, 1])
+    valid = torch.tensor([True, True, True, True, True, False])
+    scores = torch.tensor([0.0, -0.1, -0.2, -0.3, -2.0, 0.0])
+    # the lookup's chain 7 -> 4 shares node 7; then 9 (-0.2), 8 (-0.3), 5 (-2.0) by score
+    assert _graft([7, 4], tokens, parents, valid, depth, scores, 9) == [
+        (7, 0), (4, 1), (9, 0), (8, 1), (5, 1)]
+    # the budget cuts the worst nodes
+    assert _graft([3, 4], tokens, parents, valid, depth, scores, 5) == [
+        (3, 0), (4, 1), (7, 0), (9, 0)]
+    assert _graft([], tokens, parents, valid, depth, None, 3) == [(7, 0), (9, 0)]
+
+
+def test_graft_onto_a_host_drafter_is_refused(tiny_folder):
+    model = load_model(tiny_folder("llama"), dtype=torch.float32).model
+    with pytest.raises(W12Error, match="grafts onto a device drafter"):
+        make_drafter("ngram+ngram", model)
+    assert make_drafter("early-exit:1+ngram", model).name == "early-exit:1+ngram"
 
 
 def test_accept_follows_the_matching_child():
@@ -143,7 +167,7 @@ MODELS = {"llama-f32": ("llama", "bf16", torch.float32),
 def test_speculative_equals_plain_decoding(tiny_folder, model_id, sampling):
     kind, mode, dtype = MODELS[model_id]
     model = load_model(tiny_folder(kind), mode=mode, dtype=dtype).model
-    assert_drafters_equal_plain(model, sampling, ("ngram", "early-exit:1"))
+    assert_drafters_equal_plain(model, sampling, ("ngram", "early-exit:1", "early-exit:1+ngram"))
 
 
 def assert_drafters_equal_plain(model, sampling, names) -> None:
