@@ -116,6 +116,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--decodings", default="greedy,sampled",
+                        help="which decodings give the real positions (sampled: at "
+                             "--temperature, top-p 0.95)")
     parser.add_argument("--synthetic", default="",
                         help="VxK:M[,...]: M random positions on a random V x K head, half at "
                              "margin 0 and half at margin 6")
@@ -131,8 +134,10 @@ def main() -> None:
         weight = model.lm_head.weight
         print(f"{target.loaded.name}: {len(target.prompts)} prompts ({a.prompts}), "
               f"{a.tokens} tokens, vocabulary {weight.shape[0]}, K {weight.shape[1]}")
-        for name, sampling in (("greedy", Sampling()), (f"T {a.temperature:g} top-p 0.95",
-                                                     Sampling(a.temperature, 0.95, 1))):
+        decodings = {"greedy": ("greedy", Sampling()),
+                     "sampled": (f"T {a.temperature:g} top-p 0.95",
+                                 Sampling(a.temperature, 0.95, 1))}
+        for name, sampling in (decodings[d] for d in a.decodings.split(",")):
             print(f"decoding ({name})", flush=True)
             with torch.inference_mode():
                 h = decoded_states(model, target.prompts, tokens=a.tokens, batch=a.batch,
